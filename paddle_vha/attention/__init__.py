@@ -1,0 +1,3 @@
+from .vha import Qwen3VHAAttention, init_premix, postmix
+
+__all__ = ["Qwen3VHAAttention", "init_premix", "postmix"]

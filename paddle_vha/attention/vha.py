@@ -1,0 +1,156 @@
+"""Qwen3VHAAttention: Qwen3 attention with Virtual Head Attention (Premix + Postmix).
+
+Single-device math, read top to bottom as the method's equations (docs/method.md):
+
+    Q_p  = x W_Q                          (B, S, H_p, r)     physical query heads
+    Q_v  = Q_p[i] W_premix[g]             (B, S, H_v, d)     virtual head j = g*H_p + i (group-major)
+    Q_v  = RoPE(q_norm(Q_v)),  K = RoPE(k_norm(x W_K)),  V = x W_V
+    Y    = Attention(Q_v, K, V)           (B, S, H_v, d)     head j reads KV head j // H_p (stock GQA)
+    Y'   = M Y along heads, M = I + V_pm U_pm^T              Postmix
+    Y''  = Y' * sigmoid(x W_gate)                            only with vha_gated_attention
+    out  = Y'' W_O
+
+Every deviation from PaddleFormers' Qwen3Attention is marked `# VHA:`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import paddle
+from paddle import nn
+from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
+from paddleformers.nn.linear import Linear as GeneralLinear
+from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rotary_pos_emb
+
+from ..config import Qwen3VHAConfig, VHAConfigError
+
+__all__ = ["Qwen3VHAAttention", "init_premix", "postmix", "premix"]
+
+
+def init_premix(num_groups: int, r: int, d: int, alpha: float) -> paddle.Tensor:
+    """Premix initial value [H_kv, r, d].
+
+    r == d: I + alpha/sqrt(d) * N(0, 1) per group (close to identity).
+    r <  d: rows of a random orthogonal d x d matrix, scaled by sqrt(d / r) so that
+            E|q W|^2 = (d / r) |q|^2 matches the width growth r -> d.
+    """
+    mats = []
+    for _ in range(num_groups):
+        if r == d:
+            mats.append(paddle.eye(d, dtype="float32") + (alpha / math.sqrt(d)) * paddle.randn([d, d], dtype="float32"))
+        else:
+            q, _ = paddle.linalg.qr(paddle.randn([d, r], dtype="float32"))  # (d, r), orthonormal columns
+            mats.append(q.transpose([1, 0]) * math.sqrt(d / r))  # (r, d), orthogonal rows
+    return paddle.stack(mats).astype(paddle.get_default_dtype())  # (H_kv, r, d)
+
+
+def premix(q_phys: paddle.Tensor, premix_weight: paddle.Tensor) -> paddle.Tensor:
+    """(B, S, H_p, r) x (H_kv, r, d) -> (B, S, H_v, d), virtual head j = g*H_p + i."""
+    q = paddle.matmul(q_phys.unsqueeze(2), premix_weight)  # (B, S, 1, H_p, r) @ (H_kv, r, d) -> (B, S, H_kv, H_p, d)
+    return q.flatten(2, 3)  # (B, S, H_v, d), group-major
+
+
+def postmix(y: paddle.Tensor, u: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+    """Y'_j = Y_j + sum_k (V U^T)[j, k] Y_k along the head axis of y (B, S, H_v, d)."""
+    z = paddle.matmul(u, y, transpose_x=True)  # (R, H_v) @ (B, S, H_v, d) -> (B, S, R, d)
+    return y + paddle.matmul(v, z)  # (H_v, R) @ (B, S, R, d) -> (B, S, H_v, d)
+
+
+class Qwen3VHAAttention(Qwen3Attention):
+    """Qwen3 attention whose H_v query heads are virtual: H_p physical heads times H_kv Premix maps."""
+
+    def __init__(self, config: Qwen3VHAConfig, layer_idx: int = 0):
+        if config.tensor_model_parallel_size > 1:
+            # VHA: TP needs Premix over all physical heads and a low-rank Postmix all-reduce (not built yet).
+            raise VHAConfigError(
+                f"tensor_model_parallel_size={config.tensor_model_parallel_size}: Qwen3-VHA currently supports "
+                "tensor_model_parallel_size=1 only"
+            )
+        if config.sequence_parallel:
+            raise VHAConfigError("sequence_parallel=True is not supported by Qwen3-VHA")
+        super().__init__(config, layer_idx)
+        h, d = config.hidden_size, self.head_dim
+        self.num_physical_heads = config.num_physical_heads  # H_p
+        self.q_head_dim = config.vha_q_head_dim  # r
+        self.postmix_rank = config.vha_postmix_rank  # R
+
+        # VHA: q_proj emits H_p physical heads of width r, not H_v heads of width d.
+        self.q_proj = GeneralLinear.create(
+            h, self.num_physical_heads * self.q_head_dim, has_bias=config.attention_bias, config=config, tp_plan="colwise"
+        )
+        # VHA: Premix, one (r, d) map per KV group.
+        self.vha_premix_weight = self.create_parameter(
+            shape=[self.num_key_value_heads, self.q_head_dim, d],
+            default_initializer=nn.initializer.Assign(
+                init_premix(self.num_key_value_heads, self.q_head_dim, d, config.vha_premix_init_alpha)
+            ),
+        )
+        # VHA: Postmix M = I + V U^T over the H_v heads; V = 0 makes it the identity at step 0.
+        self.vha_postmix_U = self.create_parameter(
+            shape=[self.num_heads, self.postmix_rank],
+            default_initializer=nn.initializer.Normal(0.0, config.vha_postmix_u_init_std),
+        )
+        self.vha_postmix_V = self.create_parameter(
+            shape=[self.num_heads, self.postmix_rank],
+            default_initializer=nn.initializer.Normal(0.0, config.vha_postmix_v_init_std)
+            if config.vha_postmix_v_init_std > 0
+            else nn.initializer.Constant(0.0),
+        )
+        # VHA: optional sigmoid output gate (per virtual-head channel).
+        if config.vha_gated_attention:
+            self.gate_proj = GeneralLinear.create(
+                h, self.num_heads * d, has_bias=False, config=config, tp_plan="colwise"
+            )
+
+    def prologue(
+        self, q_phys: paddle.Tensor, k: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor
+    ) -> Tuple[paddle.Tensor, paddle.Tensor]:
+        """Premix -> q_norm / k_norm -> RoPE. In: (B, S, H_p, r), (B, S, H_kv, d). Out: (B, H_v, S, d), (B, H_kv, S, d)."""
+        q = premix(q_phys, self.vha_premix_weight)  # (B, S, H_v, d)
+        q = self.q_norm(q).transpose([0, 2, 1, 3])  # (B, H_v, S, d)
+        k = self.k_norm(k).transpose([0, 2, 1, 3])  # (B, H_kv, S, d)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+    def forward(
+        self,
+        hidden_states,
+        position_embeddings: Optional[Tuple[paddle.Tensor, paddle.Tensor]] = None,
+        attention_mask: Optional[paddle.Tensor] = None,
+        past_key_values=None,
+        use_cache: bool = False,
+        attn_mask_startend_row_indices: Optional[paddle.Tensor] = None,
+        batch_size: Optional[int] = None,
+        **kwargs,
+    ):
+        h_kv, d = self.num_key_value_heads, self.head_dim
+        # VHA: physical queries of width r; K and V exactly as Qwen3.
+        q_phys = self.q_proj(hidden_states).reshape([0, 0, self.num_physical_heads, self.q_head_dim])  # (B, S, H_p, r)
+        key_states = self.k_proj(hidden_states).reshape([0, 0, h_kv, d])  # (B, S, H_kv, d)
+        value_states = self.v_proj(hidden_states).reshape([0, 0, h_kv, d]).transpose([0, 2, 1, 3])  # (B, H_kv, S, d)
+
+        cos, sin = position_embeddings
+        # VHA: Premix before q_norm and RoPE, so both act on virtual heads.
+        query_states, key_states = self.prologue(q_phys, key_states, cos, sin)  # (B, H_v, S, d), (B, H_kv, S, d)
+
+        if past_key_values is not None:
+            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+
+        attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        attn_output, attn_weights = attention_interface(
+            self,
+            query=query_states,
+            key=key_states,
+            value=value_states,
+            attention_mask=attention_mask,
+            attn_mask_startend_row_indices=attn_mask_startend_row_indices,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+        )  # (B, S, H_v * d)
+
+        # VHA: Postmix along the head axis, then the optional gate.
+        y = postmix(attn_output.reshape([0, 0, self.num_heads, d]), self.vha_postmix_U, self.vha_postmix_V)
+        y = y.flatten(2)  # (B, S, H_v * d)
+        if self.config.vha_gated_attention:
+            y = y * nn.functional.sigmoid(self.gate_proj(hidden_states))
+        return self.o_proj(y), attn_weights

@@ -1,0 +1,119 @@
+"""Qwen3-VHA models: stock PaddleFormers Qwen3 with the attention swapped for Qwen3VHAAttention.
+
+Deviations from the parent classes are marked `# VHA:`. The on-disk layout is the public contract
+described in docs/checkpoint.md and checked by paddle_vha.checkpoint.
+"""
+from __future__ import annotations
+
+import os
+
+from paddle import nn
+from paddleformers.nn.criterion.interface import CriterionLayer
+from paddleformers.nn.embedding import Embedding as GeneralEmbedding
+from paddleformers.nn.lm_head import LMHead as GeneralLMHead
+from paddleformers.nn.norm import Norm as GeneralNorm
+from paddleformers.transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from paddleformers.transformers.model_utils import register_base_model
+from paddleformers.transformers.qwen3.modeling import (
+    Qwen3DecoderLayer,
+    Qwen3ForCausalLM,
+    Qwen3Model,
+    Qwen3PretrainedModel,
+    Qwen3RotaryEmbedding,
+)
+
+from .attention import Qwen3VHAAttention
+from .config import Qwen3VHAConfig
+
+__all__ = ["Qwen3VHADecoderLayer", "Qwen3VHAModel", "Qwen3VHAForCausalLM", "Qwen3VHAPretrainedModel"]
+
+
+class Qwen3VHADecoderLayer(Qwen3DecoderLayer):
+    def __init__(self, config: Qwen3VHAConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = Qwen3VHAAttention(config, layer_idx)  # VHA: the only change to the decoder layer
+
+
+class Qwen3VHAPretrainedModel(Qwen3PretrainedModel):
+    config_class = Qwen3VHAConfig
+
+    @classmethod
+    def _gen_aoa_config(cls, config: Qwen3VHAConfig):
+        aoa = super()._gen_aoa_config(config)
+        if config.vha_gated_attention:  # VHA: HF [out, in] on disk -> Paddle [in, out] in memory
+            prefix = "" if cls == cls.base_model_class else "model."
+            aoa["aoa_statements"].append(
+                f"model.layers.$LAYER_ID.self_attn.gate_proj.weight^T -> {prefix}layers.$LAYER_ID.self_attn.gate_proj.weight"
+            )
+        return aoa
+
+    @classmethod
+    def _gen_inv_aoa_config(cls, config: Qwen3VHAConfig):
+        aoa = super()._gen_inv_aoa_config(config)
+        if config.vha_gated_attention:  # VHA: Paddle [in, out] in memory -> HF [out, in] on disk
+            prefix = "" if cls == cls.base_model_class else "model."
+            aoa["aoa_statements"].append(
+                f"{prefix}layers.$LAYER_ID.self_attn.gate_proj.weight^T -> model.layers.$LAYER_ID.self_attn.gate_proj.weight"
+            )
+        return aoa
+
+    def save_pretrained(self, save_dir, *args, **kwargs):
+        super().save_pretrained(save_dir, *args, **kwargs)
+        # VHA: PaddleFormers leaves a `saved_signal_<rank>` marker; it is not part of the checkpoint contract.
+        for name in os.listdir(save_dir):
+            if name.startswith("saved_signal_"):
+                os.remove(os.path.join(save_dir, name))
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        # VHA: reject malformed checkpoints with one clear line before PaddleFormers reads them.
+        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(pretrained_model_name_or_path):
+            from .checkpoint import validate_vha_checkpoint
+
+            validate_vha_checkpoint(pretrained_model_name_or_path)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+
+@register_base_model
+class Qwen3VHAModel(Qwen3VHAPretrainedModel, Qwen3Model):
+    def __init__(self, config: Qwen3VHAConfig):
+        # Mirrors Qwen3Model.__init__, which hard-codes its decoder layer class; building the stock
+        # layers first and replacing them would hold two models in memory at once.
+        Qwen3PretrainedModel.__init__(self, config)
+        self.embed_tokens = GeneralEmbedding.create(
+            config=config, num_embeddings=config.vocab_size, embedding_dim=config.hidden_size
+        )
+        self.layers = nn.LayerList(
+            [Qwen3VHADecoderLayer(config, i) for i in range(config.num_hidden_layers)]  # VHA: decoder layer
+        )
+        self.norm = GeneralNorm.create(
+            config=config,
+            norm_type="rms_norm",
+            hidden_size=config.hidden_size,
+            norm_eps=config.rms_norm_eps,
+            input_is_parallel=config.sequence_parallel,
+        )
+        self.rotary_emb = Qwen3RotaryEmbedding(config=config)
+        self.has_sliding_layers = getattr(config, "sliding_window", None) is not None and "sliding_attention" in (
+            getattr(config, "layer_types", None) or []
+        )
+
+
+class Qwen3VHAForCausalLM(Qwen3VHAPretrainedModel, Qwen3ForCausalLM):
+    def __init__(self, config: Qwen3VHAConfig):
+        # Mirrors Qwen3ForCausalLM.__init__ with the VHA backbone.
+        Qwen3PretrainedModel.__init__(self, config)
+        self.model = Qwen3VHAModel(config)  # VHA: backbone
+        self.lm_head = GeneralLMHead(config)
+        self.criterion = CriterionLayer(config)
+        self.tie_weights()
+
+
+def _register_auto_classes() -> None:
+    """Make AutoConfig (and, as far as PaddleFormers 1.0.0 allows, the Auto model classes) know qwen3_vha."""
+    AutoConfig.register(Qwen3VHAConfig.model_type, Qwen3VHAConfig, exist_ok=True)
+    AutoModel.register(Qwen3VHAConfig, Qwen3VHAModel, exist_ok=True)
+    AutoModelForCausalLM.register(Qwen3VHAConfig, Qwen3VHAForCausalLM, exist_ok=True)
+
+
+_register_auto_classes()

@@ -1,0 +1,56 @@
+"""Test helpers: tiny configs, the model's tensors in on-disk layout, error reporting."""
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+TINY = dict(
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+)
+
+
+def tiny_config(**overrides):
+    from paddle_vha import Qwen3VHAConfig
+
+    return Qwen3VHAConfig(**{**TINY, **overrides})
+
+
+def to_numpy(t) -> np.ndarray:
+    return t.detach().astype("float64").numpy() if t.dtype != paddle.float64 else t.detach().numpy()
+
+
+def attention_tensors(attn) -> dict:
+    """A Qwen3VHAAttention's tensors in on-disk layout (Linear weights [out, in]), float64 numpy."""
+    out = {}
+    for name, p in attn.named_parameters():
+        a = to_numpy(p)
+        if name.endswith("_proj.weight"):
+            a = a.T  # Paddle Linear keeps [in, out] in memory
+        out[name] = a
+    return out
+
+
+def rel_err(got, ref, label: str = "") -> float:
+    """max |got - ref| / max |ref|, printed with the mean abs error so failures show their size."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert got.shape == ref.shape, f"{label}: shape {got.shape} != {ref.shape}"
+    diff = np.abs(got - ref)
+    scale = max(np.abs(ref).max(), 1e-30)
+    rel = float(diff.max() / scale)
+    print(f"{label}: max abs err {diff.max():.3e}, mean abs err {diff.mean():.3e}, max rel err {rel:.3e}")
+    return rel
+
+
+def config_dict(cfg) -> dict:
+    d = cfg.to_dict()
+    d.setdefault("rope_theta", cfg.rope_theta)
+    return d

@@ -1,0 +1,125 @@
+"""Float64 numpy reference of Qwen3-VHA, written from the method's equations (docs/method.md).
+
+Imports nothing from paddle_vha or paddle. Weights use the on-disk (Hugging Face) layout: Linear
+weights are [out, in], so y = x @ W.T (+ b). `cfg` is a plain dict with config.json's keys.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x, w, eps):
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def linear(x, w, b=None):
+    y = x @ np.asarray(w, np.float64).T
+    return y if b is None else y + b
+
+
+def rope(x, positions, theta):
+    """Rotate-half RoPE on the last axis of x (..., S, H, d); positions (B, S) or (S,)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)  # (d/2,)
+    ang = np.asarray(positions, np.float64)[..., None] * inv_freq  # (B, S, d/2)
+    ang = np.concatenate([ang, ang], axis=-1)[..., None, :]  # (B, S, 1, d)
+    cos, sin = np.cos(ang), np.sin(ang)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    rot = np.concatenate([-x2, x1], axis=-1)
+    return x * cos + rot * sin
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def silu(x):
+    return x * sigmoid(x)
+
+
+def vha_attention(x, p, cfg, positions, past=None):
+    """One Qwen3-VHA attention layer.
+
+    x: (B, S, h); p: dict of this layer's tensors keyed like 'q_proj.weight', 'vha_premix_weight', ...
+    positions: (B, S) absolute positions; past: optional (K, V), each (B, P, H_kv, d), already rotated.
+    Returns (out (B, S, h), (K, V) including the new tokens).
+    """
+    B, S, _ = x.shape
+    h_v, h_kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    h_p = h_v // h_kv
+    r = cfg.get("vha_q_head_dim") or d
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    b = (lambda n: p.get(n + ".bias"))
+
+    q_phys = linear(x, p["q_proj.weight"], b("q_proj")).reshape(B, S, h_p, r)
+    k = linear(x, p["k_proj.weight"], b("k_proj")).reshape(B, S, h_kv, d)
+    v = linear(x, p["v_proj.weight"], b("v_proj")).reshape(B, S, h_kv, d)
+
+    # Premix: virtual head j = g * H_p + i is Q_i @ W_premix[g].
+    premix = np.asarray(p["vha_premix_weight"], np.float64)  # (H_kv, r, d)
+    q = np.empty((B, S, h_v, d))
+    for g in range(h_kv):
+        for i in range(h_p):
+            q[:, :, g * h_p + i, :] = q_phys[:, :, i, :] @ premix[g]
+
+    q = rope(rms_norm(q, p["q_norm.weight"], eps), positions, theta)
+    k = rope(rms_norm(k, p["k_norm.weight"], eps), positions, theta)
+    if past is not None:
+        k = np.concatenate([past[0], k], axis=1)
+        v = np.concatenate([past[1], v], axis=1)
+    T = k.shape[1]
+
+    # Attention: virtual head j reads KV head j // H_p; causal over absolute positions.
+    key_pos = np.arange(T)
+    y = np.empty((B, S, h_v, d))
+    for j in range(h_v):
+        g = j // h_p
+        scores = np.einsum("bsd,btd->bst", q[:, :, j], k[:, :, g]) / np.sqrt(d)
+        mask = key_pos[None, None, :] > np.asarray(positions)[:, :, None]
+        scores = np.where(mask, -np.inf, scores)
+        scores = scores - scores.max(-1, keepdims=True)
+        w = np.exp(scores)
+        w /= w.sum(-1, keepdims=True)
+        y[:, :, j] = np.einsum("bst,btd->bsd", w, v[:, :, g])
+
+    # Postmix: Y'_j = sum_k M[j, k] Y_k, M = I + V U^T.
+    M = np.eye(h_v) + np.asarray(p["vha_postmix_V"], np.float64) @ np.asarray(p["vha_postmix_U"], np.float64).T
+    y = np.einsum("jk,bskd->bsjd", M, y).reshape(B, S, h_v * d)
+    if cfg.get("vha_gated_attention"):
+        y = y * sigmoid(linear(x, p["gate_proj.weight"]))
+    return linear(y, p["o_proj.weight"], b("o_proj")), (k, v)
+
+
+def layer_params(state, i, sub):
+    prefix = f"model.layers.{i}.{sub}."
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def causal_lm(input_ids, state, cfg, positions=None, past=None):
+    """Logits (B, S, vocab) of the whole Qwen3-VHA causal LM, and the per-layer (K, V) cache."""
+    input_ids = np.asarray(input_ids)
+    B, S = input_ids.shape
+    if positions is None:
+        start = 0 if past is None else past[0][0].shape[1]
+        positions = np.broadcast_to(np.arange(start, start + S), (B, S))
+    eps = cfg["rms_norm_eps"]
+    x = np.asarray(state["model.embed_tokens.weight"], np.float64)[input_ids]
+    cache = []
+    for i in range(cfg["num_hidden_layers"]):
+        g = lambda n: state[f"model.layers.{i}.{n}"]  # noqa: E731
+        a, kv = vha_attention(
+            rms_norm(x, g("input_layernorm.weight"), eps),
+            layer_params(state, i, "self_attn"),
+            cfg,
+            positions,
+            None if past is None else past[i],
+        )
+        cache.append(kv)
+        x = x + a
+        hdn = rms_norm(x, g("post_attention_layernorm.weight"), eps)
+        mlp = silu(linear(hdn, g("mlp.gate_proj.weight"))) * linear(hdn, g("mlp.up_proj.weight"))
+        x = x + linear(mlp, g("mlp.down_proj.weight"))
+    x = rms_norm(x, state["model.norm.weight"], eps)
+    head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
+    return linear(x, head), cache

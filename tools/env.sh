@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run a command inside the project's pinned virtual environment, creating or refreshing it first.
+#
+#   bash tools/env.sh python tools/quickstart.py
+#   bash tools/env.sh python -m pytest -q tests
+#
+# Set-up (first run, ~2 min; later runs skip it unless requirements/constraints/setup.py change):
+#   .venv with pip 23.2.1, the pinned requirements under constraints.txt, paddle_vha installed editable,
+#   then `pip check`. PADDLE_VHA_VENV overrides the venv location; PYTHON the interpreter (default python3).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${PADDLE_VHA_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+STAMP="$VENV/.paddle_vha_env"
+want="$(cd "$ROOT" && cat requirements.txt constraints.txt setup.py | sha256sum | cut -d' ' -f1)"
+
+if [ ! -x "$VENV/bin/python" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
+  echo "[env] setting up $VENV (pinned install; this takes a few minutes the first time)" >&2
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  # pip 23.2.1: newer pips' `pip check` rejects decord 0.6.0 (a PaddleFormers dependency) because its wheel
+  # metadata declares a cp36 tag; the package itself installs and imports fine. See docs/install.md.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "pip==23.2.1" "setuptools==84.2.1" "wheel==0.48.0"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"
+  "$VENV/bin/python" -m pip check
+  echo "$want" > "$STAMP"
+  echo "[env] ready" >&2
+fi
+
+export PATH="$VENV/bin:$PATH"
+export VIRTUAL_ENV="$VENV"
+cd "$ROOT"
+exec "$@"
