@@ -96,8 +96,18 @@ class Qwen3VHAConfig(Qwen3Config):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise VHAConfigError(f"{name} must be a finite number >= 0, got {v!r}")
-        if getattr(self, "fuse_attention_qkv", False):
+
+    def check_runtime_support(self) -> None:
+        """Raise VHAConfigError for runtime options (set by trainers after construction) VHA does not support."""
+        if self.fuse_attention_qkv:
             raise VHAConfigError(
                 "fuse_attention_qkv=True is not supported by Qwen3-VHA: q_proj emits H_p*r features, "
                 "which the fused [q|k|v] layout cannot express; set fuse_attention_qkv=False"
             )
+        if self.tensor_model_parallel_size > 1:
+            raise VHAConfigError(
+                f"tensor_model_parallel_size={self.tensor_model_parallel_size}: Qwen3-VHA currently supports "
+                "tensor_model_parallel_size=1 only"
+            )
+        if self.sequence_parallel:
+            raise VHAConfigError("sequence_parallel=True is not supported by Qwen3-VHA")

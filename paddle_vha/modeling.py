@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import paddle
 from paddle import nn
 from paddleformers.nn.criterion.interface import CriterionLayer
 from paddleformers.nn.embedding import Embedding as GeneralEmbedding
@@ -79,6 +80,7 @@ class Qwen3VHAModel(Qwen3VHAPretrainedModel, Qwen3Model):
     def __init__(self, config: Qwen3VHAConfig):
         # Mirrors Qwen3Model.__init__, which hard-codes its decoder layer class; building the stock
         # layers first and replacing them would hold two models in memory at once.
+        config.check_runtime_support()  # VHA: refuse unsupported runtime options before building anything
         Qwen3PretrainedModel.__init__(self, config)
         self.embed_tokens = GeneralEmbedding.create(
             config=config, num_embeddings=config.vocab_size, embedding_dim=config.hidden_size
@@ -97,6 +99,17 @@ class Qwen3VHAModel(Qwen3VHAPretrainedModel, Qwen3Model):
         self.has_sliding_layers = getattr(config, "sliding_window", None) is not None and "sliding_attention" in (
             getattr(config, "layer_types", None) or []
         )
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, **kwargs):
+        # Fix of a parent quirk: Qwen3Model numbers positions from 0 even when a filled cache is passed,
+        # which rotates new tokens as if they were at the start; continue from the cache length instead.
+        if position_ids is None and past_key_values is not None and past_key_values.get_seq_length() > 0:
+            batch, seq = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+            start = past_key_values.get_seq_length()
+            position_ids = paddle.arange(start, start + seq, dtype="int64").expand([batch, seq])
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
 
 
 class Qwen3VHAForCausalLM(Qwen3VHAPretrainedModel, Qwen3ForCausalLM):

@@ -1,3 +1,3 @@
-from .vha import Qwen3VHAAttention, init_premix, postmix
+from .vha import Qwen3VHAAttention, init_premix, postmix, premix
 
-__all__ = ["Qwen3VHAAttention", "init_premix", "postmix"]
+__all__ = ["Qwen3VHAAttention", "init_premix", "postmix", "premix"]

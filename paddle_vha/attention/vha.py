@@ -46,8 +46,12 @@ def init_premix(num_groups: int, r: int, d: int, alpha: float) -> paddle.Tensor:
 
 
 def premix(q_phys: paddle.Tensor, premix_weight: paddle.Tensor) -> paddle.Tensor:
-    """(B, S, H_p, r) x (H_kv, r, d) -> (B, S, H_v, d), virtual head j = g*H_p + i."""
-    q = paddle.matmul(q_phys.unsqueeze(2), premix_weight)  # (B, S, 1, H_p, r) @ (H_kv, r, d) -> (B, S, H_kv, H_p, d)
+    """(B, S, H_p, r) x (H_kv, r, d) -> (B, S, H_v, d), virtual head j = g*H_p + i is Q_i @ W_premix[g]."""
+    h_kv, r, d = premix_weight.shape
+    h_p = q_phys.shape[2]
+    w = premix_weight.transpose([1, 0, 2]).reshape([r, h_kv * d])  # (r, H_kv*d): all groups in one GEMM
+    q = paddle.matmul(q_phys, w)  # (B, S, H_p, H_kv*d)
+    q = q.reshape([0, 0, h_p, h_kv, d]).transpose([0, 1, 3, 2, 4])  # (B, S, H_kv, H_p, d)
     return q.flatten(2, 3)  # (B, S, H_v, d), group-major
 
 
@@ -61,14 +65,7 @@ class Qwen3VHAAttention(Qwen3Attention):
     """Qwen3 attention whose H_v query heads are virtual: H_p physical heads times H_kv Premix maps."""
 
     def __init__(self, config: Qwen3VHAConfig, layer_idx: int = 0):
-        if config.tensor_model_parallel_size > 1:
-            # VHA: TP needs Premix over all physical heads and a low-rank Postmix all-reduce (not built yet).
-            raise VHAConfigError(
-                f"tensor_model_parallel_size={config.tensor_model_parallel_size}: Qwen3-VHA currently supports "
-                "tensor_model_parallel_size=1 only"
-            )
-        if config.sequence_parallel:
-            raise VHAConfigError("sequence_parallel=True is not supported by Qwen3-VHA")
+        config.check_runtime_support()
         super().__init__(config, layer_idx)
         h, d = config.hidden_size, self.head_dim
         self.num_physical_heads = config.num_physical_heads  # H_p
