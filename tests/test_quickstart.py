@@ -1,0 +1,46 @@
+"""The README's main job, run small: it trains, prints the comparison table and writes a valid checkpoint."""
+import os
+import re
+import subprocess
+import sys
+
+from paddle_vha.checkpoint import validate_vha_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = os.path.join(ROOT, "tools", "quickstart.py")
+
+
+def run(*args):
+    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+def test_quickstart_small(tmp_path):
+    layers, head_dim = 2, 16
+    res = run("--steps", "12", "--hidden-size", "64", "--layers", str(layers), "--head-dim", str(head_dim),
+              "--seq-len", "32", "--batch-size", "4", "--val-batches", "2", "--corpus-mb", "1",
+              "--no-progress", "--out", str(tmp_path))
+    print(res.stdout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {m.group(1): m.groups() for m in re.finditer(
+        r"^(GQA-8|VHA \(GQA-2\))\s+(\d+)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+) -> ([\d.]+)\s+([\d.]+)",
+        res.stdout, re.M)}
+    assert set(rows) == {"GQA-8", "VHA (GQA-2)"}, res.stdout
+    num = lambda s: int(s.replace(",", ""))  # noqa: E731
+    for label, h_kv in (("GQA-8", 8), ("VHA (GQA-2)", 2)):
+        row = rows[label]
+        assert num(row[1]) == h_kv
+        assert num(row[4]) == 2 * h_kv * head_dim * 2  # K and V, bf16, one layer
+        assert num(row[5]) == 2 * h_kv * head_dim * 2 * layers
+        first, last = float(row[6]), float(row[7])
+        assert last < first - 0.5, f"{label}: loss did not drop ({first} -> {last})"
+    assert num(rows["VHA (GQA-2)"][2]) < num(rows["GQA-8"][2])
+    assert "4.0x smaller" in res.stdout
+    cfg = validate_vha_checkpoint(str(tmp_path / "vha"))
+    assert cfg.num_key_value_heads == 2 and cfg.num_hidden_layers == layers
+
+
+def test_quickstart_help_and_bad_args():
+    res = run("--help")
+    assert res.returncode == 0 and "--steps" in res.stdout
+    res = run("--steps", "0")
+    assert res.returncode != 0 and "--steps must be >= 1" in res.stderr

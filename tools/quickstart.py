@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Quick-start: train a small Qwen3-VHA next to the same-size GQA-8 Qwen3 on an embedded corpus.
+
+Builds both models (same hidden size, layers, 16 query heads; GQA-8 has 8 KV heads, VHA has 2 KV heads and
+8 physical query heads), trains each for a few dozen AdamW steps on byte-level Python standard-library source
+with the same batches, and prints loss, parameter counts and KV-cache bytes per token side by side.
+The trained VHA checkpoint is written to OUT/vha (safetensors, the format tools/fold.py reads).
+
+    bash tools/env.sh python tools/quickstart.py            # defaults: 40 steps, ~1 minute on 2 cores
+    bash tools/env.sh python tools/quickstart.py --steps 200 --out runs/longer
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+os.environ.setdefault("GLOG_minloglevel", "2")
+# Paddle's bundled MKL takes a slow GEMM path on AMD CPUs unless told the CPU type (docs/performance.md);
+# harmless elsewhere. Paddle also runs one thread by default. Both are overridable from the environment.
+os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+os.environ.setdefault("OMP_NUM_THREADS", str(min(os.cpu_count() or 1, 4)))
+os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps per model (default 40)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden-size", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=32)
+    p.add_argument("--val-batches", type=int, default=8)
+    p.add_argument("--corpus-mb", type=float, default=8.0, help="MB of standard-library source to read")
+    p.add_argument("--out", default="runs/quickstart", help="where the VHA checkpoint goes (OUT/vha)")
+    p.add_argument("--no-baseline", action="store_true", help="train only the VHA model")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    for name in ("steps", "batch_size", "seq_len", "hidden_size", "layers", "head_dim", "val_batches"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.head_dim % 2:
+        p.error("--head-dim must be even (RoPE)")
+    return args
+
+
+def build_configs(args):
+    from paddleformers.transformers import Qwen3Config
+
+    from paddle_vha import Qwen3VHAConfig
+    from paddle_vha.data import BYTE_VOCAB_SIZE
+
+    common = dict(vocab_size=BYTE_VOCAB_SIZE, hidden_size=args.hidden_size, num_hidden_layers=args.layers,
+                  intermediate_size=int(args.hidden_size * 8 / 3) // 16 * 16, head_dim=args.head_dim,
+                  num_attention_heads=16, max_position_embeddings=max(512, args.seq_len), rope_theta=10000.0,
+                  tie_word_embeddings=False)
+    gqa8 = Qwen3Config(num_key_value_heads=8, **common)
+    vha = Qwen3VHAConfig(num_key_value_heads=2, vha_postmix_rank=4, **common)
+    return gqa8, vha
+
+
+def train(model, corpus, args, label):
+    import paddle
+    import paddle.nn.functional as F
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(args.seed)  # same batches for every model
+    sched = paddle.optimizer.lr.LambdaDecay(args.lr, lambda s: min(1.0, (s + 1) / 5) * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
+    opt = paddle.optimizer.AdamW(sched, parameters=model.parameters(), weight_decay=0.01,
+                                 grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+    model.train()
+    losses = []
+    t0 = time.time()
+    bar = tqdm(range(args.steps), desc=f"train {label}", disable=args.no_progress, leave=False, file=sys.stderr)
+    for _ in bar:
+        x, y = corpus.batch(rng, args.batch_size, args.seq_len)
+        logits = model(paddle.to_tensor(x), return_dict=True).logits  # (B, S, 256)
+        loss = F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(y).reshape([-1]))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        sched.step()
+        losses.append(float(loss))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    seconds = time.time() - t0
+    model.eval()
+    with paddle.no_grad():
+        val = []
+        for x, y in corpus.val_batches(args.batch_size, args.seq_len, args.val_batches):
+            logits = model(paddle.to_tensor(x), return_dict=True).logits
+            val.append(float(F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(y).reshape([-1]))))
+    return dict(first=np.mean(losses[:3]), last=np.mean(losses[-3:]), val=float(np.mean(val)), seconds=seconds)
+
+
+def save_atomic(model, dest):
+    parent = os.path.dirname(os.path.abspath(dest))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    try:
+        model.save_pretrained(tmp)
+        if os.path.exists(dest):
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import paddle
+    from paddleformers.transformers import Qwen3ForCausalLM
+
+    from paddle_vha import Qwen3VHAForCausalLM
+    from paddle_vha.accounting import attention_params_per_layer, count_parameters, kv_cache_bytes_per_token
+    from paddle_vha.data import load_stdlib_corpus
+
+    corpus = load_stdlib_corpus(max_bytes=int(args.corpus_mb * (1 << 20)))
+    print(f"corpus: {corpus.n_files} standard-library .py files from {corpus.root}: "
+          f"{len(corpus.train):,} train / {len(corpus.val):,} validation byte tokens")
+    gqa8_cfg, vha_cfg = build_configs(args)
+    rows = []
+    for label, cfg, cls in (("GQA-8", gqa8_cfg, Qwen3ForCausalLM), ("VHA (GQA-2)", vha_cfg, Qwen3VHAForCausalLM)):
+        if args.no_baseline and cls is Qwen3ForCausalLM:
+            continue
+        paddle.seed(args.seed)
+        model = cls(cfg)
+        res = train(model, corpus, args, label)
+        res.update(label=label, cfg=cfg, params=count_parameters(model), attn=attention_params_per_layer(cfg)["total"],
+                   kv_layer=kv_cache_bytes_per_token(cfg, 2), kv_all=kv_cache_bytes_per_token(cfg, 2, all_layers=True))
+        rows.append(res)
+        if cls is Qwen3VHAForCausalLM:
+            dest = os.path.join(args.out, "vha")
+            save_atomic(model, dest)
+            print(f"saved the trained Qwen3-VHA checkpoint to {dest}")
+
+    print(f"\n{args.steps} AdamW steps, batch {args.batch_size} x {args.seq_len} bytes, lr {args.lr}, seed {args.seed}; "
+          f"hidden {args.hidden_size}, {args.layers} layers, head_dim {args.head_dim}, 16 (virtual) query heads")
+    hdr = f"{'model':<12} {'KV heads':>8} {'params':>10} {'attn/layer':>11} {'KV B/tok/layer':>15} {'KV B/tok':>9} " \
+          f"{'train loss':>15} {'val loss':>9} {'s/step':>7}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['label']:<12} {r['cfg'].num_key_value_heads:>8} {r['params']:>10,} {r['attn']:>11,} {r['kv_layer']:>15,} "
+              f"{r['kv_all']:>9,} {r['first']:>6.3f} -> {r['last']:<6.3f} {r['val']:>9.3f} {r['seconds'] / args.steps:>7.3f}")
+    if len(rows) == 2:
+        print(f"\nKV cache per token (bf16): GQA-8 {rows[0]['kv_all']:,} B vs VHA {rows[1]['kv_all']:,} B "
+              f"= {rows[0]['kv_all'] / rows[1]['kv_all']:.1f}x smaller; "
+              f"VHA has {rows[1]['params'] / rows[0]['params']:.1%} of GQA-8's parameters")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
