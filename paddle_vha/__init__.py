@@ -1,15 +1,29 @@
-"""paddle-vha: Virtual Head Attention for PaddleFormers' Qwen3 (train -> fold -> export -> serve)."""
-from .config import Qwen3VHAConfig, VHAConfigError
-from .attention import Qwen3VHAAttention
-from .modeling import Qwen3VHAForCausalLM, Qwen3VHAModel, Qwen3VHAPretrainedModel
+"""paddle-vha: Virtual Head Attention for PaddleFormers' Qwen3 (train -> fold -> export -> serve).
+
+Public names are imported lazily, so `import paddle_vha.cli` (used by the tools before Paddle loads) stays light.
+"""
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Qwen3VHAConfig",
-    "VHAConfigError",
-    "Qwen3VHAAttention",
-    "Qwen3VHAModel",
-    "Qwen3VHAForCausalLM",
-    "Qwen3VHAPretrainedModel",
-]
+_EXPORTS = {
+    "Qwen3VHAConfig": "paddle_vha.config",
+    "VHAConfigError": "paddle_vha.config",
+    "Qwen3VHAAttention": "paddle_vha.attention",
+    "Qwen3VHAModel": "paddle_vha.modeling",
+    "Qwen3VHAForCausalLM": "paddle_vha.modeling",
+    "Qwen3VHAPretrainedModel": "paddle_vha.modeling",
+    "CheckpointError": "paddle_vha.checkpoint",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'paddle_vha' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -21,12 +21,10 @@ import time
 
 import numpy as np
 
-os.environ.setdefault("GLOG_minloglevel", "2")
-# Paddle's bundled MKL takes a slow GEMM path on AMD CPUs unless told the CPU type (docs/performance.md);
-# harmless elsewhere. Paddle also runs one thread by default. Both are overridable from the environment.
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-os.environ.setdefault("OMP_NUM_THREADS", str(min(os.cpu_count() or 1, 4)))
-os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run from a checkout without installing
+
+from paddle_vha.cli import quiet  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -118,6 +116,7 @@ def save_atomic(model, dest):
 
 def main(argv=None):
     args = parse_args(argv)
+    quiet()
     import paddle
     from paddleformers.transformers import Qwen3ForCausalLM
 

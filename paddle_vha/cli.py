@@ -1,0 +1,41 @@
+"""Shared set-up for the command-line tools: quiet imports, one-line errors.
+
+Importing Paddle and PaddleFormers prints a page of warnings that say nothing about the user's job (no ccache,
+no PyTorch, distutils, checkpoint INFO lines). Tools call `quiet()` before importing them; the library itself
+never silences anything.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+__all__ = ["quiet", "fail"]
+
+_NOISE = ("Due to potential compatibility issues between PaddlePaddle and PyTorch",)
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record):
+        return record.levelno >= logging.WARNING and not any(n in record.getMessage() for n in _NOISE)
+
+
+def quiet() -> None:
+    """Call before importing paddle / paddleformers."""
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # Paddle's bundled MKL takes a slow GEMM path on AMD CPUs unless told the CPU type (docs/performance.md);
+    # harmless elsewhere. Use the machine's cores for GEMMs (Paddle's own default is one thread).
+    os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+    os.environ.setdefault("MKL_NUM_THREADS", str(min(os.cpu_count() or 1, 8)))
+    for msg in ("No ccache found", "Setuptools is replacing distutils"):
+        warnings.filterwarnings("ignore", message=f".*{msg}.*")
+    for name in ("PaddleFormers", "root"):  # PaddleFormers' logger; Paddle's fleet/checkpoint logger is "root"
+        logging.getLogger(name).addFilter(_DropNoise())
+
+
+def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+    """Print one line naming the problem and exit non-zero."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)
