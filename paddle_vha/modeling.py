@@ -13,7 +13,7 @@ from paddleformers.nn.criterion.interface import CriterionLayer
 from paddleformers.nn.embedding import Embedding as GeneralEmbedding
 from paddleformers.nn.lm_head import LMHead as GeneralLMHead
 from paddleformers.nn.norm import Norm as GeneralNorm
-from paddleformers.transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
 from paddleformers.transformers.model_utils import register_base_model
 from paddleformers.transformers.qwen3.modeling import (
     Qwen3DecoderLayer,
@@ -123,9 +123,13 @@ class Qwen3VHAForCausalLM(Qwen3VHAPretrainedModel, Qwen3ForCausalLM):
 
 
 def _register_auto_classes() -> None:
-    """Make AutoConfig (and, as far as PaddleFormers 1.0.0 allows, the Auto model classes) know qwen3_vha."""
+    """AutoConfig.from_pretrained and AutoModelForCausalLM.from_config know qwen3_vha.
+
+    PaddleFormers 1.0.0 keeps one config -> model table for all Auto model classes, and its from_pretrained
+    matches `architectures` against built-in name prefixes first ("Qwen3VHA..." -> stock Qwen3), so
+    checkpoints load through Qwen3VHAForCausalLM.from_pretrained (docs/method.md, "Auto classes").
+    """
     AutoConfig.register(Qwen3VHAConfig.model_type, Qwen3VHAConfig, exist_ok=True)
-    AutoModel.register(Qwen3VHAConfig, Qwen3VHAModel, exist_ok=True)
     AutoModelForCausalLM.register(Qwen3VHAConfig, Qwen3VHAForCausalLM, exist_ok=True)
 
 

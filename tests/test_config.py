@@ -67,3 +67,15 @@ def test_unsupported_runtime_options_are_refused(field, value, needle):
     setattr(cfg, field, value)  # trainers set these after the config is built
     with pytest.raises(VHAConfigError, match=needle):
         Qwen3VHAForCausalLM(cfg)
+
+
+def test_auto_classes(tmp_path):
+    import paddle_vha.modeling  # noqa: F401  (registers qwen3_vha)
+    from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = tiny_config()
+    assert type(AutoModelForCausalLM.from_config(cfg)).__name__ == "Qwen3VHAForCausalLM"
+    Qwen3VHAForCausalLM(cfg).save_pretrained(tmp_path)
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), Qwen3VHAConfig)
+    # Known PaddleFormers 1.0.0 limitation (docs/method.md): from_pretrained matches the "Qwen3" name prefix.
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path)).__name__ == "Qwen3ForCausalLM"
