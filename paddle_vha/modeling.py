@@ -40,22 +40,21 @@ class Qwen3VHAPretrainedModel(Qwen3PretrainedModel):
 
     @classmethod
     def _gen_aoa_config(cls, config: Qwen3VHAConfig):
-        aoa = super()._gen_aoa_config(config)
-        if config.vha_gated_attention:  # VHA: HF [out, in] on disk -> Paddle [in, out] in memory
-            prefix = "" if cls == cls.base_model_class else "model."
-            aoa["aoa_statements"].append(
-                f"model.layers.$LAYER_ID.self_attn.gate_proj.weight^T -> {prefix}layers.$LAYER_ID.self_attn.gate_proj.weight"
-            )
-        return aoa
+        return cls._add_gate_rule(super()._gen_aoa_config(config), config, to_disk=False)
 
     @classmethod
     def _gen_inv_aoa_config(cls, config: Qwen3VHAConfig):
-        aoa = super()._gen_inv_aoa_config(config)
-        if config.vha_gated_attention:  # VHA: Paddle [in, out] in memory -> HF [out, in] on disk
-            prefix = "" if cls == cls.base_model_class else "model."
-            aoa["aoa_statements"].append(
-                f"{prefix}layers.$LAYER_ID.self_attn.gate_proj.weight^T -> model.layers.$LAYER_ID.self_attn.gate_proj.weight"
-            )
+        return cls._add_gate_rule(super()._gen_inv_aoa_config(config), config, to_disk=True)
+
+    @classmethod
+    def _add_gate_rule(cls, aoa: dict, config: Qwen3VHAConfig, to_disk: bool) -> dict:
+        # VHA: the attention gate is a Linear: [out, in] on disk, [in, out] in memory. New Linears need a
+        # transpose rule both ways, or PaddleFormers writes them untransposed (breaking the HF layout).
+        if config.vha_gated_attention:
+            memory = ("" if cls == cls.base_model_class else "model.") + "layers.$LAYER_ID.self_attn.gate_proj.weight"
+            disk = "model.layers.$LAYER_ID.self_attn.gate_proj.weight"
+            src, dst = (memory, disk) if to_disk else (disk, memory)
+            aoa["aoa_statements"].append(f"{src}^T -> {dst}")
         return aoa
 
     def save_pretrained(self, save_dir, *args, **kwargs):
