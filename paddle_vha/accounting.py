@@ -1,7 +1,51 @@
-"""Bytes and parameter counts that say what VHA buys: KV cache per token, attention weights per layer."""
+"""Bytes, weights and FLOPs that say what VHA buys: KV cache per token, attention weights, training / serving FLOPs.
+
+Two layers of API:
+
+* The original helpers over a live config (`kv_cache_bytes_per_token`, `attention_params_per_layer`,
+  `count_parameters`), used by tools/quickstart.py.
+* `Arch`: a plain description of one decoder-only model with one attention variant — MHA, GQA-n, MLA, VHA (as
+  trained), VHA folded (the stock GQA model it is served as) and MEA — and pure functions over it:
+  `kv_bytes_per_token`, `attention_weights_per_layer`, `query_weights_per_layer`, `forward_flops_per_token`,
+  `training_flops_per_token`. `paper_variants("1.7b")` builds the VHA paper's comparison set at a named shape;
+  `arch_from_config(dict)` reads any Qwen3 / Qwen3-VHA / Qwen3-MEA / Qwen3-MoE / DeepSeek-V2-style config.json.
+  tools/kv_calc.py and tools/flops.py are thin command lines over these.
+
+FLOP convention (the one the VHA article uses to re-derive the paper's Table 5, docs/calculators.md):
+matmul FLOPs only, 2 per multiply-add; per token, summed over layers; attention scores and the weighted sum
+over values cost 2·S·H·d each per head (S = context length, no causal halving unless `causal=True`);
+training = 3 × forward. Norms, RoPE, softmax and residual adds are not counted.
+"""
 from __future__ import annotations
 
-__all__ = ["kv_cache_bytes_per_token", "attention_params_per_layer", "count_parameters"]
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+__all__ = [
+    "kv_cache_bytes_per_token",
+    "attention_params_per_layer",
+    "count_parameters",
+    "Arch",
+    "ArchError",
+    "KINDS",
+    "NAMED_SHAPES",
+    "named_shape",
+    "paper_variants",
+    "fold_vha",
+    "arch_from_config",
+    "kv_bytes_per_token",
+    "attention_weights_per_layer",
+    "query_weights_per_layer",
+    "forward_flops_per_token",
+    "training_flops_per_token",
+    "DTYPE_BYTES",
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Original helpers over a live config (behaviour kept: tools/quickstart.py and its test use them).
 
 
 def kv_cache_bytes_per_token(cfg, bytes_per_elem: int = 2, all_layers: bool = False) -> int:
@@ -34,3 +78,424 @@ def attention_params_per_layer(cfg) -> dict:
 
 def count_parameters(model) -> int:
     return int(sum(p.size for p in model.parameters()))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Architecture descriptions.
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "int8": 1}
+
+KINDS = ("mha", "gqa", "mla", "vha", "vha_folded", "mea")
+
+
+class ArchError(ValueError):
+    """A description or config.json the calculators cannot account for; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One decoder-only model with one attention variant.
+
+    `num_heads` is the number of query heads attention sees (virtual heads H_v for VHA); `num_kv_heads` is the
+    number of KV heads the cache stores (MEA: the physical n_p; MLA: unused, it caches a latent).
+    """
+
+    label: str
+    kind: str
+    hidden_size: int
+    num_layers: int
+    head_dim: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    # VHA (kind "vha"): H_p = num_heads / num_kv_heads physical query heads of width r, Postmix rank R.
+    vha_q_head_dim: Optional[int] = None
+    vha_postmix_rank: int = 0
+    vha_gated: bool = False
+    # MLA (kind "mla"), DeepSeek-V2 parameterisation: latent c_kv plus a decoupled RoPE key.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0
+    # MEA (kind "mea"): n_v virtual KV heads composed from the n_p = num_kv_heads cached ones, in
+    # `mea_num_layers` layers (None: all); the other layers are stock with n_v KV heads.
+    mea_kv_heads: int = 0
+    mea_num_layers: Optional[int] = None
+    mea_group_norm: bool = True
+    # Mixture of experts: the MLP FLOPs are those of the routed experts a token uses (+ the router).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_moe_layers: Optional[int] = None  # None: all layers are MoE when num_experts > 0
+    notes: tuple = ()
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ArchError(f"unknown attention kind {self.kind!r} (expected one of {', '.join(KINDS)})")
+        for name in ("hidden_size", "num_layers", "head_dim", "num_heads", "vocab_size"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise ArchError(f"{self.label}: {name} must be a positive int, got {v!r}")
+        if self.kind != "mla":
+            if not (isinstance(self.num_kv_heads, int) and self.num_kv_heads >= 1):
+                raise ArchError(f"{self.label}: num_kv_heads must be a positive int, got {self.num_kv_heads!r}")
+            if self.num_heads % self.num_kv_heads:
+                raise ArchError(f"{self.label}: num_heads={self.num_heads} is not a multiple of "
+                                f"num_kv_heads={self.num_kv_heads}")
+        if self.kind == "vha":
+            r = self.q_head_dim
+            if not (1 <= r <= self.head_dim) or self.vha_postmix_rank < 1:
+                raise ArchError(f"{self.label}: VHA needs 1 <= vha_q_head_dim <= head_dim and vha_postmix_rank >= 1")
+        if self.kind == "mla" and (self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0):
+            raise ArchError(f"{self.label}: MLA needs kv_lora_rank >= 1 and qk_rope_head_dim >= 0")
+        if self.kind == "mea":
+            if self.mea_kv_heads < self.num_kv_heads or self.num_heads % self.mea_kv_heads:
+                raise ArchError(f"{self.label}: MEA needs num_kv_heads (n_p) <= mea_kv_heads (n_v) and num_heads "
+                                f"a multiple of n_v, got n_p={self.num_kv_heads}, n_v={self.mea_kv_heads}, "
+                                f"num_heads={self.num_heads}")
+            if self.mea_num_layers is not None and not 0 <= self.mea_num_layers <= self.num_layers:
+                raise ArchError(f"{self.label}: mea_num_layers={self.mea_num_layers} not in [0, {self.num_layers}]")
+        if self.num_experts and (self.num_experts_per_tok < 1 or self.moe_intermediate_size < 1):
+            raise ArchError(f"{self.label}: MoE needs num_experts_per_tok >= 1 and moe_intermediate_size >= 1")
+
+    @property
+    def q_head_dim(self) -> int:
+        """r: width of a physical query head (VHA); d otherwise."""
+        return self.vha_q_head_dim or self.head_dim
+
+    @property
+    def physical_heads(self) -> int:
+        """Query heads q_proj emits: H_p = H_v / H_kv for VHA, num_heads otherwise."""
+        return self.num_heads // self.num_kv_heads if self.kind == "vha" else self.num_heads
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per cached KV head (what a decode kernel batches)."""
+        if self.kind == "mla":
+            return self.num_heads
+        return self.num_heads // self.num_kv_heads
+
+    def replace(self, **changes) -> "Arch":
+        return dataclasses.replace(self, **changes)
+
+
+# Qwen3's published shapes (the VHA paper trains these, docs/calculators.md). head_dim 128, vocab 151936,
+# tied embeddings. `postmix_rank` is the paper's Postmix rank (stated for 1.7B and 4B; 0.6B's is not stated,
+# 4 is assumed). `mha_heads` gives MHA the same attention weights as GQA-8: 4·H = 2·H_q + 2·H_kv.
+NAMED_SHAPES: Dict[str, dict] = {
+    "0.6b": dict(hidden_size=1024, num_layers=28, intermediate_size=3072, num_heads=16, postmix_rank=4),
+    "1.7b": dict(hidden_size=2048, num_layers=28, intermediate_size=6144, num_heads=16, postmix_rank=4),
+    "4b": dict(hidden_size=2560, num_layers=36, intermediate_size=9728, num_heads=32, postmix_rank=8),
+}
+_COMMON = dict(head_dim=128, vocab_size=151936, tie_word_embeddings=True)
+# MLA as the article assumes it: latent 512 and a 64-wide decoupled RoPE key (DeepSeek-V2's value; it makes the
+# paper's 1.12 KB come out exactly). Its per-head widths (nope 128, v 128) and no query LoRA are our assumptions.
+MLA_DEFAULTS = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=0)
+
+
+def _shape_key(name: str) -> str:
+    key = name.strip().lower().replace("qwen3-", "").replace("qwen3_", "")
+    if key not in NAMED_SHAPES:
+        raise ArchError(f"unknown shape {name!r} (named shapes: {', '.join(NAMED_SHAPES)}; or pass a config.json)")
+    return key
+
+
+def named_shape(name: str, kind: str = "gqa", num_kv_heads: int = 8, **overrides) -> Arch:
+    """One model at a named shape ('0.6b', '1.7b', '4b'); default the paper's GQA-8 baseline."""
+    key = _shape_key(name)
+    s = dict(NAMED_SHAPES[key])
+    rank = s.pop("postmix_rank")
+    fields = dict(_COMMON, **s, kind=kind, num_kv_heads=num_kv_heads, label=f"{key} {kind}")
+    if kind == "vha":
+        fields.update(vha_postmix_rank=rank)
+    if kind == "mla":
+        fields.update(MLA_DEFAULTS)
+    fields.update(overrides)
+    return Arch(**fields)
+
+
+def paper_variants(name: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
+    """The comparison set at a named shape: MHA (GQA-8's attention weights), GQA-8 / 4 / 2, GQA-2 with halved query
+    heads, MLA, VHA as trained and folded, MEA (GQA-8's 8 KV heads composed from `mea_kv_heads` cached ones)."""
+    key = _shape_key(name)
+    h_q = NAMED_SHAPES[key]["num_heads"]
+    mha_heads = (2 * h_q + 2 * 8) // 4
+    out = [
+        named_shape(key, "mha", num_kv_heads=mha_heads, num_heads=mha_heads, label=f"MHA-{mha_heads}", **overrides),
+        named_shape(key, "gqa", 8, label="GQA-8", **overrides),
+        named_shape(key, "gqa", 4, label="GQA-4", **overrides),
+        named_shape(key, "gqa", 2, label="GQA-2", **overrides),
+        named_shape(key, "gqa", 2, num_heads=h_q // 2, label=f"GQA-2 ({h_q // 2} q heads)", **overrides),
+        named_shape(key, "mla", 0, label="MLA", **overrides),
+    ]
+    vha = named_shape(key, "vha", 2, label="VHA (trained)", **overrides)
+    out += [vha, fold_vha(vha, label="VHA (folded)")]
+    out.append(named_shape(key, "mea", mea_kv_heads, mea_kv_heads=8, label=f"MEA ({mea_kv_heads} of 8 KV)", **overrides))
+    return out
+
+
+def fold_vha(arch: Arch, label: Optional[str] = None) -> Arch:
+    """The stock GQA model a VHA model is served as: H_v query heads of width d, same KV heads, no Premix/Postmix."""
+    if arch.kind != "vha":
+        raise ArchError(f"{arch.label}: only a VHA model folds (kind {arch.kind!r})")
+    if arch.vha_gated:
+        raise ArchError(f"{arch.label}: gated VHA does not fold exactly (the gate sits between Postmix and o_proj)")
+    return arch.replace(kind="vha_folded", vha_q_head_dim=None, vha_postmix_rank=0,
+                        label=label or f"{arch.label} (folded)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# config.json -> Arch
+
+
+def _need(cfg: dict, key: str, where: str):
+    if key not in cfg or cfg[key] is None:
+        raise ArchError(f"{where}: config has no {key!r}")
+    return cfg[key]
+
+
+def _mea_layer_count(value, num_layers: int, where: str) -> Optional[int]:
+    if value is None or value == "all":
+        return None
+    if isinstance(value, (list, tuple)):
+        return len(set(value))
+    if isinstance(value, str):  # "A-B" inclusive, or comma list
+        try:
+            if "-" in value:
+                a, b = (int(x) for x in value.split("-"))
+                return b - a + 1
+            return len({int(x) for x in value.split(",")})
+        except ValueError:
+            pass
+    raise ArchError(f"{where}: cannot read mea_layers={value!r}")
+
+
+def arch_from_config(cfg: dict, label: str = "config") -> Arch:
+    """An Arch from a config.json dict: qwen3 (GQA / MHA), qwen3_vha, qwen3_mea, qwen3_moe, or a DeepSeek-V2/V3 MLA
+    config (anything with kv_lora_rank)."""
+    if not isinstance(cfg, dict):
+        raise ArchError(f"{label}: expected a JSON object")
+    mt = str(cfg.get("model_type", ""))
+    h = _need(cfg, "hidden_size", label)
+    L = _need(cfg, "num_hidden_layers", label)
+    n_heads = _need(cfg, "num_attention_heads", label)
+    head_dim = cfg.get("head_dim") or (h // n_heads)
+    n_kv = cfg.get("num_key_value_heads") or n_heads
+    common = dict(label=label, hidden_size=h, num_layers=L, head_dim=head_dim, num_heads=n_heads,
+                  intermediate_size=cfg.get("intermediate_size") or 0,
+                  vocab_size=_need(cfg, "vocab_size", label),
+                  tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                  attention_bias=bool(cfg.get("attention_bias", False)))
+    n_exp = cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
+    if n_exp:
+        step = cfg.get("decoder_sparse_step") or 1
+        dense = set(cfg.get("mlp_only_layers") or [])
+        first_dense = cfg.get("first_k_dense_replace") or 0
+        moe_layers = sum(1 for i in range(L) if i not in dense and i >= first_dense and (i + 1) % step == 0)
+        common.update(num_experts=n_exp, num_experts_per_tok=_need(cfg, "num_experts_per_tok", label),
+                      moe_intermediate_size=_need(cfg, "moe_intermediate_size", label), num_moe_layers=moe_layers)
+    try:
+        if cfg.get("kv_lora_rank"):
+            return Arch(kind="mla", num_kv_heads=0, kv_lora_rank=cfg["kv_lora_rank"],
+                        qk_rope_head_dim=cfg.get("qk_rope_head_dim") or 0,
+                        qk_nope_head_dim=cfg.get("qk_nope_head_dim") or head_dim,
+                        v_head_dim=cfg.get("v_head_dim") or head_dim, q_lora_rank=cfg.get("q_lora_rank") or 0,
+                        **common)
+        if mt == "qwen3_vha":
+            return Arch(kind="vha", num_kv_heads=n_kv, vha_q_head_dim=cfg.get("vha_q_head_dim") or head_dim,
+                        vha_postmix_rank=cfg.get("vha_postmix_rank", 4),
+                        vha_gated=bool(cfg.get("vha_gated_attention", False)), **common)
+        if mt == "qwen3_mea":
+            return Arch(kind="mea", num_kv_heads=n_kv, mea_kv_heads=_need(cfg, "mea_kv_heads", label),
+                        mea_num_layers=_mea_layer_count(cfg.get("mea_layers"), L, label),
+                        mea_group_norm=bool(cfg.get("mea_group_norm", True)), **common)
+        return Arch(kind="mha" if n_kv == n_heads else "gqa", num_kv_heads=n_kv, **common)
+    except TypeError as e:  # a field of the wrong JSON type
+        raise ArchError(f"{label}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Accounting.
+
+
+def _mea_layers(a: Arch) -> int:
+    return a.num_layers if a.mea_num_layers is None else a.mea_num_layers
+
+
+def kv_bytes_per_token(a: Arch, bytes_per_elem: float = 2, all_layers: bool = False) -> float:
+    """KV-cache bytes one token adds: per layer (an MEA layer for MEA), or summed over all layers."""
+    if a.kind == "mla":
+        per_layer = (a.kv_lora_rank + a.qk_rope_head_dim) * bytes_per_elem  # latent + decoupled RoPE key
+        return per_layer * (a.num_layers if all_layers else 1)
+    per_layer = 2 * a.num_kv_heads * a.head_dim * bytes_per_elem
+    if not all_layers:
+        return per_layer
+    if a.kind == "mea":  # layers without MEA keep n_v KV heads
+        n_mea = _mea_layers(a)
+        return per_layer * n_mea + 2 * a.mea_kv_heads * a.head_dim * bytes_per_elem * (a.num_layers - n_mea)
+    return per_layer * a.num_layers
+
+
+def _attn_weights(a: Arch, mea_layer: bool = True) -> Dict[str, int]:
+    """Matmul weights of one attention layer by part (biases and norms excluded)."""
+    h, d, H = a.hidden_size, a.head_dim, a.num_heads
+    if a.kind == "mla":
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        parts = {}
+        if a.q_lora_rank:
+            parts["q_a_proj"] = h * a.q_lora_rank
+            parts["q_b_proj"] = a.q_lora_rank * H * qk
+        else:
+            parts["q_proj"] = h * H * qk
+        parts["kv_a_proj"] = h * (a.kv_lora_rank + a.qk_rope_head_dim)
+        parts["kv_b_proj"] = a.kv_lora_rank * H * (a.qk_nope_head_dim + a.v_head_dim)
+        parts["o_proj"] = H * a.v_head_dim * h
+        return parts
+    kv = a.num_kv_heads
+    if a.kind == "mea" and not mea_layer:
+        kv = a.mea_kv_heads
+    parts = {
+        "q_proj": h * a.physical_heads * a.q_head_dim,
+        "k_proj": h * kv * d,
+        "v_proj": h * kv * d,
+        "o_proj": H * d * h,
+    }
+    if a.kind == "vha":
+        parts["premix"] = a.num_kv_heads * a.q_head_dim * d
+        parts["postmix"] = 2 * H * a.vha_postmix_rank
+        if a.vha_gated:
+            parts["gate_proj"] = h * H * d
+    if a.kind == "mea" and mea_layer:
+        parts["hlc"] = 2 * a.num_kv_heads * a.mea_kv_heads  # mea_k_lc, mea_v_lc: [n_p, n_v]
+    return parts
+
+
+def attention_weights_per_layer(a: Arch) -> Dict[str, int]:
+    """Weights of one attention layer by part (matmul weights; biases and norms excluded), plus 'total'."""
+    parts = _attn_weights(a)
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def query_weights_per_layer(a: Arch) -> int:
+    """Weights that make the queries of one layer: q_proj, plus Premix for VHA (the article's 'query projection':
+    H_p·h·r + H_kv·r·d as trained, H_v·h·d once folded)."""
+    w = _attn_weights(a)
+    return sum(v for k, v in w.items() if k in ("q_proj", "q_a_proj", "q_b_proj", "premix"))
+
+
+def _layer_forward_flops(a: Arch, seq_len: int, causal: bool, mea_layer: bool = True) -> Dict[str, float]:
+    """Forward matmul FLOPs of one attention layer for one token, by part."""
+    w = _attn_weights(a, mea_layer)
+    f: Dict[str, float] = {}
+    for name, n in w.items():
+        if name == "premix":  # each of the H_p physical heads goes through each group's r x d map
+            f[name] = 2 * a.physical_heads * a.num_kv_heads * a.q_head_dim * a.head_dim
+        elif name == "postmix":  # Z = U^T Y (R x d) then V Z (H_v x d): two small GEMMs
+            f[name] = 2 * 2 * a.num_heads * a.vha_postmix_rank * a.head_dim
+        elif name == "hlc":  # K and V: n_v virtual heads from n_p physical ones
+            f[name] = 2 * 2 * a.num_kv_heads * a.mea_kv_heads * a.head_dim
+        else:
+            f[name] = 2 * n
+    ctx = seq_len / 2 if causal else seq_len
+    if a.kind == "mla":
+        qk, vd = a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim
+    else:
+        qk = vd = a.head_dim
+    f["attention"] = 2 * ctx * a.num_heads * qk + 2 * ctx * a.num_heads * vd  # Q K^T and A V
+    return f
+
+
+def forward_flops_per_token(a: Arch, seq_len: int = 4096, causal: bool = False, lm_head: bool = True) -> Dict[str, float]:
+    """Forward FLOPs per token, summed over layers, by part; 'attention_block' and 'total' are sums."""
+    if seq_len < 1:
+        raise ArchError(f"seq_len must be >= 1, got {seq_len}")
+    out: Dict[str, float] = {}
+
+    def add(parts: Dict[str, float], times: int):
+        for k, v in parts.items():
+            out[k] = out.get(k, 0.0) + v * times
+
+    if a.kind == "mea":
+        n_mea = _mea_layers(a)
+        add(_layer_forward_flops(a, seq_len, causal, True), n_mea)
+        add(_layer_forward_flops(a, seq_len, causal, False), a.num_layers - n_mea)
+    else:
+        add(_layer_forward_flops(a, seq_len, causal), a.num_layers)
+    out["attention_block"] = sum(out.values())
+    h = a.hidden_size
+    n_moe = (a.num_layers if a.num_moe_layers is None else a.num_moe_layers) if a.num_experts else 0
+    mlp = 2 * 3 * h * a.intermediate_size * (a.num_layers - n_moe)
+    mlp += (2 * 3 * h * a.moe_intermediate_size * a.num_experts_per_tok + 2 * h * a.num_experts) * n_moe
+    out["mlp"] = mlp
+    out["lm_head"] = 2 * h * a.vocab_size if lm_head else 0
+    out["total"] = out["attention_block"] + out["mlp"] + out["lm_head"]
+    return out
+
+
+def training_flops_per_token(a: Arch, seq_len: int = 4096, causal: bool = False, lm_head: bool = True) -> Dict[str, float]:
+    """Training FLOPs per token: 3 × forward (forward + backward for activations and weights)."""
+    return {k: 3 * v for k, v in forward_flops_per_token(a, seq_len, causal, lm_head).items()}
+
+
+def model_weights(a: Arch) -> Dict[str, int]:
+    """Matmul and embedding weights of the whole model (norms and biases excluded): attention, mlp, embeddings."""
+    attn = 0
+    if a.kind == "mea":
+        n_mea = _mea_layers(a)
+        attn = sum(_attn_weights(a, True).values()) * n_mea + sum(_attn_weights(a, False).values()) * (a.num_layers - n_mea)
+    else:
+        attn = sum(_attn_weights(a).values()) * a.num_layers
+    h = a.hidden_size
+    n_moe = (a.num_layers if a.num_moe_layers is None else a.num_moe_layers) if a.num_experts else 0
+    mlp = 3 * h * a.intermediate_size * (a.num_layers - n_moe)
+    mlp += (3 * h * a.moe_intermediate_size * a.num_experts + h * a.num_experts) * n_moe
+    emb = a.vocab_size * h * (1 if a.tie_word_embeddings else 2)
+    return {"attention": attn, "mlp": mlp, "embeddings": emb, "total": attn + mlp + emb}
+
+
+def fmt_bytes(n: float) -> str:
+    """1024-based: 4096 -> '4 KB', 1152 -> '1.12 KB' (the article's units)."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if math.isclose(v, round(v)) else f"{v:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def variants_for_config(a: Arch) -> List[Arch]:
+    """What a config.json shows: itself, plus its folded form for VHA."""
+    if a.kind == "vha" and not a.vha_gated:
+        return [a.replace(label=f"{a.label} (trained)"), fold_vha(a, label=f"{a.label} (folded)")]
+    return [a]
+
+
+def parse_int_list(text: str) -> Sequence[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def resolve_models(spec: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
+    """A command-line model argument: a named shape ('1.7b': the paper's comparison set) or a config.json / a
+    checkpoint folder holding one (that model, plus its folded form for VHA). ArchError with one line otherwise."""
+    import json
+    import os
+
+    if spec.strip().lower().replace("qwen3-", "") in NAMED_SHAPES:
+        return paper_variants(spec, mea_kv_heads=mea_kv_heads, **overrides)
+    path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
+    if not os.path.isfile(path):
+        raise ArchError(f"{spec}: not a named shape ({', '.join(NAMED_SHAPES)}), a config.json or a checkpoint folder")
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArchError(f"{path}: not valid JSON ({e})") from None
+    label = os.path.basename(os.path.dirname(os.path.abspath(path))) if os.path.basename(path) == "config.json" else os.path.basename(path)
+    arch = arch_from_config(cfg, label=label or "config")
+    if overrides:
+        arch = arch.replace(**overrides)
+    return variants_for_config(arch)
