@@ -1,0 +1,445 @@
+"""Fold a Qwen3-VHA checkpoint into a stock Qwen3 GQA checkpoint (exact, float64, streaming).
+
+The math (docs/method.md, "Why it folds"), in on-disk layout (Linear weights [out, in]):
+
+    q_proj:  W_Q [H_p*r, h] and Premix P [H_kv, r, d]  ->  W_Q' [H_v*d, h]
+             block j = g*H_p + i of W_Q' is P[g]^T W_Q^(i)       (Q_v[j] = x W_Q^(i)T P[g]);  b_q'[j] = b_q^(i) P[g]
+    o_proj:  W_O [h, H_v*d], M = I + V U^T [H_v, H_v]       ->  W_O' [h, H_v*d]
+             input block k of W_O' is sum_j M[j, k] W_O[:, j]   (W_O' = W_O (M (x) I_d))
+    everything else is copied; vha_premix_weight / vha_postmix_U / vha_postmix_V disappear.
+
+Three levels of API, each used by the next:
+    fold_q_proj / fold_q_bias / fold_o_proj    one layer's tensors (float64 numpy)
+    fold_state_dict(state, cfg)                a whole in-memory state dict
+    plan_fold(in_dir, ...) + fold_checkpoint   folder -> folder, tensor by tensor (what tools/fold.py runs)
+
+`fold_checkpoint` holds at most one folded attention tensor's inputs and output in float64 plus one
+`chunk_bytes` block of a copied tensor, whatever the model size: inputs are read with pread row ranges
+(never the whole shard), outputs stream into shards whose headers are written first.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import safetensors_io as st
+from .checkpoint import (
+    INDEX_FILE,
+    CheckpointError,
+    compare_shapes,
+    load_vha_config,
+    qwen3_tensor_shapes,
+    read_config,
+    read_tensor_shapes,
+    vha_tensor_shapes,
+    weight_files,
+)
+
+__all__ = [
+    "FoldError",
+    "FoldPlan",
+    "fold_checkpoint",
+    "fold_config",
+    "fold_o_proj",
+    "fold_q_bias",
+    "fold_q_proj",
+    "fold_state_dict",
+    "format_plan",
+    "plan_fold",
+    "verify_fold",
+    "DEFAULT_VERIFY_TOL",
+]
+
+DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16", "float16")
+# --verify: max |logit diff| / max |logit| allowed, by output dtype (storage rounding of the folded q/o weights).
+DEFAULT_VERIFY_TOL = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+GATE_REASON = "Postmix cannot cross the sigmoid gate"
+# Files of a checkpoint folder that describe its weights (rewritten or dropped, never copied).
+_NOT_COPIED = re.compile(r"(\.safetensors|\.safetensors\.index\.json|\.pdparams|\.bin|\.pt|\.pth|\.metadata)$|^saved_signal_")
+
+
+class FoldError(CheckpointError):
+    """A checkpoint (or output location) fold refuses; the message is one line naming the problem."""
+
+
+# --- one layer -------------------------------------------------------------------------------------------------
+
+def fold_q_proj(w_q: np.ndarray, premix: np.ndarray) -> np.ndarray:
+    """[H_p*r, h] q_proj and [H_kv, r, d] Premix -> [H_v*d, h] stock q_proj (float64), virtual heads group-major."""
+    h_kv, r, d = premix.shape
+    w = np.asarray(w_q, np.float64).reshape(-1, r, w_q.shape[-1])  # (H_p, r, h)
+    out = np.einsum("grd,irh->gidh", np.asarray(premix, np.float64), w)  # (H_kv, H_p, d, h): block g*H_p + i
+    return out.reshape(h_kv * w.shape[0] * d, w.shape[-1])  # (H_v*d, h)
+
+
+def fold_q_bias(b_q: np.ndarray, premix: np.ndarray) -> np.ndarray:
+    """[H_p*r] q bias -> [H_v*d]: virtual head g*H_p + i gets b^(i) P[g]."""
+    h_kv, r, d = premix.shape
+    b = np.asarray(b_q, np.float64).reshape(-1, r)  # (H_p, r)
+    return np.einsum("ir,grd->gid", b, np.asarray(premix, np.float64)).reshape(-1)  # (H_kv*H_p*d,)
+
+
+def fold_o_proj(w_o: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """[h, H_v*d] o_proj and Postmix U, V [H_v, R] -> [h, H_v*d]: input block k is sum_j M[j, k] W_O[:, j]."""
+    h_v = u.shape[0]
+    m = np.eye(h_v) + np.asarray(v, np.float64) @ np.asarray(u, np.float64).T  # (H_v, H_v), M = I + V U^T
+    w = np.asarray(w_o, np.float64).reshape(w_o.shape[0], h_v, -1)  # (h, H_v, d)
+    return np.einsum("hjd,jk->hkd", w, m).reshape(w_o.shape)  # (h, H_v*d)
+
+
+# --- a whole state dict ----------------------------------------------------------------------------------------
+
+_ATTN = re.compile(r"^(model\.layers\.\d+\.self_attn\.)(.+)$")
+_VHA_ONLY = ("vha_premix_weight", "vha_postmix_U", "vha_postmix_V")
+
+
+def _get(cfg, key):
+    return cfg[key] if isinstance(cfg, Mapping) else getattr(cfg, key)
+
+
+def _check_foldable(cfg, where: str) -> None:
+    gated = cfg.get("vha_gated_attention") if isinstance(cfg, Mapping) else getattr(cfg, "vha_gated_attention", False)
+    if gated:
+        raise FoldError(
+            f"{where}: vha_gated_attention=true: {GATE_REASON} (the elementwise gate sits between Postmix and "
+            "o_proj), so this model has no exact stock-Qwen3 form; refusing to fold"
+        )
+
+
+def fold_state_dict(state: Mapping[str, np.ndarray], cfg) -> Dict[str, np.ndarray]:
+    """Stock-Qwen3 tensors from Qwen3-VHA tensors (HF names and layout); folded ones float64, others as given.
+
+    cfg: a Qwen3VHAConfig or config.json dict. Raises FoldError for gated attention.
+    """
+    _check_foldable(cfg, "state dict")
+    out: Dict[str, np.ndarray] = {}
+    for name, value in state.items():
+        m = _ATTN.match(name)
+        if m is None:
+            out[name] = value
+            continue
+        p, leaf = m.groups()
+        if leaf in _VHA_ONLY:
+            continue
+        if leaf == "q_proj.weight":
+            out[name] = fold_q_proj(value, state[p + "vha_premix_weight"])
+        elif leaf == "q_proj.bias":
+            out[name] = fold_q_bias(value, state[p + "vha_premix_weight"])
+        elif leaf == "o_proj.weight":
+            out[name] = fold_o_proj(value, state[p + "vha_postmix_U"], state[p + "vha_postmix_V"])
+        else:
+            out[name] = value
+    return out
+
+
+def fold_config(raw: Mapping, dtype: Optional[str] = None) -> dict:
+    """config.json of the folded model: stock qwen3, num_attention_heads = H_v, no vha_* keys."""
+    out = {k: v for k, v in raw.items() if not k.startswith("vha_") and k != "auto_map"}
+    out["model_type"] = "qwen3"
+    out["architectures"] = ["Qwen3ForCausalLM"]
+    if dtype is not None:
+        if "dtype" in raw:
+            out["dtype"] = dtype
+        if "torch_dtype" in raw or "dtype" not in raw:
+            out["torch_dtype"] = dtype
+    return out
+
+
+# --- folder -> folder ------------------------------------------------------------------------------------------
+
+@dataclass
+class Entry:
+    """One output tensor: how it is made from which input tensors."""
+
+    name: str
+    kind: str  # "copy" | "fold_q" | "fold_q_bias" | "fold_o"
+    sources: Tuple[str, ...]
+    shape: Tuple[int, ...]
+    dtype: str  # output safetensors code
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * st.DTYPES[self.dtype].itemsize
+
+
+@dataclass
+class FoldPlan:
+    in_dir: str
+    out_dir: str
+    cfg: object  # Qwen3VHAConfig
+    raw_config: dict
+    out_config: dict
+    out_dtype: str  # code, e.g. "BF16"
+    inputs: Dict[str, st.TensorRef]
+    entries: List[Entry]
+    shards: List[List[Entry]]
+    copy_files: List[str]
+    skipped: List[str] = field(default_factory=list)
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(r.nbytes for r in self.inputs.values())
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(e.nbytes for e in self.entries)
+
+
+def _natural_key(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _check_out_dir(in_dir: str, out_dir: str, force: bool) -> None:
+    a, b = os.path.realpath(in_dir), os.path.realpath(out_dir)
+    if a == b or b.startswith(a + os.sep) or a.startswith(b + os.sep):
+        raise FoldError(f"{out_dir}: OUT_DIR must be a different folder from IN_DIR {in_dir}, neither inside the other")
+    if os.path.lexists(out_dir):
+        if not os.path.isdir(out_dir) or os.path.islink(out_dir):
+            raise FoldError(f"{out_dir}: exists and is not a folder; refusing to replace it")
+        if not force:
+            raise FoldError(f"{out_dir}: already exists (pass --force to replace it)")
+
+
+def plan_fold(in_dir: str, out_dir: str, dtype: str = "auto", force: bool = False,
+              max_shard_size="5GB") -> FoldPlan:
+    """Validate IN_DIR (and OUT_DIR) from headers alone and describe every output tensor. Reads no tensor data."""
+    if dtype not in DTYPE_CHOICES:
+        raise FoldError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPE_CHOICES)}")
+    raw = read_config(in_dir)
+    cfg = load_vha_config(in_dir)  # not qwen3_vha, invalid VHA fields: one-line CheckpointError
+    _check_foldable(cfg, in_dir)
+    if cfg.num_attention_heads % cfg.num_key_value_heads:  # validate_vha covers it; kept as the fold's own guard
+        raise FoldError(f"{in_dir}/config.json: num_attention_heads must be divisible by num_key_value_heads")
+    compare_shapes(in_dir, read_tensor_shapes(in_dir), vha_tensor_shapes(cfg))
+    _check_out_dir(in_dir, out_dir, force)
+
+    inputs: Dict[str, st.TensorRef] = {}
+    wmap = weight_files(in_dir)
+    for fname in sorted(set(wmap.values())):
+        path = os.path.join(in_dir, fname)
+        try:
+            _, refs = st.read_header(path)
+        except st.SafetensorsFormatError as e:
+            raise FoldError(str(e)) from None
+        inputs.update({n: r for n, r in refs.items() if wmap.get(n) == fname})
+    bad = sorted(n for n, r in inputs.items() if r.dtype not in st.FLOAT_CODES)
+    if bad:
+        raise FoldError(f"{in_dir}: non-floating tensors: {bad[0]} ({inputs[bad[0]].dtype})")
+
+    out_code = inputs["model.embed_tokens.weight"].dtype if dtype == "auto" else st.dtype_code(dtype)
+    out_shapes = qwen3_tensor_shapes(cfg)  # num_attention_heads = H_v, head_dim = d: the served GQA shapes
+    entries: List[Entry] = []
+    for name in sorted(out_shapes, key=_natural_key):
+        m = _ATTN.match(name)
+        p, leaf = m.groups() if m else ("", "")
+        if leaf == "q_proj.weight":
+            kind, src = "fold_q", (name, p + "vha_premix_weight")
+        elif leaf == "q_proj.bias":
+            kind, src = "fold_q_bias", (name, p + "vha_premix_weight")
+        elif leaf == "o_proj.weight":
+            kind, src = "fold_o", (name, p + "vha_postmix_U", p + "vha_postmix_V")
+        else:
+            kind, src = "copy", (name,)
+            if inputs[name].shape != out_shapes[name]:  # cannot happen after compare_shapes; a cheap invariant
+                raise FoldError(f"{in_dir}: {name} shape {list(inputs[name].shape)} != {list(out_shapes[name])}")
+        entries.append(Entry(name, kind, src, tuple(out_shapes[name]), out_code))
+    try:
+        max_bytes = st.parse_size(max_shard_size)
+    except ValueError as e:
+        raise FoldError(f"--max-shard-size: {e}") from None
+    if max_bytes <= 0:
+        raise FoldError(f"--max-shard-size must be positive, got {max_shard_size!r}")
+    by_name = {e.name: e for e in entries}
+    shards = [[by_name[s[0]] for s in shard]
+              for shard in st.plan_shards([(e.name, e.dtype, e.shape) for e in entries], max_bytes)]
+
+    copy_files, skipped = [], []
+    for f in sorted(os.listdir(in_dir)):
+        full = os.path.join(in_dir, f)
+        if f in ("config.json", INDEX_FILE) or _NOT_COPIED.search(f):
+            continue
+        (copy_files if os.path.isfile(full) else skipped).append(f)
+    return FoldPlan(in_dir, out_dir, cfg, raw, fold_config(raw, st.dtype_name(out_code)), out_code, inputs, entries,
+                    shards, copy_files, skipped)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= k:
+            return f"{n / k:.2f} {unit}"
+    return f"{n} B"
+
+
+def format_plan(plan: FoldPlan) -> str:
+    """Human-readable plan: tensor groups with shapes in -> out and bytes, files copied, config changes."""
+    cfg = plan.cfg
+    h_v, h_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    lines = [
+        f"fold {plan.in_dir} -> {plan.out_dir}",
+        f"  Qwen3-VHA: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {h_v} virtual / "
+        f"H_p {h_v // h_kv} physical query heads (r {cfg.vha_q_head_dim}), H_kv {h_kv}, d {cfg.head_dim}, "
+        f"Postmix rank {cfg.vha_postmix_rank}",
+        f"  -> stock Qwen3: num_attention_heads {h_v}, num_key_value_heads {h_kv}, head_dim {cfg.head_dim}, "
+        f"dtype {st.dtype_name(plan.out_dtype)}",
+        "  tensors (name pattern, count, in -> out):",
+    ]
+    groups: Dict[Tuple[str, str], list] = {}
+    for e in plan.entries:
+        key = (re.sub(r"layers\.\d+\.", "layers.{i}.", e.name), e.kind)
+        groups.setdefault(key, []).append(e)
+    dropped: Dict[str, list] = {}
+    for n, r in plan.inputs.items():
+        leaf = n.rsplit(".", 1)[-1]
+        if leaf in _VHA_ONLY:
+            dropped.setdefault(re.sub(r"layers\.\d+\.", "layers.{i}.", n), []).append(r)
+    how = {"copy": "copy", "fold_q": "fold Premix", "fold_q_bias": "fold Premix", "fold_o": "fold Postmix"}
+    for (pattern, kind), es in groups.items():
+        src = plan.inputs[es[0].sources[0]]
+        lines.append(
+            f"    {pattern:<48} x{len(es):<3} {how[kind]:<12} {list(src.shape)} {st.dtype_name(src.dtype)} -> "
+            f"{list(es[0].shape)} {st.dtype_name(es[0].dtype)}  ({_fmt_bytes(sum(e.nbytes for e in es))})"
+        )
+    for pattern, rs in dropped.items():
+        lines.append(f"    {pattern:<48} x{len(rs):<3} {'absorbed':<12} {list(rs[0].shape)} -> (none)")
+    lines += [
+        f"  bytes: {_fmt_bytes(plan.bytes_in)} in -> {_fmt_bytes(plan.bytes_out)} out, "
+        f"{len(plan.shards)} shard(s) + {INDEX_FILE}",
+        "  config.json: model_type qwen3_vha -> qwen3, architectures -> [Qwen3ForCausalLM], "
+        f"drop {', '.join(sorted(k for k in plan.raw_config if k.startswith('vha_')))}",
+        f"  files copied: {', '.join(plan.copy_files) if plan.copy_files else '(none)'}",
+    ]
+    if plan.skipped:
+        lines.append(f"  not copied (folders): {', '.join(plan.skipped)}")
+    return "\n".join(lines)
+
+
+def _produce(entry: Entry, inputs: Mapping[str, st.TensorRef], chunk_bytes: int):
+    """Yield consecutive row blocks of one output tensor, in its output dtype."""
+    if entry.kind == "copy":
+        ref = inputs[entry.sources[0]]
+        for a, b in st.row_chunks(ref, chunk_bytes):
+            yield st.cast(st.read_rows(ref, a, b), entry.dtype)
+        return
+    args = [st.read_tensor(inputs[s]) for s in entry.sources]
+    fn = {"fold_q": fold_q_proj, "fold_q_bias": fold_q_bias, "fold_o": fold_o_proj}[entry.kind]
+    out = fn(*[a.astype(np.float64) for a in args])  # float64 math
+    del args
+    yield st.cast(out, entry.dtype)  # one rounding, at the end
+
+
+def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 64 << 20,
+                    on_tensor: Optional[Callable[[Entry], None]] = None) -> str:
+    """Write the folded checkpoint described by `plan` to a temporary folder, then rename it to OUT_DIR.
+
+    IN_DIR is only read. An existing OUT_DIR (allowed by plan_fold's force) is replaced only after the new
+    folder is complete. Returns OUT_DIR.
+    """
+    from tqdm import tqdm
+
+    out_dir = os.path.abspath(plan.out_dir)
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    try:
+        bar = tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="fold", disable=not progress, leave=False)
+        weight_map: Dict[str, str] = {}
+        n = len(plan.shards)
+        for k, shard in enumerate(plan.shards, 1):
+            fname = st.shard_name(k, n)
+            writer = st.ShardWriter(os.path.join(tmp, fname), [(e.name, e.dtype, e.shape) for e in shard])
+            try:
+                for e in shard:
+                    for rows in _produce(e, plan.inputs, chunk_bytes):
+                        writer.write(e.name, rows)
+                        bar.update(rows.nbytes)
+                    weight_map[e.name] = fname
+                    if on_tensor is not None:
+                        on_tensor(e)
+                writer.close()
+            except BaseException:
+                writer.abort()
+                raise
+        bar.close()
+        st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, plan.bytes_out)
+        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(plan.out_config, f, indent=2, sort_keys=True)
+            f.write("\n")
+        for f in plan.copy_files:
+            shutil.copy2(os.path.join(plan.in_dir, f), os.path.join(tmp, f))
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700
+        old = None
+        if os.path.isdir(out_dir):  # --force: swap in the complete new folder, then drop the old one
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
+            os.rename(out_dir, os.path.join(old, "x"))
+        os.rename(tmp, out_dir)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+# --- verification in Paddle ------------------------------------------------------------------------------------
+
+def _linked_view(src: str, dst: str) -> str:
+    """A folder of symlinks to src's files, so loaders that write caches into the folder they load
+    (PaddleFormers' flex-ckpt metadata) write into dst, never into src."""
+    os.makedirs(dst)
+    for f in os.listdir(src):
+        if os.path.isfile(os.path.join(src, f)) and not f.endswith(".metadata"):
+            os.symlink(os.path.abspath(os.path.join(src, f)), os.path.join(dst, f))
+    return dst
+
+
+def _snapshot(path: str):
+    return sorted((f, os.stat(os.path.join(path, f)).st_size, os.stat(os.path.join(path, f)).st_mtime_ns)
+                  for f in os.listdir(path))
+
+
+def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int = 32, seed: int = 0,
+                dtype: str = "float32") -> Dict[str, float]:
+    """Load the VHA model (IN_DIR) and stock Qwen3 (OUT_DIR) in Paddle, run random sequences, compare logits.
+
+    Returns max_abs, max_rel (max |diff| / max |logit|) and mean_kl (KL(VHA || folded) per position, nats).
+    Neither folder is modified: both load through symlink views in a temporary folder, and the folders'
+    listings (names, sizes, mtimes) are checked afterwards.
+    """
+    import paddle
+    from paddleformers.transformers import Qwen3ForCausalLM
+
+    from .modeling import Qwen3VHAForCausalLM
+
+    before = (_snapshot(in_dir), _snapshot(out_dir))
+    with tempfile.TemporaryDirectory(prefix="vha-verify-") as tmp:
+        vha = Qwen3VHAForCausalLM.from_pretrained(_linked_view(in_dir, os.path.join(tmp, "in")), dtype=dtype)
+        vha.eval()
+        vocab = vha.config.vocab_size
+        ids = np.random.default_rng(seed).integers(0, vocab, size=(num_sequences, seq_len))
+        with paddle.no_grad():
+            a = vha(paddle.to_tensor(ids), return_dict=True).logits.astype("float64").numpy()
+        del vha
+        gqa = Qwen3ForCausalLM.from_pretrained(_linked_view(out_dir, os.path.join(tmp, "out")), dtype=dtype)
+        gqa.eval()
+        with paddle.no_grad():
+            b = gqa(paddle.to_tensor(ids), return_dict=True).logits.astype("float64").numpy()
+        del gqa
+    if (_snapshot(in_dir), _snapshot(out_dir)) != before:
+        raise RuntimeError(f"verify modified {in_dir} or {out_dir}; this is a bug")
+    diff = np.abs(a - b)
+
+    def log_softmax(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    la, lb = log_softmax(a), log_softmax(b)
+    kl = (np.exp(la) * (la - lb)).sum(-1)
+    return {"max_abs": float(diff.max()), "max_rel": float(diff.max() / max(np.abs(a).max(), 1e-30)),
+            "mean_kl": float(kl.mean())}
