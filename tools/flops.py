@@ -63,9 +63,8 @@ def g(x: float) -> float:
     return x / 1e9
 
 
-def gf(x: float, width: int = 8) -> str:
-    """GFLOPs: 2 decimals, more for tiny models."""
-    return f"{x:>{width}.2f}" if abs(x) >= 1 or x == 0 else f"{x:>{width}.4f}"
+def gf(x: float, width: int = 8, digits: int = 2) -> str:
+    return f"{x:>{width}.{digits}f}"
 
 
 def rows_for(spec: str, args):
@@ -103,10 +102,11 @@ def print_tables(spec, rows, args):
            f"{'serve fwd':>9} {'saving':>7}")
     print(hdr)
     print("-" * len(hdr))
+    dg = 2 if max(r["training_gflops"] for r in rows) >= 1 else 4  # more digits for tiny models
     for r in rows:
         print(f"{r['variant']:<22} {r['query_weights_per_layer']:>15,} {r['query_weights_per_layer_served']:>10,} "
-              f"{gf(r['training_gflops'])} {gf(r['training_delta_gflops'])} {r['training_saving']:>7.1%} "
-              f"{gf(r['serving_gflops'], 9)} {r['serving_saving']:>7.1%}")
+              f"{gf(r['training_gflops'], 8, dg)} {gf(r['training_delta_gflops'], 8, dg)} {r['training_saving']:>7.1%} "
+              f"{gf(r['serving_gflops'], 9, dg)} {r['serving_saving']:>7.1%}")
     by_label = {r["variant"]: r for r in rows}
     vha, ref = by_label.get("VHA (trained)"), by_label.get("GQA-8")
     if vha and ref:  # the article's decomposition of VHA's training saving
