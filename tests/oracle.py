@@ -96,8 +96,9 @@ def layer_params(state, i, sub):
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def causal_lm(input_ids, state, cfg, positions=None, past=None):
+def causal_lm(input_ids, state, cfg, positions=None, past=None, attention=None):
     """Logits (B, S, vocab) of the whole Qwen3-VHA causal LM, and the per-layer (K, V) cache."""
+    attention = attention or vha_attention
     input_ids = np.asarray(input_ids)
     B, S = input_ids.shape
     if positions is None:
@@ -108,7 +109,7 @@ def causal_lm(input_ids, state, cfg, positions=None, past=None):
     cache = []
     for i in range(cfg["num_hidden_layers"]):
         g = lambda n: state[f"model.layers.{i}.{n}"]  # noqa: E731
-        a, kv = vha_attention(
+        a, kv = attention(
             rms_norm(x, g("input_layernorm.weight"), eps),
             layer_params(state, i, "self_attn"),
             cfg,
@@ -123,3 +124,32 @@ def causal_lm(input_ids, state, cfg, positions=None, past=None):
     x = rms_norm(x, state["model.norm.weight"], eps)
     head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
     return linear(x, head), cache
+
+
+def gqa_attention(x, p, cfg, positions, past=None):
+    """One stock Qwen3 GQA attention layer (query head j reads KV head j // (H_q / H_kv)); same I/O as vha_attention."""
+    B, S, _ = x.shape
+    h_q, h_kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    b = (lambda n: p.get(n + ".bias"))
+    q = linear(x, p["q_proj.weight"], b("q_proj")).reshape(B, S, h_q, d)
+    k = linear(x, p["k_proj.weight"], b("k_proj")).reshape(B, S, h_kv, d)
+    v = linear(x, p["v_proj.weight"], b("v_proj")).reshape(B, S, h_kv, d)
+    q = rope(rms_norm(q, p["q_norm.weight"], eps), positions, theta)
+    k = rope(rms_norm(k, p["k_norm.weight"], eps), positions, theta)
+    if past is not None:
+        k, v = np.concatenate([past[0], k], axis=1), np.concatenate([past[1], v], axis=1)
+    key_pos = np.arange(k.shape[1])
+    y = np.empty((B, S, h_q, d))
+    for j in range(h_q):
+        g = j // (h_q // h_kv)
+        scores = np.einsum("bsd,btd->bst", q[:, :, j], k[:, :, g]) / np.sqrt(d)
+        scores = np.where(key_pos[None, None, :] > np.asarray(positions)[:, :, None], -np.inf, scores)
+        w = np.exp(scores - scores.max(-1, keepdims=True))
+        y[:, :, j] = np.einsum("bst,btd->bsd", w / w.sum(-1, keepdims=True), v[:, :, g])
+    return linear(y.reshape(B, S, h_q * d), p["o_proj.weight"], b("o_proj")), (k, v)
+
+
+def stock_causal_lm(input_ids, state, cfg, positions=None, past=None):
+    """Logits of a stock Qwen3 (GQA) causal LM from on-disk tensors: causal_lm with gqa_attention."""
+    return causal_lm(input_ids, state, cfg, positions, past, attention=gqa_attention)

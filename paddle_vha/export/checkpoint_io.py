@@ -1,0 +1,61 @@
+"""Read a stock Qwen3 (folded) checkpoint without touching its folder, and build Paddle models from it."""
+from __future__ import annotations
+
+import os
+from typing import Dict, Tuple
+
+import numpy as np
+from safetensors import safe_open
+
+from ..checkpoint import CheckpointError, compare_shapes, qwen3_tensor_shapes, read_config, read_tensor_shapes, weight_files
+
+__all__ = ["load_stock_qwen3", "reference_model"]
+
+
+def load_stock_qwen3(ckpt_dir: str) -> Tuple[object, Dict[str, np.ndarray]]:
+    """(Qwen3Config, {name: float32 array}) of a stock Qwen3 checkpoint, validated against the contract."""
+    from paddleformers.transformers import Qwen3Config
+
+    raw = read_config(ckpt_dir)
+    if raw.get("model_type") == "qwen3_vha":
+        raise CheckpointError(f"{ckpt_dir}: is a Qwen3-VHA checkpoint; fold it first (python tools/fold.py IN OUT)")
+    if raw.get("model_type") != "qwen3":
+        raise CheckpointError(f"{ckpt_dir}: not a Qwen3 checkpoint (config.json model_type={raw.get('model_type')!r})")
+    try:
+        cfg = Qwen3Config.from_dict(raw)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{ckpt_dir}/config.json: {e}") from None
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise CheckpointError(f"{ckpt_dir}/config.json: num_attention_heads {cfg.num_attention_heads} is not a "
+                              f"multiple of num_key_value_heads {cfg.num_key_value_heads}")
+    compare_shapes(ckpt_dir, read_tensor_shapes(ckpt_dir), qwen3_tensor_shapes(cfg))
+    tensors: Dict[str, np.ndarray] = {}
+    by_file: Dict[str, list] = {}
+    for name, fname in weight_files(ckpt_dir).items():
+        by_file.setdefault(fname, []).append(name)
+    for fname, names in sorted(by_file.items()):
+        with safe_open(os.path.join(ckpt_dir, fname), framework="numpy") as f:
+            for n in names:
+                tensors[n] = f.get_tensor(n).astype(np.float32)  # bf16 arrives as ml_dtypes.bfloat16
+    return cfg, tensors
+
+
+def reference_model(cfg, tensors: Dict[str, np.ndarray]):
+    """PaddleFormers' stock Qwen3ForCausalLM holding `tensors` (disk layout -> Paddle's [in, out] Linears)."""
+    import paddle
+    from paddleformers.transformers import Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM(cfg)
+    state = {}
+    for name, p in model.state_dict().items():
+        src = tensors.get(name)
+        if src is None and name == "lm_head.weight":
+            src = tensors["model.embed_tokens.weight"]
+        if src is None:
+            raise CheckpointError(f"reference model needs {name}, absent from the checkpoint")
+        if name.endswith("_proj.weight"):
+            src = src.T
+        state[name] = paddle.to_tensor(np.ascontiguousarray(src)).astype(p.dtype)
+    model.set_state_dict(state)
+    model.eval()
+    return model

@@ -1,0 +1,203 @@
+"""Folded Qwen3 checkpoint -> ONNX decoder with KV cache (via jit.save + paddle2onnx), self-validated.
+
+Output folder:
+    model.onnx (+ model.onnx.data when over 2 GB)   the decoder, standard ONNX ops only
+    paddle/model.json, paddle/model.pdiparams         the same static program, for Paddle Inference
+    export_info.json                                  I/O names, shapes and the validation numbers
+    config.json (+ tokenizer / generation files)      copied from the checkpoint
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .checkpoint_io import load_stock_qwen3, reference_model
+from .decoder import Qwen3KVDecoder, io_names
+
+__all__ = ["export_onnx", "ExportError", "validate_onnx"]
+
+COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+              "merges.txt", "special_tokens_map.json", "added_tokens.json")
+STANDARD_DOMAINS = ("", "ai.onnx")
+TWO_GB = 2 * 1024**3
+
+
+class ExportError(RuntimeError):
+    """The export failed or did not validate; one line says why."""
+
+
+@dataclass
+class Validation:
+    prefill_max_abs: float = 0.0
+    decode_max_abs: float = 0.0
+    steps: int = 0
+    tokens_match: bool = True
+    ops: list = field(default_factory=list)
+
+    @property
+    def max_abs(self):
+        return max(self.prefill_max_abs, self.decode_max_abs)
+
+
+def _static_program(decoder, cfg, dest_prefix):
+    import paddle
+    from paddle.static import InputSpec
+
+    ins, _ = io_names(cfg.num_hidden_layers)
+    kv = [InputSpec([None, cfg.num_key_value_heads, None, cfg.head_dim], "float32", n) for n in ins[3:]]
+    specs = [InputSpec([None, None], "int64", n) for n in ins[:3]] + [kv]
+    static = paddle.jit.to_static(decoder, input_spec=specs, full_graph=True)
+    paddle.jit.save(static, dest_prefix, input_spec=specs)
+
+
+def _finalize_graph(model, cfg):
+    """Name outputs as the KV-cache convention says, drop Identity copies, name the dynamic axes."""
+    ins, outs = io_names(cfg.num_hidden_layers)
+    graph = model.graph
+    if len(graph.output) != len(outs):
+        raise ExportError(f"paddle2onnx produced {len(graph.output)} outputs, expected {len(outs)}")
+    rename = {}
+    for out, name in zip(graph.output, outs):
+        rename[out.name] = name
+        out.name = name
+    # Identity nodes that only copy a tensor to a graph output: let the producer write the output directly.
+    keep = []
+    for node in graph.node:
+        if node.op_type == "Identity" and node.output[0] in rename:
+            rename[node.input[0]] = rename[node.output[0]]  # producer now writes the output; readers follow
+            continue
+        keep.append(node)
+    if any(n in rename for n in (i.name for i in graph.input)):
+        raise ExportError("an output is a plain copy of an input; refusing to alias graph I/O")
+    del graph.node[:]
+    graph.node.extend(keep)
+    for node in graph.node:
+        for seq in (node.input, node.output):
+            for k, n in enumerate(seq):
+                if n in rename:
+                    seq[k] = rename[n]
+    dims = {"input_ids": ("batch", "sequence"), "attention_mask": ("batch", "total_sequence"),
+            "position_ids": ("batch", "sequence")}
+    for vi in graph.input:
+        names = dims.get(vi.name, ("batch", None, "past_sequence", None))
+        for dim, nm in zip(vi.type.tensor_type.shape.dim, names):
+            if nm:
+                dim.dim_param = nm
+    out_dims = {"logits": ("batch", "sequence", None)}
+    for vi in graph.output:
+        names = out_dims.get(vi.name, ("batch", None, "total_sequence", None))
+        for dim, nm in zip(vi.type.tensor_type.shape.dim, names):
+            if nm:
+                dim.dim_param = nm
+    return model
+
+
+def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=11, seed=0, log=print) -> Validation:
+    """onnx.checker full check, op whitelist, KV head count, and ORT vs Paddle logits (prefill + greedy decode)."""
+    import onnx
+    import paddle
+
+    from ..serve.ort_session import OrtDecoder
+
+    onnx.checker.check_model(onnx_path, full_check=True)
+    model = onnx.load(onnx_path, load_external_data=False)
+    bad = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain not in STANDARD_DOMAINS})
+    if bad:
+        raise ExportError(f"non-standard ONNX ops in the graph: {', '.join(bad)}")
+    ins, outs = io_names(cfg.num_hidden_layers)
+    if [i.name for i in model.graph.input] != ins or [o.name for o in model.graph.output] != outs:
+        raise ExportError("graph inputs/outputs are not named by the KV-cache convention")
+    for vi in model.graph.input[3:]:
+        h = vi.type.tensor_type.shape.dim[1].dim_value
+        if h != cfg.num_key_value_heads:
+            raise ExportError(f"{vi.name} has {h} heads, expected H_kv={cfg.num_key_value_heads}")
+    val = Validation(ops=sorted({n.op_type for n in model.graph.node}))
+
+    ref = reference_model(cfg, tensors)
+    sess = OrtDecoder(onnx_path)
+    rng = np.random.default_rng(seed)
+    seq = rng.integers(0, cfg.vocab_size, size=(batch, prompt_len)).astype(np.int64)
+    logits, cache = sess.prefill(seq)
+    with paddle.no_grad():
+        want = ref(paddle.to_tensor(seq), return_dict=True).logits.numpy()
+    val.prefill_max_abs = float(np.abs(logits - want).max())
+    for _ in range(decode_steps):
+        nxt = logits[:, -1].argmax(-1)[:, None].astype(np.int64)  # (B, 1)
+        seq = np.concatenate([seq, nxt], axis=1)
+        logits, cache = sess.step(nxt, cache)
+        with paddle.no_grad():
+            full = ref(paddle.to_tensor(seq), return_dict=True).logits.numpy()[:, -1:]
+        val.decode_max_abs = max(val.decode_max_abs, float(np.abs(logits - full).max()))
+        val.tokens_match &= bool((logits[:, -1].argmax(-1) == full[:, -1].argmax(-1)).all())
+        val.steps += 1
+    log(f"validation: onnxruntime vs Paddle logits, prefill {batch}x{prompt_len}: max abs diff "
+        f"{val.prefill_max_abs:.2e}; {val.steps} greedy decode steps: max abs diff {val.decode_max_abs:.2e}; "
+        f"greedy tokens {'match' if val.tokens_match else 'DIFFER'}")
+    return val
+
+
+def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, force=False, log=print):
+    """Export and validate; writes out_dir atomically (a temp folder renamed at the end)."""
+    import onnx
+    import paddle
+    import paddle2onnx
+
+    if opset < 14:
+        raise ExportError(f"opset {opset} < 14: Qwen3's causal mask needs Trilu-era ops (opset >= 14)")
+    if os.path.exists(out_dir) and not force:
+        raise ExportError(f"{out_dir} exists; pass --force to replace it")
+    t0 = time.time()
+    cfg, tensors = load_stock_qwen3(ckpt_dir)
+    log(f"loaded {ckpt_dir}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
+        f"{cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}")
+    parent = os.path.dirname(os.path.abspath(out_dir)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        paddle.set_default_dtype("float32")
+        decoder = Qwen3KVDecoder(cfg.to_dict(), tensors)
+        decoder.eval()
+        _static_program(decoder, cfg, os.path.join(tmp, "paddle", "model"))
+        raw_onnx = os.path.join(tmp, "raw.onnx")
+        param_bytes = sum(a.nbytes for a in tensors.values())
+        external = param_bytes > TWO_GB * 0.9
+        paddle2onnx.export(os.path.join(tmp, "paddle", "model.json"), os.path.join(tmp, "paddle", "model.pdiparams"),
+                           raw_onnx, opset_version=opset, auto_upgrade_opset=False, optimize_tool="None",
+                           external_file=os.path.join(tmp, "model.onnx.data") if external else "")
+        model = _finalize_graph(onnx.load(raw_onnx, load_external_data=False), cfg)
+        onnx_path = os.path.join(tmp, "model.onnx")
+        onnx.save_model(model, onnx_path)
+        os.remove(raw_onnx)
+        log(f"exported {onnx_path.replace(tmp, out_dir)} (opset {opset}, {param_bytes / 1e6:.1f} MB of weights"
+            f"{', external data' if external else ''}) in {time.time() - t0:.1f} s")
+        val = validate_onnx(onnx_path, cfg, tensors, decode_steps=decode_steps, log=log)
+        if not val.max_abs <= tolerance:
+            raise ExportError(f"validation failed: onnxruntime vs Paddle max abs logit diff {val.max_abs:.2e} > {tolerance:.0e}")
+        if not val.tokens_match:
+            raise ExportError("validation failed: greedy tokens differ between onnxruntime and Paddle")
+        for name in COPY_FILES:
+            src = os.path.join(ckpt_dir, name)
+            if os.path.isfile(src):
+                shutil.copy2(src, os.path.join(tmp, name))
+        ins, outs = io_names(cfg.num_hidden_layers)
+        info = dict(format="paddle-vha onnx decoder v1", opset=opset, inputs=ins, outputs=outs,
+                    num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+                    num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
+                    kv_layout="[batch, num_key_value_heads, past_sequence, head_dim]", dtype="float32",
+                    validation=dict(prefill_max_abs=val.prefill_max_abs, decode_max_abs=val.decode_max_abs,
+                                    decode_steps=val.steps, tolerance=tolerance), ops=val.ops)
+        with open(os.path.join(tmp, "export_info.json"), "w") as f:
+            json.dump(info, f, indent=2)
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return val

@@ -1,0 +1,1 @@
+"""Serving a folded model on stock runtimes: onnxruntime and Paddle Inference sessions, generation loops."""

@@ -1,0 +1,74 @@
+"""Generation loops over a decoder session (OrtDecoder or PaddleInferenceDecoder) with its KV cache."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["generate", "GenerationResult"]
+
+
+@dataclass
+class GenerationResult:
+    tokens: np.ndarray  # (B, N) new tokens
+    prefill_seconds: float
+    decode_seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode throughput: new tokens after the first, over all sequences, per second of decode time."""
+        b, n = self.tokens.shape
+        return b * max(n - 1, 0) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+
+
+def _choose(logits: np.ndarray, rng, do_sample: bool, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Next token per row from last-position logits (B, V)."""
+    if not do_sample:
+        return logits.argmax(-1)
+    z = logits.astype(np.float64) / max(temperature, 1e-6)
+    if top_k and top_k < z.shape[-1]:
+        kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]
+        z = np.where(z < kth, -np.inf, z)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if top_p < 1.0:
+        order = np.argsort(-p, axis=-1)
+        sorted_p = np.take_along_axis(p, order, -1)
+        keep_sorted = np.cumsum(sorted_p, -1) - sorted_p < top_p  # smallest prefix with mass >= top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, -1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    return np.array([rng.choice(p.shape[-1], p=row) for row in p])
+
+
+def generate(session, prompt_ids, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_token_id=None,
+             attention_mask=None) -> GenerationResult:
+    """Greedy (default) or sampled continuation of `prompt_ids` (B, S); stops early only if every row hit EOS.
+
+    attention_mask (B, S): 0 marks left padding in a batch of unequal prompts.
+    """
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    rng = np.random.default_rng(seed)
+    ids = np.asarray(prompt_ids, np.int64)
+    t0 = time.perf_counter()
+    mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask, np.int64)
+    logits, cache = session.prefill(ids, mask)
+    t1 = time.perf_counter()
+    out = []
+    done = np.zeros(ids.shape[0], bool)
+    for step in range(max_new_tokens):
+        nxt = _choose(logits[:, -1], rng, do_sample, temperature, top_k, top_p)
+        if eos_token_id is not None:
+            nxt = np.where(done, eos_token_id, nxt)
+            done |= nxt == eos_token_id
+        out.append(nxt)
+        if step == max_new_tokens - 1 or done.all():
+            break
+        mask = np.concatenate([mask, np.ones((ids.shape[0], 1), np.int64)], axis=1)
+        logits, cache = session.step(nxt[:, None].astype(np.int64), cache, mask)
+    t2 = time.perf_counter()
+    return GenerationResult(np.stack(out, axis=1), prefill_seconds=t1 - t0, decode_seconds=t2 - t1)

@@ -1,0 +1,33 @@
+"""onnxruntime session over an exported decoder (OUT_DIR/model.onnx)."""
+from __future__ import annotations
+
+import json
+import os
+
+from .session import DecoderSession
+
+__all__ = ["OrtDecoder"]
+
+
+class OrtDecoder(DecoderSession):
+    def __init__(self, onnx_path: str, threads: int = 0):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if threads:
+            opts.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        kv = self.session.get_inputs()[3].shape  # [batch, H_kv, past_sequence, d]
+        self.num_kv_heads, self.head_dim, self.num_cache = kv[1], kv[3], len(self.inputs) - 3
+
+    @classmethod
+    def from_dir(cls, export_dir: str, threads: int = 0):
+        if not os.path.isfile(os.path.join(export_dir, "export_info.json")):
+            raise FileNotFoundError(f"{export_dir}: no export_info.json (not written by tools/export_onnx.py)")
+        return cls(os.path.join(export_dir, "model.onnx"), threads)
+
+    def _run(self, arrays):
+        return self.session.run(self.outputs, dict(zip(self.inputs, arrays)))

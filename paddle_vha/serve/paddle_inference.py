@@ -1,0 +1,41 @@
+"""Paddle Inference predictor over the exported static program (EXPORT_DIR/paddle/model.{json,pdiparams})."""
+from __future__ import annotations
+
+import json
+import os
+
+from .session import DecoderSession
+
+__all__ = ["PaddleInferenceDecoder"]
+
+
+class PaddleInferenceDecoder(DecoderSession):
+    def __init__(self, export_dir: str, threads: int = 1):
+        from paddle import inference
+
+        info_path = os.path.join(export_dir, "export_info.json")
+        if not os.path.isfile(info_path):
+            raise FileNotFoundError(f"{export_dir}: no export_info.json (not written by tools/export_onnx.py)")
+        with open(info_path) as f:
+            info = json.load(f)  # the static program's input shapes are not queryable before a run
+        prefix = os.path.join(export_dir, "paddle", "model")
+        config = inference.Config(prefix + ".json", prefix + ".pdiparams")
+        config.disable_gpu()
+        # oneDNN, on by default on CPU, silently computed wrong results for a graph taking cos and sin of the same
+        # tensor (docs/deploy.md); the plain CPU kernels are exact. tests/test_serve.py pins parity.
+        config.disable_mkldnn()
+        config.set_cpu_math_library_num_threads(threads)
+        config.disable_glog_info()
+        self.predictor = inference.create_predictor(config)
+        self.inputs = self.predictor.get_input_names()
+        self.outputs = self.predictor.get_output_names()
+        self.num_kv_heads, self.head_dim = info["num_key_value_heads"], info["head_dim"]
+        self.num_cache = len(self.inputs) - 3
+
+    def _run(self, arrays):
+        for name, value in zip(self.inputs, arrays):
+            handle = self.predictor.get_input_handle(name)
+            handle.reshape(list(value.shape))
+            handle.copy_from_cpu(value)
+        self.predictor.run()
+        return [self.predictor.get_output_handle(n).copy_to_cpu() for n in self.outputs]

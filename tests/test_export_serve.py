@@ -1,0 +1,169 @@
+"""ONNX export of a stock Qwen3 (folded) checkpoint, and generation in onnxruntime and Paddle Inference."""
+import glob
+import json
+import os
+
+import numpy as np
+import onnx
+import paddle
+import pytest
+from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
+from safetensors.numpy import load_file
+
+import oracle
+from _utils import TINY, rel_err
+from paddle_vha.checkpoint import CheckpointError
+from paddle_vha.export.decoder import io_names
+from paddle_vha.export.onnx_export import ExportError, export_onnx
+from paddle_vha.serve.generate import generate
+from paddle_vha.serve.ort_session import OrtDecoder
+from paddle_vha.serve.paddle_inference import PaddleInferenceDecoder
+
+GQA2 = dict(TINY, num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=False)
+
+
+def stock_checkpoint(path, **overrides):
+    cfg = Qwen3Config(**{**GQA2, **overrides})
+    model = Qwen3ForCausalLM(cfg)
+    if cfg.attention_bias:
+        for n, p in model.named_parameters():
+            if n.endswith(".bias"):
+                p.set_value(paddle.randn(p.shape) * 0.3)
+    model.eval()
+    model.save_pretrained(path)
+    return cfg, model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    paddle.seed(7)
+    cfg, model = stock_checkpoint(str(root / "ckpt"))
+    val = export_onnx(str(root / "ckpt"), str(root / "onnx"))
+    return cfg, model, str(root / "ckpt"), str(root / "onnx"), val
+
+
+def disk_state(path):
+    out = {}
+    for f in glob.glob(os.path.join(path, "*.safetensors")):
+        out.update({k: v.astype(np.float64) for k, v in load_file(f).items()})
+    return out
+
+
+def test_export_layout_and_self_validation(exported):
+    cfg, _, ckpt, out, val = exported
+    print(f"export validation: prefill {val.prefill_max_abs:.2e}, {val.steps} decode steps {val.decode_max_abs:.2e}")
+    assert val.max_abs <= 1e-4 and val.steps >= 16 and val.tokens_match
+    assert sorted(os.listdir(out)) == ["config.json", "export_info.json", "model.onnx", "paddle"]
+    model = onnx.load(os.path.join(out, "model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
+    assert model.opset_import[0].version >= 14
+    ins, outs = io_names(cfg.num_hidden_layers)
+    assert [i.name for i in model.graph.input] == ins and [o.name for o in model.graph.output] == outs
+    for vi in model.graph.input[3:]:
+        dims = vi.type.tensor_type.shape.dim
+        assert [dims[0].dim_param, dims[1].dim_value, dims[2].dim_param, dims[3].dim_value] == [
+            "batch", cfg.num_key_value_heads, "past_sequence", cfg.head_dim]
+    assert not [n for n in model.graph.node if n.op_type == "Identity" and n.output[0] in outs]
+    info = json.load(open(os.path.join(out, "export_info.json")))
+    assert info["num_key_value_heads"] == 2 and info["validation"]["decode_steps"] == val.steps
+
+
+def test_onnx_matches_float64_oracle_prefill_and_cached_steps(exported):
+    cfg, _, ckpt, out, _ = exported
+    state, ocfg = disk_state(ckpt), dict(cfg.to_dict(), rope_theta=cfg.rope_theta)
+    sess = OrtDecoder.from_dir(out)
+    ids = np.random.default_rng(3).integers(0, cfg.vocab_size, size=(3, 13))  # B = 3, prime S
+    logits, cache = sess.prefill(ids[:, :12])
+    ref, past = oracle.stock_causal_lm(ids[:, :12], state, ocfg)
+    assert rel_err(logits, ref, "onnx prefill vs oracle") <= 1e-5
+    logits, cache = sess.step(ids[:, 12:], cache)  # S = 1 decode with a position offset
+    ref, _ = oracle.stock_causal_lm(ids[:, 12:], state, ocfg, past=past)
+    assert rel_err(logits, ref, "onnx decode step vs oracle") <= 1e-5
+    assert cache[0].shape == (3, cfg.num_key_value_heads, 13, cfg.head_dim)
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "paddle_inference"])
+def test_greedy_generation_matches_paddleformers_generate(exported, runtime):
+    cfg, model, _, out, _ = exported
+    sess = OrtDecoder.from_dir(out) if runtime == "onnxruntime" else PaddleInferenceDecoder(out)
+    prompt = np.random.default_rng(5).integers(0, cfg.vocab_size, size=(2, 9))
+    res = generate(sess, prompt, max_new_tokens=12)
+    want, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=12, decode_strategy="greedy_search")
+    print(runtime, res.tokens.tolist(), f"{res.tokens_per_second:.0f} tok/s")
+    assert np.array_equal(res.tokens, want.numpy())
+
+
+def test_paddle_inference_and_onnxruntime_logits_agree(exported):
+    cfg, _, _, out, _ = exported
+    ids = np.random.default_rng(9).integers(0, cfg.vocab_size, size=(2, 6))
+    a, ca = OrtDecoder.from_dir(out).prefill(ids)
+    b, cb = PaddleInferenceDecoder(out).prefill(ids)
+    assert rel_err(b, a, "paddle inference vs onnxruntime prefill") <= 1e-5
+    assert all(np.allclose(x, y, atol=1e-5) for x, y in zip(ca, cb))
+
+
+def test_left_padded_batch_matches_unpadded_rows(exported):
+    cfg, _, _, out, _ = exported
+    sess = OrtDecoder.from_dir(out)
+    rng = np.random.default_rng(11)
+    short, long = rng.integers(0, cfg.vocab_size, size=(1, 4)), rng.integers(0, cfg.vocab_size, size=(1, 7))
+    batch = np.concatenate([np.concatenate([np.zeros((1, 3), np.int64), short], 1), long])  # (2, 7), row 0 left-padded
+    mask = np.array([[0, 0, 0, 1, 1, 1, 1], [1] * 7])
+    res = generate(sess, batch, max_new_tokens=6, attention_mask=mask)
+    alone = [generate(sess, row, max_new_tokens=6).tokens[0] for row in (short, long)]
+    assert np.array_equal(res.tokens, np.stack(alone))
+
+
+def test_sampling_is_seeded_and_respects_top_k(exported):
+    cfg, _, _, out, _ = exported
+    sess = OrtDecoder.from_dir(out)
+    prompt = np.random.default_rng(1).integers(0, cfg.vocab_size, size=(2, 5))
+    a = generate(sess, prompt, 10, do_sample=True, temperature=1.5, top_k=5, seed=3).tokens
+    b = generate(sess, prompt, 10, do_sample=True, temperature=1.5, top_k=5, seed=3).tokens
+    c = generate(sess, prompt, 10, do_sample=True, temperature=1.5, top_k=5, seed=4).tokens
+    g = generate(sess, prompt, 10).tokens
+    assert np.array_equal(a, b) and not np.array_equal(a, c) and not np.array_equal(a, g)
+    # top_k = 1 sampling is greedy
+    assert np.array_equal(generate(sess, prompt, 10, do_sample=True, top_k=1, seed=5).tokens, g)
+
+
+def test_bias_and_tied_embeddings_export(tmp_path):
+    paddle.seed(3)
+    stock_checkpoint(str(tmp_path / "ckpt"), attention_bias=True, tie_word_embeddings=True, num_attention_heads=3,
+                     num_key_value_heads=1)
+    val = export_onnx(str(tmp_path / "ckpt"), str(tmp_path / "onnx"), decode_steps=16)
+    assert val.max_abs <= 1e-4
+
+
+def _listing(path):
+    return sorted(os.listdir(path))
+
+
+@pytest.mark.parametrize("case", ["vha-input", "exists", "opset", "tolerance", "missing-tensor"])
+def test_export_refusals_leave_nothing_behind(tmp_path, case):
+    paddle.seed(1)
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    stock_checkpoint(ckpt)
+    kwargs, err = {}, ExportError
+    if case == "vha-input":
+        cfg = json.load(open(os.path.join(ckpt, "config.json")))
+        json.dump(dict(cfg, model_type="qwen3_vha"), open(os.path.join(ckpt, "config.json"), "w"))
+        err, needle = CheckpointError, "fold it first"
+    elif case == "exists":
+        os.makedirs(out)
+        needle = "exists; pass --force"
+    elif case == "opset":
+        kwargs, needle = dict(opset=13), "opset 13 < 14"
+    elif case == "tolerance":
+        kwargs, needle = dict(tolerance=0.0, decode_steps=1), "validation failed"
+    else:
+        idx = json.load(open(os.path.join(ckpt, "model.safetensors.index.json")))
+        del idx["weight_map"]["model.layers.1.mlp.up_proj.weight"]
+        json.dump(idx, open(os.path.join(ckpt, "model.safetensors.index.json"), "w"))
+        err, needle = CheckpointError, "missing tensors: model.layers.1.mlp.up_proj.weight"
+    before = _listing(tmp_path)
+    with pytest.raises(err, match=needle.replace("(", r"\(")):
+        export_onnx(ckpt, out, **kwargs)
+    assert _listing(tmp_path) == before, "a failed export must leave no output or temp folder"
