@@ -39,6 +39,9 @@ class Qwen3VHAConfig(Qwen3Config):
         vha_premix_init_alpha (float): Premix starts at I + alpha/sqrt(d) * N(0, 1). Default 0.1.
         vha_postmix_u_init_std (float): U ~ N(0, std). Default 0.01.
         vha_postmix_v_init_std (float): V ~ N(0, std); 0 makes Postmix the identity at step 0. Default 0.0.
+        vha_fused_prologue (bool or None): fused Premix + q/k RMSNorm + RoPE operator (ops/, docs/prologue.md).
+            None (default): use it when it builds and loads, else the composed path with one logged line;
+            True: require it; False: always the composed path.
     """
 
     model_type = "qwen3_vha"
@@ -51,6 +54,7 @@ class Qwen3VHAConfig(Qwen3Config):
         vha_premix_init_alpha: float = 0.1,
         vha_postmix_u_init_std: float = 0.01,
         vha_postmix_v_init_std: float = 0.0,
+        vha_fused_prologue: bool | None = None,  # issue 4: fused prologue switch
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -60,6 +64,7 @@ class Qwen3VHAConfig(Qwen3Config):
         self.vha_premix_init_alpha = vha_premix_init_alpha
         self.vha_postmix_u_init_std = vha_postmix_u_init_std
         self.vha_postmix_v_init_std = vha_postmix_v_init_std
+        self.vha_fused_prologue = vha_fused_prologue  # issue 4
         self.validate_vha()
 
     # Derived sizes, named as in the docs.
@@ -96,6 +101,9 @@ class Qwen3VHAConfig(Qwen3Config):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise VHAConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+        fused = getattr(self, "vha_fused_prologue", None)  # issue 4
+        if fused is not None and not isinstance(fused, bool):
+            raise VHAConfigError(f"vha_fused_prologue must be None (auto), True or False, got {fused!r}")
 
     def check_runtime_support(self) -> None:
         """Raise VHAConfigError for runtime options (set by trainers after construction) VHA does not support."""

@@ -24,6 +24,7 @@ from paddleformers.nn.linear import Linear as GeneralLinear
 from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rotary_pos_emb
 
 from ..config import Qwen3VHAConfig, VHAConfigError
+from ..prologue import fused_prologue, should_use_fused  # issue 4
 
 __all__ = ["Qwen3VHAAttention", "init_premix", "postmix", "premix"]
 
@@ -104,6 +105,11 @@ class Qwen3VHAAttention(Qwen3Attention):
         self, q_phys: paddle.Tensor, k: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor
     ) -> Tuple[paddle.Tensor, paddle.Tensor]:
         """Premix -> q_norm / k_norm -> RoPE. In: (B, S, H_p, r), (B, S, H_kv, d). Out: (B, H_v, S, d), (B, H_kv, S, d)."""
+        # VHA (issue 4): one fused operator when enabled and available (paddle_vha/prologue.py); the composed
+        # chain below stays the reference and the fallback.
+        if should_use_fused(getattr(self.config, "vha_fused_prologue", None), q_phys):
+            return fused_prologue(q_phys, k, self.vha_premix_weight, self.q_norm.weight, self.k_norm.weight, cos, sin,
+                                  self.q_norm.variance_epsilon, heads_first=True)
         q = premix(q_phys, self.vha_premix_weight)  # (B, S, H_v, d)
         q = self.q_norm(q).transpose([0, 2, 1, 3])  # (B, H_v, S, d)
         k = self.k_norm(k).transpose([0, 2, 1, 3])  # (B, H_kv, S, d)

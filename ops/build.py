@@ -1,0 +1,118 @@
+"""Build the fused VHA prologue custom operator (ops/csrc) with paddle.utils.cpp_extension.
+
+    python ops/build.py            # build (or reuse) the op for this Paddle; prints where it is
+    python ops/build.py --force    # rebuild from scratch
+
+`tools/env.sh` runs this whenever a file under ops/csrc or this script changes (its own stamp), and
+`paddle_vha.prologue` calls `build()` on first use. The CUDA kernels are compiled in only when Paddle itself
+is compiled with CUDA (`paddle.is_compiled_with_cuda()`); a CPU wheel gets the CPU kernels.
+
+Environment:
+    VHA_OPS_BUILD_DIR     build folder (default ops/build)
+    VHA_OPS_MARCH         -march value for the CPU kernels (default native: the op is built on the machine
+                          that runs it; set e.g. x86-64-v3 to build for other machines)
+    CUDA_HOME             CUDA toolkit root (the folder with bin/nvcc and lib64/libcudart*); see docs/prologue.md
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+OPS_DIR = Path(__file__).resolve().parent
+CSRC = OPS_DIR / "csrc"
+MODULE_NAME = "vha_prologue_ops"
+CPU_SOURCES = ["vha_prologue_cpu.cc"]
+CUDA_SOURCES = ["vha_prologue_cuda.cu"]
+
+
+def build_dir() -> Path:
+    return Path(os.environ.get("VHA_OPS_BUILD_DIR", OPS_DIR / "build"))
+
+
+def source_files(with_cuda: bool) -> list[Path]:
+    names = CPU_SOURCES + (CUDA_SOURCES if with_cuda else [])
+    return [CSRC / n for n in names]
+
+
+def sources_digest() -> str:
+    """Hash of every file the build reads (all of ops/csrc and this script), for the set-up stamp."""
+    h = hashlib.sha256()
+    for p in sorted(CSRC.iterdir()) + [Path(__file__).resolve()]:
+        if p.is_file():
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _cuda_home() -> str | None:
+    """The toolkit folder nvcc really lives in (a `which nvcc` wrapper script is not one; see the facts notes)."""
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        return None
+    real = Path(nvcc).resolve()
+    try:  # a small shell wrapper that execs the real nvcc
+        text = real.read_text(errors="ignore") if real.stat().st_size < 4096 else ""
+    except OSError:
+        text = ""
+    for tok in text.split():
+        if tok.endswith("/bin/nvcc"):
+            real = Path(tok)
+            break
+    return str(real.parent.parent)
+
+
+def build(verbose: bool = False, force: bool = False):
+    """Compile (or reuse) the op and return the loaded module (its `vha_prologue` function)."""
+    import paddle
+    from paddle.utils.cpp_extension import load
+
+    with_cuda = paddle.is_compiled_with_cuda()
+    bdir = build_dir()
+    if force and bdir.exists():
+        shutil.rmtree(bdir)
+    bdir.mkdir(parents=True, exist_ok=True)
+    march = os.environ.get("VHA_OPS_MARCH", "native")
+    cflags = ["-O3", f"-march={march}", "-fopenmp-simd", "-std=c++17", f"-I{CSRC}"]
+    cuda_flags = []
+    if with_cuda:
+        home = _cuda_home()
+        if home:
+            os.environ.setdefault("CUDA_HOME", home)
+        cflags.append("-DVHA_WITH_CUDA")
+        cuda_flags = ["-O3", "-std=c++17", f"-I{CSRC}", "-DVHA_WITH_CUDA", "-DPADDLE_NO_PYTHON",
+                      "--expt-relaxed-constexpr", "-gencode", "arch=compute_80,code=sm_80",
+                      "-gencode", "arch=compute_90,code=sm_90"]
+    return load(
+        name=MODULE_NAME,
+        sources=[str(p) for p in source_files(with_cuda)],
+        extra_cxx_cflags=cflags,
+        extra_cuda_cflags=cuda_flags or None,
+        extra_include_paths=[str(CSRC)],
+        build_directory=str(bdir),
+        verbose=verbose,
+    )
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--force", action="store_true", help="rebuild from scratch")
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--digest", action="store_true", help="print the sources digest and exit")
+    args = ap.parse_args(argv)
+    if args.digest:
+        print(sources_digest())
+        return 0
+    mod = build(verbose=args.verbose, force=args.force)
+    print(f"[ops] vha_prologue built in {build_dir()} ({getattr(mod, '__file__', mod)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

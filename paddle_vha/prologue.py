@@ -1,0 +1,112 @@
+"""Fused VHA prologue: loader, dispatch and the call into the custom operator built from ops/csrc.
+
+One operator does what the layer's composed path does in five passes over memory:
+
+    q = premix(q_phys, W)  ->  q_norm  ->  RoPE        (B, S, H_p, r) -> (B, H_v, S, d)   [heads_first]
+    k = k                  ->  k_norm  ->  RoPE        (B, S, H_kv, d) -> (B, H_kv, S, d)
+
+with Qwen3's rotate-half RoPE from the (B, S, d) cos/sin tables of Qwen3RotaryEmbedding; backward gives
+gradients for q_phys, k, the Premix weight and both norm weights. See docs/prologue.md.
+
+`Qwen3VHAConfig.vha_fused_prologue` selects it: None (default) uses the op when it builds and loads and falls
+back to the composed path with one logged line otherwise; True requires it (an error if it is unavailable);
+False always uses the composed path, which stays the reference.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import logging
+import threading
+import warnings
+from pathlib import Path
+
+import paddle
+
+__all__ = ["fused_prologue", "load_op", "fused_unavailable_reason", "should_use_fused", "FusedPrologueUnavailable"]
+
+_LOG = logging.getLogger(__name__)
+_OPS_BUILD = Path(__file__).resolve().parent.parent / "ops" / "build.py"
+_lock = threading.Lock()
+_state = {"tried": False, "mod": None, "error": None, "warned": set()}
+
+
+class FusedPrologueUnavailable(RuntimeError):
+    """vha_fused_prologue=True but the operator cannot be built or loaded here."""
+
+
+def _import_build_script():
+    spec = importlib.util.spec_from_file_location("paddle_vha_ops_build", _OPS_BUILD)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load_op():
+    """The loaded op module (building it on first use if needed), or None with the reason kept."""
+    with _lock:
+        if not _state["tried"]:
+            _state["tried"] = True
+            try:
+                if not _OPS_BUILD.is_file():
+                    raise FileNotFoundError(f"{_OPS_BUILD} not found (paddle_vha installed without its source tree)")
+                build = _import_build_script()
+                # Paddle's loader is chatty (ccache warning, INFO lines, a print): keep start-up quiet.
+                with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                    warnings.simplefilter("ignore")
+                    previous = logging.root.manager.disable
+                    logging.disable(logging.INFO)
+                    try:
+                        _state["mod"] = build.build()
+                    finally:
+                        logging.disable(previous)
+            except Exception as e:  # noqa: BLE001 - any failure means "not available", reported once
+                first = (str(e).strip().splitlines() or [""])[0]
+                _state["error"] = f"{type(e).__name__}: {first[:300]}"
+        return _state["mod"]
+
+
+def fused_unavailable_reason(x: paddle.Tensor | None = None) -> str | None:
+    """Why the fused op cannot run (for tensor x's device, if given), or None when it can."""
+    if x is not None:
+        place = x.place
+        if not (place.is_cpu_place() or (place.is_gpu_place() and paddle.is_compiled_with_cuda())):
+            return f"no kernel for place {place}"
+        if x.dtype not in (paddle.float32, paddle.float64, paddle.bfloat16, paddle.float16):
+            return f"unsupported dtype {x.dtype}"
+    if load_op() is None:
+        return _state["error"] or "operator not loaded"
+    return None
+
+
+def should_use_fused(flag, x: paddle.Tensor) -> bool:
+    """Dispatch decision for config.vha_fused_prologue = flag (None / True / False) and input x."""
+    if flag is False:
+        return False
+    reason = fused_unavailable_reason(x)
+    if reason is None:
+        return True
+    if flag is True:
+        raise FusedPrologueUnavailable(f"vha_fused_prologue=True but the fused prologue is unavailable: {reason}")
+    if reason not in _state["warned"]:
+        _state["warned"].add(reason)
+        _LOG.warning("fused VHA prologue unavailable (%s); using the composed path", reason)
+    return False
+
+
+def fused_prologue(q_phys, k, premix_weight, q_norm_weight, k_norm_weight, cos, sin, eps: float,
+                   heads_first: bool = True):
+    """Premix -> q_norm / k_norm -> RoPE in one op.
+
+    q_phys (B, S, H_p, r), k (B, S, H_kv, d), premix_weight (H_kv, r, d), norm weights (d,), cos/sin (B or 1, S, d).
+    Returns q (B, H_v, S, d) and k (B, H_kv, S, d) with heads_first (the attention layout), else (B, S, H, d).
+    Every input is cast to q_phys's dtype (as the composed path's tables already are).
+    """
+    mod = load_op()
+    if mod is None:
+        raise FusedPrologueUnavailable(f"fused prologue unavailable: {_state['error']}")
+    dt = q_phys.dtype
+    args = [t if t.dtype == dt else t.astype(dt) for t in (k, premix_weight, q_norm_weight, k_norm_weight, cos, sin)]
+    q_out, k_out = mod.vha_prologue(q_phys, *args, float(eps), bool(heads_first))
+    return q_out, k_out
