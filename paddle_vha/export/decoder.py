@@ -94,14 +94,15 @@ class Qwen3KVDecoder(nn.Layer):
         emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(2)
         cos, sin = paddle.cos(emb).astype(x.dtype), paddle.sin(emb).astype(x.dtype)
 
-        # Additive mask (B, 1, 1, S, T): causal over absolute positions and the caller's padding mask.
+        # Additive mask: causal over absolute positions and the caller's padding mask.
         seq = paddle.shape(input_ids)[1]
         total = paddle.shape(attention_mask)[1]
         q_pos = paddle.arange(seq, dtype="int64") + (total - seq)  # (S,)
         k_pos = paddle.arange(total, dtype="int64")  # (T,)
         allowed = (k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)).unsqueeze(0) & (attention_mask.unsqueeze(1) > 0)  # (B, S, T)
-        mask = paddle.where(allowed, paddle.zeros([1], x.dtype), paddle.full([1], NEG_INF, x.dtype))
-        mask = mask.unsqueeze(1).unsqueeze(1)  # (B, 1, 1, S, T)
+        mask = paddle.where(allowed, paddle.zeros([1], "float32"), paddle.full([1], NEG_INF, "float32"))
+        # rows of the grouped layout are (query head in group, position): tile the mask G times, once for all layers
+        mask = paddle.tile(mask.unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T), row gi*S + s
 
         presents = []
         for i, lw in enumerate(self.layer_weights):
@@ -116,12 +117,12 @@ class Qwen3KVDecoder(nn.Layer):
             k = paddle.concat([past[2 * i], k.transpose([0, 2, 1, 3])], axis=2)  # (B, H_kv, T, d)
             v = paddle.concat([past[2 * i + 1], v.transpose([0, 2, 1, 3])], axis=2)
             presents += [k, v]
-            # grouped layout: query head j = kv * G + gi reads KV head kv
-            qg = q.reshape([0, 0, h_kv, g, d]).transpose([0, 2, 3, 1, 4])  # (B, H_kv, G, S, d)
-            scores = paddle.matmul(qg, k.unsqueeze(2), transpose_y=True) * self.scale  # (B, H_kv, G, S, T)
-            probs = paddle.nn.functional.softmax(scores.astype("float32") + mask.astype("float32"), axis=-1)
-            y = paddle.matmul(probs.astype(v.dtype), v.unsqueeze(2))  # (B, H_kv, G, S, d)
-            y = y.transpose([0, 3, 1, 2, 4]).reshape([0, 0, h_q * d])  # (B, S, H_q*d), head-major
+            # grouped layout: query head j = kv*G + gi reads KV head kv; its G*S query rows share one K/V read
+            qg = q.reshape([0, 0, h_kv, g, d]).transpose([0, 2, 3, 1, 4]).reshape([0, 0, -1, d])  # (B, H_kv, G*S, d)
+            scores = paddle.matmul(qg, k, transpose_y=True) * self.scale  # (B, H_kv, G*S, T)
+            probs = paddle.nn.functional.softmax(scores.astype("float32") + mask, axis=-1)
+            y = paddle.matmul(probs.astype(v.dtype), v)  # (B, H_kv, G*S, d)
+            y = y.reshape([0, 0, g, -1, d]).transpose([0, 3, 1, 2, 4]).reshape([0, 0, h_q * d])  # (B, S, H_q*d)
             x = x + self._lin(y, lw, "self_attn.o_proj")
             hdn = _rms_norm(x, lw["post_attention_layernorm.weight"], self.eps)
             mlp = paddle.nn.functional.silu(paddle.matmul(hdn, lw["mlp.gate_proj.weight"])) * paddle.matmul(

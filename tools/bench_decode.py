@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Decode-step latency in onnxruntime: folded VHA (GQA-2) vs the same-size GQA-8, with the bytes each step reads.
+
+    python tools/bench_decode.py                       # hidden 512, 4 layers, 16 query heads, head_dim 64
+    python tools/bench_decode.py --contexts 1024 4096 --batches 1 --repeats 5
+
+Both models are exported with tools/export_onnx.py's code path (fp32, standard ONNX ops) into a temporary folder.
+One decode step = one new token per sequence with a filled cache of `context` tokens. Bytes per step:
+    weights (read once) + KV read by attention (past) + the past -> present copy the KV-cache interface
+    requires (read past, write past + new),
+so the byte-predicted time ratio is (W + 3 KV_8) / (W + 3 KV_2). The table prints the measured median step time,
+achieved GB/s against that byte count, and measured vs predicted GQA-8 / GQA-2 ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from paddle_vha.cli import quiet  # noqa: E402
+
+
+def build_export(root, name, h_kv, args, log):
+    import paddle
+    from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from paddle_vha.export.onnx_export import export_onnx
+
+    cfg = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                      num_attention_heads=args.heads, num_key_value_heads=h_kv, head_dim=args.head_dim,
+                      intermediate_size=args.intermediate, max_position_embeddings=max(args.contexts) + 16,
+                      tie_word_embeddings=False)
+    paddle.seed(0)
+    ckpt = os.path.join(root, name + "-ckpt")
+    Qwen3ForCausalLM(cfg).save_pretrained(ckpt)
+    out = os.path.join(root, name + "-onnx")
+    export_onnx(ckpt, out, decode_steps=4, log=lambda m: log(f"  [{name}] {m}"))
+    weight_bytes = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors"))
+    return cfg, out, weight_bytes
+
+
+def time_step(session, cfg, batch, context, repeats, rng):
+    import numpy as np
+
+    shape = (batch, cfg.num_key_value_heads, context, cfg.head_dim)
+    cache = [rng.standard_normal(shape, dtype=np.float32) for _ in range(2 * cfg.num_hidden_layers)]
+    ids = rng.integers(0, cfg.vocab_size, size=(batch, 1))
+    times = []
+    for i in range(repeats + 2):
+        t = time.perf_counter()
+        session.step(ids, cache)
+        if i >= 2:  # two warm-up runs
+            times.append(time.perf_counter() - t)
+    kv_bytes = sum(c.nbytes for c in cache)
+    del cache
+    return float(np.median(times)), kv_bytes
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=16, help="query heads (VHA: virtual heads)")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--intermediate", type=int, default=1536)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384])
+    p.add_argument("--repeats", type=int, default=9, help="timed runs per point (median reported)")
+    p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: all cores)")
+    args = p.parse_args(argv)
+    quiet()
+    import numpy as np
+
+    from paddle_vha.serve.ort_session import OrtDecoder
+
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="bench-decode-") as root:
+        models = {}
+        for name, h_kv in (("GQA-8", 8), ("VHA->GQA-2", 2)):
+            log(f"exporting {name} (hidden {args.hidden}, {args.layers} layers, {args.heads} query heads, {h_kv} KV heads)")
+            cfg, out, wbytes = build_export(root, name, h_kv, args, log)
+            models[name] = (cfg, OrtDecoder.from_dir(out, threads=args.threads), wbytes)
+        rows = []
+        for batch in args.batches:
+            for ctx in args.contexts:
+                r = {"batch": batch, "context": ctx}
+                for name, (cfg, sess, wbytes) in models.items():
+                    sec, kv = time_step(sess, cfg, batch, ctx, args.repeats, rng)
+                    r[name] = (sec, wbytes + 3 * kv, wbytes, kv)
+                    log(f"  batch {batch} context {ctx}: {name} {sec * 1e3:.2f} ms")
+                rows.append(r)
+    print(f"\nonnxruntime decode step, fp32, hidden {args.hidden}, {args.layers} layers, {args.heads} query heads, "
+          f"head_dim {args.head_dim}, vocab {args.vocab}; median of {args.repeats}")
+    hdr = (f"{'batch':>5} {'context':>7} | {'GQA-8 ms':>9} {'GB/s':>6} {'KV MB':>8} | {'GQA-2 ms':>9} {'GB/s':>6} "
+           f"{'KV MB':>8} | {'ratio':>6} {'bytes ratio':>11} {'of pred.':>8}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        (s8, b8, _, kv8), (s2, b2, _, kv2) = r["GQA-8"], r["VHA->GQA-2"]
+        meas, pred = s8 / s2, b8 / b2
+        print(f"{r['batch']:>5} {r['context']:>7} | {s8 * 1e3:>9.2f} {b8 / s8 / 1e9:>6.1f} {kv8 / 1e6:>8.1f} | "
+              f"{s2 * 1e3:>9.2f} {b2 / s2 / 1e9:>6.1f} {kv2 / 1e6:>8.1f} | {meas:>5.2f}x {pred:>10.2f}x {meas / pred:>7.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
