@@ -1,0 +1,163 @@
+"""Qwen3MEAAttention: Qwen3 attention with Multi-head Explicit Attention (HLC over K and V, head norm).
+
+Single-device math (docs/mea.md), with n_p physical KV heads, n_v virtual KV heads, H query heads:
+
+    Q    = RoPE(q_norm(x W_Q))                                   (B, H, S, d)       as Qwen3
+    K_p  = x W_K,  V_p = x W_V                                    (B, n_p, S, d)     what the cache stores
+    K_v  = HLC(K_p, mea_k_lc),  V_v = HLC(V_p, mea_v_lc)          (B, n_v, T, d)     composed when read
+           HLC(t, lc)[j] = sum_p t[p] * lc[p, j],  lc: [n_p, n_v]
+    k_norm + RoPE: on the virtual heads after HLC ('after_hlc', the cache holds K_p before norm and RoPE)
+                   or on the physical heads before it ('before_hlc', the cache holds normed, rotated K_p)
+    Y    = Attention(Q, K_v, V_v)       query head i reads virtual head i // (H / n_v)   (stock GQA kernel)
+    Y    = RMSNorm_head(Y) * mea_norm   per head over d        only with mea_group_norm
+    out  = Y W_O
+
+Every deviation from PaddleFormers' Qwen3Attention is marked `# MEA:`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import paddle
+from paddle import nn
+from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
+from paddleformers.nn.linear import Linear as GeneralLinear
+from paddleformers.transformers.qwen3.modeling import Qwen3Attention, Qwen3RotaryEmbedding, apply_rotary_pos_emb
+
+from .config import Qwen3MEAConfig
+
+__all__ = ["Qwen3MEAAttention", "Qwen3StockKVAttention", "hlc", "head_rms_norm"]
+
+
+def hlc(t: paddle.Tensor, lc: paddle.Tensor) -> paddle.Tensor:
+    """Head-level linear composition along axis 1: (B, n_p, T, d) x (n_p, n_v) -> (B, n_v, T, d)."""
+    return paddle.einsum("bptd,pv->bvtd", t, lc)
+
+
+def head_rms_norm(y: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
+    """RMSNorm of each head's d channels, then the per-channel weight. y (B, S, H, d), weight [H*d]."""
+    y32 = y.astype("float32")
+    y32 = y32 * paddle.rsqrt(y32.pow(2).mean(-1, keepdim=True) + eps)
+    return y32.astype(y.dtype) * weight.reshape(y.shape[2:])
+
+
+def _kv_linear(config, n_heads: int, head_dim: int):
+    return GeneralLinear.create(config.hidden_size, n_heads * head_dim, has_bias=config.attention_bias, config=config,
+                                tp_plan="colwise")
+
+
+class Qwen3StockKVAttention(Qwen3Attention):
+    """Stock Qwen3 attention in a layer that MEA leaves alone, with mea_stock_kv_heads KV heads (its original count)."""
+
+    def __init__(self, config: Qwen3MEAConfig, layer_idx: int = 0):
+        super().__init__(config, layer_idx)
+        n_s = config.mea_stock_kv_heads
+        if n_s != config.num_key_value_heads:  # MEA: the parent sized K/V from num_key_value_heads (n_p)
+            self.num_key_value_heads = n_s
+            self.num_key_value_groups = config.num_attention_heads // n_s
+            self.gqa_or_mqa = config.num_attention_heads != n_s
+            self.k_proj = _kv_linear(config, n_s, self.head_dim)
+            self.v_proj = _kv_linear(config, n_s, self.head_dim)
+
+
+class Qwen3MEAAttention(Qwen3Attention):
+    """Qwen3 attention whose n_v KV heads are virtual: HLC compositions of the n_p cached physical heads."""
+
+    def __init__(self, config: Qwen3MEAConfig, layer_idx: int = 0):
+        config.check_runtime_support()
+        super().__init__(config, layer_idx)
+        n_p, n_v, d = config.num_key_value_heads, config.mea_kv_heads, self.head_dim
+        self.num_physical_heads = n_p  # what k_proj / v_proj emit and the cache stores
+        self.num_virtual_heads = n_v
+        self.k_norm_after_hlc = config.mea_k_norm_position == "after_hlc"
+        # MEA: the attention core sees n_v (virtual) KV heads, so GQA groups are H / n_v.
+        self.num_key_value_groups = config.num_attention_heads // n_v
+        self.gqa_or_mqa = config.num_attention_heads != n_v
+        # MEA: HLC coefficients [n_p, n_v]. Init: virtual head j copies physical head j % n_p (GQA with n_p KV
+        # heads) plus N(0, 0.02) so the virtual heads start apart.
+        tile = paddle.to_tensor([[1.0 if j % n_p == p else 0.0 for j in range(n_v)] for p in range(n_p)], dtype="float32")
+        for name in ("mea_k_lc", "mea_v_lc"):
+            init = tile + 0.02 * paddle.randn([n_p, n_v], dtype="float32")
+            setattr(self, name, self.create_parameter(
+                shape=[n_p, n_v], default_initializer=nn.initializer.Assign(init.astype(paddle.get_default_dtype()))))
+        # MEA: head-level norm before o_proj, one weight per output channel (GroupNorm-style affine).
+        if config.mea_group_norm:
+            self.mea_norm = nn.Layer()
+            self.mea_norm.weight = self.mea_norm.create_parameter(
+                shape=[config.num_attention_heads * d], default_initializer=nn.initializer.Constant(1.0))
+        if self.k_norm_after_hlc:
+            # MEA: k_norm/RoPE run on cached keys too, so the layer needs angles for every cached position.
+            # Held outside the sublayer tree: it has no parameters and nothing to save.
+            self._rotary = (Qwen3RotaryEmbedding(config),)
+        self.serving_form = False  # MEA: set by paddle_vha.mea.serving.use_multiquery_form
+
+    def compose_kv(self, k_p, v_p, cos_keys=None, sin_keys=None):
+        """Virtual heads from the physical cache: (B, n_p, T, d) -> (B, n_v, T, d) each."""
+        k_v, v_v = hlc(k_p, self.mea_k_lc), hlc(v_p, self.mea_v_lc)
+        if self.k_norm_after_hlc:
+            k_v = self.k_norm(k_v.transpose([0, 2, 1, 3])).transpose([0, 2, 1, 3])
+            _, k_v = apply_rotary_pos_emb(k_v, k_v, cos_keys, sin_keys)
+        return k_v, v_v
+
+    def _key_angles(self, hidden_states, cos, sin, total_len: int):
+        """cos/sin for all T keys: the cached ones sit at positions 0..T-S-1 (the model's default numbering)."""
+        S = cos.shape[1]
+        if total_len == S:
+            return cos, sin
+        B = cos.shape[0]
+        prefix = paddle.arange(total_len - S, dtype="int64").expand([B, total_len - S])
+        cos_p, sin_p = self._rotary[0](hidden_states, prefix)
+        return paddle.concat([cos_p, cos], axis=1), paddle.concat([sin_p, sin], axis=1)
+
+    def forward(
+        self,
+        hidden_states,
+        position_embeddings: Optional[Tuple[paddle.Tensor, paddle.Tensor]] = None,
+        attention_mask: Optional[paddle.Tensor] = None,
+        past_key_values=None,
+        use_cache: bool = False,
+        attn_mask_startend_row_indices: Optional[paddle.Tensor] = None,
+        batch_size: Optional[int] = None,
+        **kwargs,
+    ):
+        n_p, d = self.num_physical_heads, self.head_dim
+        q = self.q_proj(hidden_states).reshape([0, 0, self.num_heads, d])
+        k_p = self.k_proj(hidden_states).reshape([0, 0, n_p, d])  # MEA: n_p physical heads
+        v_p = self.v_proj(hidden_states).reshape([0, 0, n_p, d]).transpose([0, 2, 1, 3])  # (B, n_p, S, d)
+        cos, sin = position_embeddings
+        q = self.q_norm(q).transpose([0, 2, 1, 3])  # (B, H, S, d)
+        if self.k_norm_after_hlc:
+            # MEA: K_p stays before norm and RoPE; both act on the virtual heads after HLC.
+            k_p = k_p.transpose([0, 2, 1, 3])
+            q, _ = apply_rotary_pos_emb(q, q, cos, sin)
+        else:
+            q, k_p = apply_rotary_pos_emb(q, self.k_norm(k_p).transpose([0, 2, 1, 3]), cos, sin)
+
+        if past_key_values is not None:  # MEA: the cache stores the n_p physical heads only
+            k_p, v_p = past_key_values.update(k_p, v_p, self.layer_idx)
+
+        if self.serving_form:
+            from .serving import multiquery_attention
+
+            attn_output = multiquery_attention(self, q, k_p, v_p, attention_mask)
+            attn_weights = None
+        else:
+            cos_k, sin_k = self._key_angles(hidden_states, cos, sin, k_p.shape[2]) if self.k_norm_after_hlc else (None, None)
+            k_v, v_v = self.compose_kv(k_p, v_p, cos_k, sin_k)  # MEA: virtual heads composed when read
+            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+            attn_output, attn_weights = attention_interface(
+                self,
+                query=q,
+                key=k_v,
+                value=v_v,
+                attention_mask=attention_mask,
+                attn_mask_startend_row_indices=attn_mask_startend_row_indices,
+                dropout=0.0 if not self.training else self.attention_dropout,
+                scaling=self.scaling,
+            )  # (B, S, H * d)
+
+        if self.config.mea_group_norm:  # MEA: head-level norm before o_proj
+            y = head_rms_norm(attn_output.reshape([0, 0, self.num_heads, d]), self.mea_norm.weight,
+                              self.config.rms_norm_eps)
+            attn_output = y.flatten(2)
+        return self.o_proj(attn_output), attn_weights

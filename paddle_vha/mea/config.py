@@ -1,0 +1,145 @@
+"""Qwen3MEAConfig: PaddleFormers' Qwen3Config plus the Multi-head Explicit Attention fields.
+
+Notation (docs/mea.md):
+    H     num_attention_heads        query heads
+    n_p   num_key_value_heads        physical KV heads of an MEA layer: what its cache stores
+    n_v   mea_kv_heads               virtual KV heads composed by HLC: what attention sees (query head i reads i // (H/n_v))
+    n_s   mea_stock_kv_heads         KV heads of the layers that are not MEA (stock Qwen3 attention); default n_v
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from paddleformers.transformers import Qwen3Config
+
+__all__ = ["Qwen3MEAConfig", "MEAConfigError", "K_NORM_POSITIONS", "parse_layer_spec"]
+
+K_NORM_POSITIONS = ("after_hlc", "before_hlc")
+
+
+class MEAConfigError(ValueError):
+    """A Qwen3-MEA configuration that cannot describe a valid model."""
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_layer_spec(spec: str, num_layers: int, deep_skip: int = 3) -> List[int]:
+    """'all' | 'deep' | 'A-B' (inclusive) | 'i,j,k' -> sorted layer indices; MEAConfigError if malformed.
+
+    'deep' is the paper's deep-layer setting: every layer but the first `deep_skip` (3 in the paper).
+    """
+    spec = str(spec).strip()
+    if spec == "all":
+        return list(range(num_layers))
+    if spec == "deep":
+        if num_layers <= deep_skip:
+            raise MEAConfigError(f"--layers deep keeps the first {deep_skip} layers stock, but the model has only {num_layers}")
+        return list(range(deep_skip, num_layers))
+    try:
+        if "-" in spec:
+            a, b = (int(t) for t in spec.split("-"))
+            layers = list(range(a, b + 1))
+        else:
+            layers = sorted({int(t) for t in spec.split(",")})
+    except ValueError:
+        raise MEAConfigError(f"layer spec {spec!r} must be 'all', 'deep', 'A-B' or a comma list of layer indices") from None
+    if not layers or layers[0] < 0 or layers[-1] >= num_layers:
+        raise MEAConfigError(f"layer spec {spec!r} selects layers outside 0..{num_layers - 1} (or none)")
+    return layers
+
+
+class Qwen3MEAConfig(Qwen3Config):
+    r"""Configuration of a Qwen3-MEA model.
+
+    Everything Qwen3Config accepts (`num_key_value_heads` is n_p, the physical KV heads of MEA layers), plus:
+
+    Args:
+        mea_kv_heads (int, optional): n_v virtual KV heads, n_p <= n_v, dividing num_attention_heads.
+            Defaults to num_key_value_heads (HLC then is a square mixing).
+        mea_group_norm (bool): RMSNorm per attention-output head (learnable weight) before o_proj. Default True.
+        mea_layers (list of int, optional): layers that use MEA; None means all. The others are stock Qwen3.
+        mea_stock_kv_heads (int, optional): KV heads of the stock layers. Defaults to mea_kv_heads (what the
+            SVD conversion needs: a compressed layer's virtual heads are the original KV heads).
+        mea_k_norm_position (str): 'after_hlc' (default; k_norm and RoPE on the virtual heads, cache holds raw
+            physical K) or 'before_hlc' (on the physical heads: cache holds normed, rotated K; allows the
+            multi-query serving form). docs/mea.md gives the measurements behind the default.
+    """
+
+    model_type = "qwen3_mea"
+
+    def __init__(
+        self,
+        mea_kv_heads: Optional[int] = None,
+        mea_group_norm: bool = True,
+        mea_layers: Optional[List[int]] = None,
+        mea_stock_kv_heads: Optional[int] = None,
+        mea_k_norm_position: str = "after_hlc",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.mea_kv_heads = self.num_key_value_heads if mea_kv_heads is None else mea_kv_heads
+        self.mea_group_norm = mea_group_norm
+        self.mea_layers = None if mea_layers is None else list(mea_layers)
+        self.mea_stock_kv_heads = self.mea_kv_heads if mea_stock_kv_heads is None else mea_stock_kv_heads
+        self.mea_k_norm_position = mea_k_norm_position
+        self.validate_mea()
+
+    def is_mea_layer(self, layer_idx: int) -> bool:
+        return self.mea_layers is None or layer_idx in self.mea_layers
+
+    @property
+    def mea_layer_indices(self) -> List[int]:
+        return [i for i in range(self.num_hidden_layers) if self.is_mea_layer(i)]
+
+    def kv_heads_of_layer(self, layer_idx: int) -> int:
+        """KV heads the cache stores for this layer: n_p for MEA layers, n_s for stock ones."""
+        return self.num_key_value_heads if self.is_mea_layer(layer_idx) else self.mea_stock_kv_heads
+
+    def validate_mea(self) -> None:
+        """Raise MEAConfigError (one line naming the field) if the MEA fields are inconsistent."""
+        H, n_p, n_v, n_s, d = (self.num_attention_heads, self.num_key_value_heads, self.mea_kv_heads,
+                               self.mea_stock_kv_heads, self.head_dim)
+        for name, v in (("num_attention_heads", H), ("num_key_value_heads", n_p), ("mea_kv_heads", n_v),
+                        ("mea_stock_kv_heads", n_s)):
+            if not (_is_int(v) and v >= 1):
+                raise MEAConfigError(f"{name} must be a positive int, got {v!r}")
+        if not (_is_int(d) and d >= 2 and d % 2 == 0):
+            raise MEAConfigError(f"head_dim must be a positive even int (RoPE), got {d!r}")
+        if n_p > n_v:
+            raise MEAConfigError(
+                f"num_key_value_heads (physical heads n_p={n_p}) must be <= mea_kv_heads (virtual heads n_v={n_v})")
+        if H % n_v:
+            raise MEAConfigError(f"num_attention_heads ({H}) must be divisible by mea_kv_heads (n_v={n_v})")
+        if H % n_s:
+            raise MEAConfigError(f"num_attention_heads ({H}) must be divisible by mea_stock_kv_heads ({n_s})")
+        if not isinstance(self.mea_group_norm, bool):
+            raise MEAConfigError(f"mea_group_norm must be a bool, got {self.mea_group_norm!r}")
+        if self.mea_k_norm_position not in K_NORM_POSITIONS:
+            raise MEAConfigError(
+                f"mea_k_norm_position must be one of {', '.join(K_NORM_POSITIONS)}, got {self.mea_k_norm_position!r}")
+        layers = self.mea_layers
+        if layers is not None:
+            L = self.num_hidden_layers
+            if not all(_is_int(i) for i in layers) or len(set(layers)) != len(layers):
+                raise MEAConfigError(f"mea_layers must be a list of distinct layer indices, got {layers!r}")
+            bad = [i for i in layers if not 0 <= i < L]
+            if bad:
+                raise MEAConfigError(f"mea_layers {bad} outside 0..{L - 1} (num_hidden_layers={L})")
+            self.mea_layers = sorted(layers)
+
+    def check_runtime_support(self) -> None:
+        """Raise MEAConfigError for runtime options (set by trainers after construction) MEA does not support."""
+        if self.tensor_model_parallel_size > 1:
+            raise MEAConfigError(
+                f"tensor_model_parallel_size={self.tensor_model_parallel_size}: Qwen3-MEA supports "
+                "tensor_model_parallel_size=1 only (MEA tensor parallelism is a separate issue)")
+        if self.sequence_parallel:
+            raise MEAConfigError("sequence_parallel=True is not supported by Qwen3-MEA")
+        if self.fuse_attention_qkv:
+            raise MEAConfigError(
+                "fuse_attention_qkv=True is not supported by Qwen3-MEA (layers differ in KV heads); "
+                "set fuse_attention_qkv=False")
+        if getattr(self, "sliding_window", None) and "sliding_attention" in (getattr(self, "layer_types", None) or []):
+            raise MEAConfigError("sliding-window layers are not supported by Qwen3-MEA")
