@@ -1,0 +1,184 @@
+"""Qwen3MEAAttention against the float64 numpy MEA oracle: forward, gradients, HLC algebra, config refusals."""
+import numpy as np
+import paddle
+import pytest
+from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding, apply_rotary_pos_emb
+
+import mea_oracle
+from _utils import TINY, attention_tensors, config_dict, rel_err, to_numpy
+from paddle_vha.mea.attention import Qwen3MEAAttention, hlc
+from paddle_vha.mea.config import MEAConfigError, Qwen3MEAConfig, parse_layer_spec
+
+
+def mea_config(**overrides):
+    return Qwen3MEAConfig(**{**TINY, **overrides})
+
+
+# (B, S, H, n_p, n_v, d, k_norm position, group norm, bias): S = 1, prime S, B > 1, odd head counts,
+# n_p = 1, n_p = n_v, n_v = H (MHA-like), and both k_norm placements.
+GRID = [
+    (2, 7, 4, 2, 4, 16, "after_hlc", True, False),
+    (1, 1, 4, 1, 2, 16, "after_hlc", False, False),
+    (3, 13, 6, 2, 3, 16, "before_hlc", True, False),
+    (2, 11, 9, 3, 3, 8, "after_hlc", True, True),
+    (2, 5, 3, 1, 3, 16, "before_hlc", False, True),
+    (2, 17, 10, 3, 5, 8, "after_hlc", False, False),
+    (1, 1, 6, 2, 6, 16, "before_hlc", True, False),
+]
+IDS = [f"B{b}-S{s}-H{h}-np{p}-nv{v}-d{d}-{pos[:5]}{'-gn' if gn else ''}{'-bias' if bi else ''}"
+       for b, s, h, p, v, d, pos, gn, bi in GRID]
+
+
+def make_layer(B, S, H, n_p, n_v, d, pos, gn, bias, impl="eager"):
+    cfg = mea_config(num_attention_heads=H, num_key_value_heads=n_p, mea_kv_heads=n_v, head_dim=d,
+                     mea_k_norm_position=pos, mea_group_norm=gn, attention_bias=bias)
+    cfg._attn_implementation = impl
+    attn = Qwen3MEAAttention(cfg, 0)
+    attn.eval()
+    for name, p in attn.named_parameters():  # make every tensor count: random HLC, norm weights, biases
+        if name.endswith(".bias") or name.startswith("mea_") or name.endswith("norm.weight"):
+            base = 1.0 if name.endswith("norm.weight") else 0.0
+            p.set_value(base + paddle.randn(p.shape) * 0.5)
+    return cfg, attn, paddle.randn([B, S, cfg.hidden_size])
+
+
+def run_layer(cfg, attn, x):
+    B, S = x.shape[:2]
+    pos = paddle.arange(S, dtype="int64").expand([B, S])
+    cos, sin = Qwen3RotaryEmbedding(cfg)(x, pos)
+    mask = paddle.triu(paddle.full([S, S], float("-inf")), 1)[None, None]
+    out, _ = attn(x, position_embeddings=(cos, sin), attention_mask=mask)
+    return out
+
+
+def oracle_layer(cfg, tensors, x_np):
+    B, S = x_np.shape[:2]
+    return mea_oracle.attention(x_np, tensors, config_dict(cfg), np.broadcast_to(np.arange(S), (B, S)))[0]
+
+
+@pytest.mark.parametrize("shape", GRID, ids=IDS)
+def test_layer_matches_oracle_fp32(shape):
+    cfg, attn, x = make_layer(*shape)
+    out = run_layer(cfg, attn, x)
+    ref = oracle_layer(cfg, attention_tensors(attn), to_numpy(x))
+    assert rel_err(to_numpy(out), ref, "MEA layer fp32 vs float64 oracle") <= 1e-5
+
+
+@pytest.mark.parametrize("shape", [GRID[0], GRID[2], GRID[3]], ids=[IDS[0], IDS[2], IDS[3]])
+def test_layer_gradients_match_oracle_finite_differences(shape):
+    """Paddle's fp32 autograd vs central differences of the float64 oracle, one random direction per tensor."""
+    cfg, attn, x = make_layer(*shape)
+    x.stop_gradient = False
+    out = run_layer(cfg, attn, x)
+    g_out = np.random.randn(*out.shape)
+    (out * paddle.to_tensor(g_out, dtype="float32")).sum().backward()
+    tensors = attention_tensors(attn)
+    grads = {n: to_numpy(p.grad).T if n.endswith("_proj.weight") else to_numpy(p.grad) for n, p in attn.named_parameters()}
+    tensors["__x__"], grads["__x__"] = to_numpy(x), to_numpy(x.grad)
+    assert {"mea_k_lc", "mea_v_lc"} <= set(grads)
+
+    def loss(ts):
+        ts = dict(ts)
+        xx = ts.pop("__x__")
+        return float((oracle_layer(cfg, ts, xx) * g_out).sum())
+
+    eps = 1e-6
+    for name in sorted(tensors):
+        direction = np.random.randn(*tensors[name].shape)
+        fd = (loss({**tensors, name: tensors[name] + eps * direction})
+              - loss({**tensors, name: tensors[name] - eps * direction})) / (2 * eps)
+        an = float((grads[name] * direction).sum())
+        err = abs(fd - an) / max(abs(fd), np.linalg.norm(grads[name]), 1e-12)
+        print(f"d/d{name}: autograd {an:+.6e}  finite-diff {fd:+.6e}  rel err {err:.2e}")
+        assert err <= 2e-4, name
+
+
+def test_hlc_is_the_einsum_and_commutes_with_rope():
+    """HLC(K)[j] = sum_p K[p] lc[p, j]; RoPE rotates every head of a token by the same angle, so they commute."""
+    cfg = mea_config(num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3)
+    B, S, n_p, n_v, d = 2, 11, 2, 3, cfg.head_dim
+    k = paddle.randn([B, n_p, S, d])
+    lc = paddle.randn([n_p, n_v])
+    got = to_numpy(hlc(k, lc))
+    ref = np.einsum("bptd,pv->bvtd", to_numpy(k), to_numpy(lc))
+    assert rel_err(got, ref, "hlc vs einsum") <= 1e-6
+    pos = paddle.to_tensor(np.random.randint(0, 200, size=(B, S)), dtype="int64")
+    cos, sin = Qwen3RotaryEmbedding(cfg)(k, pos)
+    rot = lambda t: apply_rotary_pos_emb(t, t, cos, sin)[1]  # noqa: E731
+    a, b = to_numpy(rot(hlc(k, lc))), to_numpy(hlc(rot(k), lc))
+    assert rel_err(a, b, "RoPE(HLC(K)) vs HLC(RoPE(K))") <= 1e-5
+    # the oracle's own RoPE agrees: HLC then RoPE == RoPE then HLC in float64
+    kn = to_numpy(k).transpose(0, 2, 1, 3)
+    a64 = mea_oracle.rope(mea_oracle.hlc(kn, to_numpy(lc)), to_numpy(pos), cfg.rope_theta)
+    b64 = mea_oracle.hlc(mea_oracle.rope(kn, to_numpy(pos), cfg.rope_theta), to_numpy(lc))
+    assert np.abs(a64 - b64).max() < 1e-12
+
+
+def test_hlc_init_starts_as_gqa():
+    cfg = mea_config(num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=6)
+    lc = to_numpy(Qwen3MEAAttention(cfg, 0).mea_k_lc)  # (2, 6): virtual j copies physical j % 2, + N(0, 0.02)
+    tile = np.array([[1.0 if j % 2 == p else 0.0 for j in range(6)] for p in range(2)])
+    assert np.abs(lc - tile).max() < 0.15 and np.abs(lc - tile).std() > 0.005
+
+
+def test_head_norm_normalizes_each_head():
+    """With mea_group_norm and unit weight, each head of the o_proj input has RMS 1."""
+    cfg, attn, x = make_layer(2, 9, 6, 2, 3, 16, "after_hlc", True, False)
+    attn.mea_norm.weight.set_value(paddle.ones_like(attn.mea_norm.weight))
+    seen = {}
+
+    def grab(layer, inp):
+        seen["y"] = to_numpy(inp[0])  # returns None: the input is left as it is
+
+    attn.o_proj.register_forward_pre_hook(grab)
+    run_layer(cfg, attn, x)
+    y = seen["y"].reshape(2, 9, 6, 16)
+    rms = np.sqrt((y ** 2).mean(-1))
+    print("per-head RMS range", rms.min(), rms.max())
+    assert np.allclose(rms, 1.0, atol=1e-3)
+
+
+def test_eager_and_sdpa_backends_agree():
+    cfg, attn, x = make_layer(*GRID[2], impl="eager")
+    out_eager = to_numpy(run_layer(cfg, attn, x))
+    cfg._attn_implementation = "sdpa"
+    out_sdpa = to_numpy(run_layer(cfg, attn, x))
+    assert rel_err(out_sdpa, out_eager, "sdpa vs eager") <= 1e-5
+
+
+BAD = {
+    "n_p > n_v": (dict(num_key_value_heads=4, mea_kv_heads=2), "must be <= mea_kv_heads"),
+    "n_v not dividing H": (dict(num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=4), "divisible by mea_kv_heads"),
+    "stock heads not dividing H": (dict(mea_stock_kv_heads=3), "divisible by mea_stock_kv_heads"),
+    "bad norm position": (dict(mea_k_norm_position="middle"), "mea_k_norm_position must be one of"),
+    "layer out of range": (dict(mea_layers=[0, 5]), "mea_layers [5] outside 0..1"),
+    "duplicate layers": (dict(mea_layers=[1, 1]), "distinct layer indices"),
+    "group norm not bool": (dict(mea_group_norm="yes"), "mea_group_norm must be a bool"),
+    "zero virtual heads": (dict(mea_kv_heads=0), "mea_kv_heads must be a positive int"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_config_is_refused_with_one_line(case):
+    fields, needle = BAD[case]
+    with pytest.raises(MEAConfigError) as e:
+        mea_config(**fields)
+    print(e.value)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tensor_parallel_is_refused():
+    cfg = mea_config()
+    cfg.tensor_model_parallel_size = 2
+    with pytest.raises(MEAConfigError, match="tensor_model_parallel_size=2: Qwen3-MEA supports tensor_model_parallel_size=1 only"):
+        Qwen3MEAAttention(cfg, 0)
+
+
+def test_layer_specs():
+    assert parse_layer_spec("all", 5) == [0, 1, 2, 3, 4]
+    assert parse_layer_spec("deep", 5) == [3, 4]
+    assert parse_layer_spec("1-3", 5) == [1, 2, 3]
+    assert parse_layer_spec("4,0", 5) == [0, 4]
+    for bad, needle in (("2-9", "outside 0..4"), ("x", "must be 'all'"), ("deep", "only 3")):
+        with pytest.raises(MEAConfigError, match=needle):
+            parse_layer_spec(bad, 5 if bad != "deep" else 3)
