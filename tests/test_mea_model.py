@@ -1,0 +1,217 @@
+"""Qwen3MEAForCausalLM: oracle parity from the saved checkpoint, cached decode, cache bytes, save/load, refusals."""
+import glob
+import hashlib
+import json
+import os
+import re
+
+import numpy as np
+import paddle
+import pytest
+from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
+from paddleformers.transformers.cache_utils import DynamicCache
+from safetensors.numpy import load_file, save_file
+
+import mea_oracle
+from _utils import TINY, config_dict, rel_err, to_numpy
+from paddle_vha.checkpoint import CheckpointError, read_tensor_shapes
+from paddle_vha.mea.checkpoint import mea_tensor_shapes, validate_mea_checkpoint
+from paddle_vha.mea.config import Qwen3MEAConfig
+from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
+
+
+def mea_config(**overrides):
+    return Qwen3MEAConfig(**{**TINY, **overrides})
+
+
+def load_numpy(path):
+    state = {}
+    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        state.update({k: v.astype(np.float64) for k, v in load_file(f).items()})
+    return state
+
+
+def build(**overrides):
+    cfg = mea_config(**overrides)
+    model = Qwen3MEAForCausalLM(cfg)
+    model.eval()
+    for name, p in model.named_parameters():  # HLC away from its init, head-norm weights and biases non-trivial
+        if ".mea_" in name or name.endswith(".bias"):
+            p.set_value((1.0 if "mea_norm" in name else 0.0) + paddle.randn(p.shape) * 0.4)
+    return cfg, model
+
+
+MODEL_GRID = {
+    "all-after-gn": dict(num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3),
+    "mixed-before-stock6": dict(num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3,
+                                mea_layers=[0, 2], mea_stock_kv_heads=6, mea_k_norm_position="before_hlc"),
+    "np1-nogn-bias-tied": dict(num_attention_heads=3, num_key_value_heads=1, mea_kv_heads=3, mea_group_norm=False,
+                               attention_bias=True, tie_word_embeddings=True),
+    "deep-after-stock2": dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, mea_kv_heads=4,
+                              mea_layers=[1, 2], mea_stock_kv_heads=2),
+}
+
+
+@pytest.mark.parametrize("name", list(MODEL_GRID))
+@pytest.mark.parametrize("B,S", [(1, 1), (2, 13)])
+def test_model_matches_oracle_from_checkpoint(tmp_path, name, B, S):
+    cfg, model = build(**MODEL_GRID[name])
+    model.save_pretrained(tmp_path)
+    ids = np.random.randint(0, cfg.vocab_size, size=(B, S))
+    logits = model(paddle.to_tensor(ids), return_dict=True).logits
+    ref, _ = mea_oracle.causal_lm(ids, load_numpy(tmp_path), config_dict(cfg))
+    assert rel_err(to_numpy(logits), ref, f"{name} B={B} S={S} logits vs oracle") <= 1e-5
+
+
+@pytest.mark.parametrize("pos", ["after_hlc", "before_hlc"])
+def test_cached_decode_equals_full_forward(pos):
+    cfg, model = build(num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=6,
+                       mea_layers=[1, 2], mea_stock_kv_heads=3, mea_k_norm_position=pos)
+    B, P, T = 2, 7, 5
+    ids = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(B, P + T)))
+    full = to_numpy(model(ids, return_dict=True).logits)
+    cache = DynamicCache(config=cfg)
+    for a, b in [(0, P), (P, P + 2)] + [(t, t + 1) for t in range(P + 2, P + T)]:
+        pos_ids = paddle.arange(a, b, dtype="int64").expand([B, b - a])
+        out = model(ids[:, a:b], position_ids=pos_ids, past_key_values=cache, use_cache=True, return_dict=True)
+        cache = out.past_key_values
+        assert rel_err(to_numpy(out.logits), full[:, a:b], f"{pos}: cached tokens {a}:{b} vs full forward") <= 1e-5
+    # without position_ids, positions continue from the cache length
+    cache = model(ids[:, :P], use_cache=True, return_dict=True).past_key_values
+    out = model(ids[:, P:], past_key_values=cache, use_cache=True, return_dict=True).logits
+    assert rel_err(to_numpy(out), full[:, P:], f"{pos}: cached chunk, default positions") <= 1e-5
+
+
+def test_cached_decode_matches_oracle_cache(tmp_path):
+    cfg, model = build(num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3)
+    model.save_pretrained(tmp_path)
+    state = load_numpy(tmp_path)
+    ids = np.random.randint(0, cfg.vocab_size, size=(1, 6))
+    _, past = mea_oracle.causal_lm(ids[:, :5], state, config_dict(cfg))
+    ref, _ = mea_oracle.causal_lm(ids[:, 5:], state, config_dict(cfg), past=past)
+    cache = model(paddle.to_tensor(ids[:, :5]), use_cache=True, return_dict=True).past_key_values
+    out = model(paddle.to_tensor(ids[:, 5:]), position_ids=paddle.to_tensor([[5]]), past_key_values=cache,
+                use_cache=True, return_dict=True).logits
+    assert rel_err(to_numpy(out), ref, "decode step vs oracle with past") <= 1e-5
+
+
+def _cache_bytes_per_token(cache, layer, n_tokens):
+    k, v = cache.layers[layer].keys, cache.layers[layer].values
+    return (k.numel().item() * k.element_size() + v.numel().item() * v.element_size()) / (k.shape[0] * n_tokens)
+
+
+@pytest.mark.parametrize("n_p,n_v", [(1, 4), (2, 4), (3, 6)])
+def test_cache_bytes_per_token_is_np_over_nv_of_stock(n_p, n_v):
+    """An MEA layer caches n_p heads; the stock Qwen3 layer it replaces caches n_v."""
+    common = {**{k: v for k, v in TINY.items() if k != "num_key_value_heads"}, "num_hidden_layers": 2, "num_attention_heads": 12}
+    mea = Qwen3MEAForCausalLM(Qwen3MEAConfig(num_key_value_heads=n_p, mea_kv_heads=n_v, mea_layers=[1], **common))
+    stock = Qwen3ForCausalLM(Qwen3Config(num_key_value_heads=n_v, **common))
+    ids = paddle.to_tensor(np.random.randint(0, 97, size=(2, 9)))
+    c_mea = mea(ids, use_cache=True, return_dict=True).past_key_values
+    c_stock = stock(ids, use_cache=True, return_dict=True).past_key_values
+    mea_b, stock_b = _cache_bytes_per_token(c_mea, 1, 9), _cache_bytes_per_token(c_stock, 1, 9)
+    print(f"n_p={n_p} n_v={n_v}: MEA layer {mea_b:.0f} B/token, stock layer {stock_b:.0f} B/token")
+    assert mea_b / stock_b == n_p / n_v
+    assert mea_b == 2 * n_p * TINY["head_dim"] * 4  # K and V, fp32
+    # the stock layer of the MEA model (mea_stock_kv_heads = n_v by default) caches what stock Qwen3 does
+    assert _cache_bytes_per_token(c_mea, 0, 9) == _cache_bytes_per_token(c_stock, 0, 9)
+
+
+def test_generate_with_cache_matches_full_forwards():
+    cfg, model = build(num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3,
+                       mea_layers=[0, 1])
+    prompt = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(2, 5)))
+    gen, _ = model.generate(prompt, max_new_tokens=6, decode_strategy="greedy_search", use_cache=True)
+    seq = prompt
+    for _ in range(6):
+        logits = model(seq, return_dict=True).logits[:, -1]
+        seq = paddle.concat([seq, logits.argmax(-1, keepdim=True)], axis=1)
+    assert np.array_equal(gen.numpy(), seq[:, 5:].numpy())
+
+
+# --- checkpoint contract ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["all-after-gn", "mixed-before-stock6", "np1-nogn-bias-tied"])
+def test_saved_layout_and_round_trip(tmp_path, name):
+    cfg, model = build(**MODEL_GRID[name])
+    path = str(tmp_path / "ckpt")
+    model.save_pretrained(path)
+    assert read_tensor_shapes(path) == mea_tensor_shapes(cfg)
+    assert not [f for f in os.listdir(path) if f.startswith("saved_signal")]
+    raw = json.load(open(os.path.join(path, "config.json")))
+    assert raw["model_type"] == "qwen3_mea" and raw["architectures"] == ["Qwen3MEAForCausalLM"]
+    for key in ("mea_kv_heads", "mea_group_norm", "mea_layers", "mea_stock_kv_heads", "mea_k_norm_position"):
+        assert raw[key] == getattr(cfg, key), key
+    disk = load_numpy(path)
+    i = cfg.mea_layer_indices[0]
+    attn = model.model.layers[i].self_attn
+    np.testing.assert_array_equal(disk[f"model.layers.{i}.self_attn.mea_k_lc"], to_numpy(attn.mea_k_lc))
+    np.testing.assert_array_equal(disk[f"model.layers.{i}.self_attn.k_proj.weight"], to_numpy(attn.k_proj.weight).T)
+    loaded = Qwen3MEAForCausalLM.from_pretrained(path)
+    loaded.eval()
+    ids = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(2, 7)))
+    assert np.array_equal(to_numpy(model(ids, return_dict=True).logits), to_numpy(loaded(ids, return_dict=True).logits))
+
+
+def _digest(path):
+    h = hashlib.sha256()
+    for f in sorted(os.listdir(path)):
+        h.update(f.encode() + open(os.path.join(path, f), "rb").read())
+    return h.hexdigest()
+
+
+def _rewrite(path, fn):
+    (shard,) = glob.glob(os.path.join(path, "*.safetensors"))
+    t = load_file(shard)
+    fn(t)
+    save_file(t, shard)
+    index = os.path.join(path, "model.safetensors.index.json")
+    meta = json.load(open(index))
+    meta["weight_map"] = {k: os.path.basename(shard) for k in t}
+    json.dump(meta, open(index, "w"))
+
+
+def _edit_config(path, **changes):
+    p = os.path.join(path, "config.json")
+    cfg = json.load(open(p))
+    cfg.update(changes)
+    json.dump(cfg, open(p, "w"))
+
+
+MALFORMED = {
+    "stock-qwen3": (lambda p: _edit_config(p, model_type="qwen3"), "not a Qwen3-MEA checkpoint"),
+    "np>nv": (lambda p: _edit_config(p, mea_kv_heads=1), "must be <= mea_kv_heads"),
+    "missing-lc": (lambda p: _rewrite(p, lambda t: t.pop("model.layers.2.self_attn.mea_v_lc")),
+                   "missing tensors: model.layers.2.self_attn.mea_v_lc"),
+    "lc-on-stock-layer": (lambda p: _rewrite(p, lambda t: t.update({"model.layers.1.self_attn.mea_k_lc": np.zeros((2, 3), np.float32)})),
+                          "unexpected tensors: model.layers.1.self_attn.mea_k_lc"),
+    "stock-layer-with-np-heads": (lambda p: _rewrite(p, lambda t: t.update(
+        {"model.layers.1.self_attn.k_proj.weight": np.zeros((32, 48), np.float32)})),
+        "mis-shaped tensors: model.layers.1.self_attn.k_proj.weight [32, 48] (expected [96, 48])"),
+    "mea_layers-mismatch": (lambda p: _edit_config(p, mea_layers=[0, 1, 2]), "missing tensors: model.layers.1.self_attn.mea_k_lc"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_checkpoint_is_rejected(tmp_path, case):
+    break_it, needle = MALFORMED[case]
+    _, model = build(**MODEL_GRID["mixed-before-stock6"])
+    path = str(tmp_path / "ckpt")
+    model.save_pretrained(path)
+    break_it(path)
+    before = _digest(path)
+    with pytest.raises(CheckpointError) as e:
+        validate_mea_checkpoint(path)
+    msg = str(e.value)
+    print(msg)
+    assert needle in msg and "\n" not in msg
+    with pytest.raises(CheckpointError, match="^" + re.escape(msg) + "$"):
+        Qwen3MEAForCausalLM.from_pretrained(path)
+    assert _digest(path) == before, "a rejected checkpoint must be left untouched"
+
+
+def test_model_refuses_tensor_parallel():
+    cfg = mea_config()
+    cfg.tensor_model_parallel_size = 2
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
+        Qwen3MEAForCausalLM(cfg)
