@@ -1,0 +1,317 @@
+"""Stock Qwen3 -> Qwen3-MEA by the MEA paper's SVD (eq. 23): fewer cached KV heads, HLC rebuilds the originals.
+
+For one projection of a compressed layer (W_K or W_V, HF layout [H*d, h], H = the original KV heads):
+
+    M[:, j]  = vec(W^(j))  (with the bias appended as one more input column)     M: [(h+1)*d, H]
+    M        = U S V^T,  keep the top n_p singular directions
+    physical head p   = U[:, p]  reshaped to [d, h] (+ bias)                      -> k_proj / v_proj [n_p*d, h]
+    HLC coefficients  = S[:n_p] V[:, :n_p]^T                                      -> mea_k_lc / mea_v_lc [n_p, H]
+
+so HLC(x W_phys) = x (U_n S_n V_n^T) ~= x W, exactly when n_p = H. The relative reconstruction error is
+||M - M_n||_F / ||M||_F = sqrt(sum of dropped s^2 / sum of s^2).
+
+k_norm (docs/mea.md): with 'after_hlc' (default) it acts on the rebuilt virtual heads, exactly as in the
+original model. With 'before_hlc' it acts on each physical head, whose weights are unit-norm columns of U, so the
+K-side coefficients of virtual head j are divided by ||M[:, j]|| (a data-free rescale; without it the virtual
+keys come out ||W^(j)|| times too large).
+
+IN_DIR is only read (tensors through safetensors headers and pread; models for the KL check load through a
+folder of symlinks); OUT_DIR appears only when complete (temporary folder, then rename).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .. import safetensors_io as st
+from ..checkpoint import INDEX_FILE, CheckpointError, compare_shapes, qwen3_tensor_shapes, read_config, read_tensor_shapes, weight_files
+from .checkpoint import mea_tensor_shapes
+from .config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig, parse_layer_spec
+
+__all__ = ["CompressError", "CompressPlan", "svd_compress", "plan_compress", "compress_checkpoint", "format_plan",
+           "logit_kl"]
+
+_NOT_COPIED = re.compile(r"(\.safetensors|\.safetensors\.index\.json|\.pdparams|\.bin|\.pt|\.pth|\.metadata)$|^saved_signal_")
+DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16", "float16")
+
+
+class CompressError(CheckpointError):
+    """A checkpoint or request compress_kv refuses; the message is one line naming the problem."""
+
+
+def svd_compress(w: np.ndarray, bias: Optional[np.ndarray], n_heads: int, head_dim: int, n_p: int,
+                 norm_columns: bool = False):
+    """One projection: W [n_heads*d, h] (+ bias [n_heads*d]) -> (W_phys [n_p*d, h], b_phys or None, lc [n_p, n_heads], rel_err).
+
+    norm_columns: divide column j of lc by ||M[:, j]|| (the 'before_hlc' rescale, K side).
+    """
+    d = head_dim
+    w = np.asarray(w, np.float64)
+    aug = w if bias is None else np.concatenate([w, np.asarray(bias, np.float64)[:, None]], axis=1)  # [H*d, h(+1)]
+    cols = aug.shape[1]
+    M = aug.reshape(n_heads, d * cols).T  # column j = head j's [d, cols] block, row-major flattened
+    U, s, Vt = np.linalg.svd(M, full_matrices=False)
+    phys = U[:, :n_p].T.reshape(n_p * d, cols)
+    lc = s[:n_p, None] * Vt[:n_p]
+    total = float((s ** 2).sum())
+    rel_err = float(np.sqrt(max((s[n_p:] ** 2).sum(), 0.0) / total)) if total > 0 else 0.0
+    if norm_columns:
+        lc = lc / np.maximum(np.linalg.norm(M, axis=0), 1e-30)[None, :]
+    if bias is None:
+        return phys, None, lc, rel_err
+    return phys[:, :-1], phys[:, -1], lc, rel_err
+
+
+def _natural_key(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+@dataclass
+class CompressPlan:
+    in_dir: str
+    out_dir: str
+    in_config: dict
+    out_config: dict
+    cfg: Qwen3MEAConfig
+    out_code: str
+    inputs: Dict[str, "st.TensorRef"]
+    out_shapes: Dict[str, Tuple[int, ...]]
+    layers: List[int]
+    copy_files: List[str]
+    errors: Dict[int, Tuple[float, float]] = field(default_factory=dict)  # layer -> (rel err W_K, rel err W_V)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(int(np.prod(s)) * st.DTYPES[self.out_code].itemsize for s in self.out_shapes.values())
+
+
+def _check_out_dir(in_dir: str, out_dir: str, force: bool) -> None:
+    a, b = os.path.realpath(in_dir), os.path.realpath(out_dir)
+    if a == b or b.startswith(a + os.sep) or a.startswith(b + os.sep):
+        raise CompressError(f"{out_dir}: OUT_DIR must be a different folder from IN_DIR {in_dir}, neither inside the other")
+    if os.path.lexists(out_dir):
+        if not os.path.isdir(out_dir) or os.path.islink(out_dir):
+            raise CompressError(f"{out_dir}: exists and is not a folder; refusing to replace it")
+        if not force:
+            raise CompressError(f"{out_dir}: already exists (pass --force to replace it)")
+
+
+def plan_compress(in_dir: str, out_dir: str, kv_heads: int, layers: str = "all", k_norm: str = "after_hlc",
+                  dtype: str = "auto", force: bool = False) -> CompressPlan:
+    """Validate IN_DIR (a stock Qwen3 checkpoint) and the request from headers alone; reads no tensor data."""
+    from paddleformers.transformers import Qwen3Config
+
+    if dtype not in DTYPE_CHOICES:
+        raise CompressError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPE_CHOICES)}")
+    if k_norm not in K_NORM_POSITIONS:
+        raise CompressError(f"--k-norm {k_norm!r}: expected one of {', '.join(K_NORM_POSITIONS)}")
+    raw = read_config(in_dir)
+    if raw.get("model_type") != "qwen3":
+        raise CompressError(f"{in_dir}: not a stock Qwen3 checkpoint (config.json model_type={raw.get('model_type')!r}, "
+                            "expected 'qwen3')")
+    try:
+        src = Qwen3Config.from_dict(raw)
+    except (ValueError, TypeError) as e:
+        raise CompressError(f"{in_dir}/config.json: {e}") from None
+    if src.fuse_attention_qkv:
+        raise CompressError(f"{in_dir}/config.json: fuse_attention_qkv=true checkpoints are not supported")
+    compare_shapes(in_dir, read_tensor_shapes(in_dir), qwen3_tensor_shapes(src))
+    H_kv = src.num_key_value_heads
+    if not (isinstance(kv_heads, int) and 1 <= kv_heads <= H_kv):
+        raise CompressError(f"--kv-heads {kv_heads}: must be between 1 and the checkpoint's {H_kv} KV heads")
+    try:
+        layer_list = parse_layer_spec(layers, src.num_hidden_layers)
+    except MEAConfigError as e:
+        raise CompressError(f"--layers: {e}") from None
+    _check_out_dir(in_dir, out_dir, force)
+
+    inputs: Dict[str, st.TensorRef] = {}
+    wmap = weight_files(in_dir)
+    for fname in sorted(set(wmap.values())):
+        try:
+            _, refs = st.read_header(os.path.join(in_dir, fname))
+        except st.SafetensorsFormatError as e:
+            raise CompressError(str(e)) from None
+        inputs.update({n: r for n, r in refs.items() if wmap.get(n) == fname})
+    bad = sorted(n for n, r in inputs.items() if r.dtype not in st.FLOAT_CODES)
+    if bad:
+        raise CompressError(f"{in_dir}: non-floating tensors: {bad[0]} ({inputs[bad[0]].dtype})")
+    out_code = inputs["model.embed_tokens.weight"].dtype if dtype == "auto" else st.dtype_code(dtype)
+
+    out_raw = {k: v for k, v in raw.items() if k not in ("_name_or_path", "transformers_version")}
+    out_raw.update(model_type="qwen3_mea", architectures=["Qwen3MEAForCausalLM"], num_key_value_heads=kv_heads,
+                   mea_kv_heads=H_kv, mea_stock_kv_heads=H_kv, mea_layers=layer_list, mea_group_norm=False,
+                   mea_k_norm_position=k_norm, dtype=st.dtype_name(out_code))
+    out_raw.pop("torch_dtype", None)
+    try:
+        cfg = Qwen3MEAConfig.from_dict(out_raw)
+    except (ValueError, TypeError) as e:
+        raise CompressError(f"{in_dir}/config.json: cannot describe the compressed model ({e})") from None
+    copy_files = sorted(f for f in os.listdir(in_dir) if f not in ("config.json", INDEX_FILE)
+                        and not _NOT_COPIED.search(f) and os.path.isfile(os.path.join(in_dir, f)))
+    return CompressPlan(in_dir, out_dir, raw, out_raw, cfg, out_code, inputs, mea_tensor_shapes(cfg), layer_list,
+                        copy_files)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+
+
+def format_plan(plan: CompressPlan) -> str:
+    c, src = plan.cfg, plan.in_config
+    H_kv, n_p, L, d = c.mea_kv_heads, c.num_key_value_heads, c.num_hidden_layers, c.head_dim
+    elem = st.DTYPES[plan.out_code].itemsize
+    before = 2 * H_kv * d * elem * L
+    after = sum(2 * c.kv_heads_of_layer(i) * d * elem for i in range(L))
+    return "\n".join([
+        f"compress {plan.in_dir} -> {plan.out_dir}",
+        f"  Qwen3: {L} layers, {c.num_attention_heads} query heads, {H_kv} KV heads, head_dim {d}, hidden {c.hidden_size}",
+        f"  MEA layers ({len(plan.layers)} of {L}): {_ranges(plan.layers)}; KV heads there {H_kv} -> {n_p} physical "
+        f"(HLC rebuilds {H_kv} virtual); k_norm {c.mea_k_norm_position}",
+        f"  KV cache per token ({st.dtype_name(plan.out_code)}): {_fmt_bytes(before)} -> {_fmt_bytes(after)} "
+        f"({after / before:.1%})",
+        f"  output: {len(plan.out_shapes)} tensors, {_fmt_bytes(plan.bytes_out)}; copied files: "
+        f"{', '.join(plan.copy_files) or 'none'}",
+    ])
+
+
+def _ranges(layers: List[int]) -> str:
+    out, start = [], None
+    for i, x in enumerate(layers):
+        if start is None:
+            start = x
+        if i + 1 == len(layers) or layers[i + 1] != x + 1:
+            out.append(f"{start}" if start == x else f"{start}-{x}")
+            start = None
+    return ",".join(out)
+
+
+def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_size="5GB") -> str:
+    """Compute the compressed tensors and write OUT_DIR atomically; fills plan.errors. Returns OUT_DIR."""
+    from tqdm import tqdm
+
+    c = plan.cfg
+    H_kv, n_p, d = c.mea_kv_heads, c.num_key_value_heads, c.head_dim
+    out: Dict[str, np.ndarray] = {}
+    read = lambda n: st.read_tensor(plan.inputs[n]).astype(np.float64)  # noqa: E731
+    for i in tqdm(plan.layers, desc="svd", disable=not progress, leave=False):
+        p = f"model.layers.{i}.self_attn."
+        errs = []
+        for t in ("k", "v"):
+            bias = read(p + f"{t}_proj.bias") if c.attention_bias else None
+            w_phys, b_phys, lc, err = svd_compress(read(p + f"{t}_proj.weight"), bias, H_kv, d, n_p,
+                                                   norm_columns=(t == "k" and c.mea_k_norm_position == "before_hlc"))
+            out[p + f"{t}_proj.weight"], out[p + f"mea_{t}_lc"] = w_phys, lc
+            if b_phys is not None:
+                out[p + f"{t}_proj.bias"] = b_phys
+            errs.append(err)
+        plan.errors[i] = tuple(errs)
+
+    try:
+        max_bytes = st.parse_size(max_shard_size)
+    except ValueError as e:
+        raise CompressError(f"--max-shard-size: {e}") from None
+    names = sorted(plan.out_shapes, key=_natural_key)
+    shards = st.plan_shards([(n, plan.out_code, tuple(plan.out_shapes[n])) for n in names], max_bytes)
+    out_dir = os.path.abspath(plan.out_dir)
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    try:
+        bar = tqdm(total=len(names), desc="write", disable=not progress, leave=False)
+        weight_map: Dict[str, str] = {}
+        for k, shard in enumerate(shards, 1):
+            fname = st.shard_name(k, len(shards))
+            writer = st.ShardWriter(os.path.join(tmp, fname), shard)
+            try:
+                for name, code, shape in shard:
+                    arr = out[name] if name in out else st.read_tensor(plan.inputs[name])
+                    if tuple(arr.shape) != tuple(shape):
+                        raise CompressError(f"{name}: produced shape {list(arr.shape)}, planned {list(shape)} (a bug)")
+                    writer.write(name, st.cast(np.asarray(arr), code))
+                    weight_map[name] = fname
+                    bar.update(1)
+                writer.close()
+            except BaseException:
+                writer.abort()
+                raise
+        bar.close()
+        st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, plan.bytes_out)
+        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(plan.out_config, f, indent=2, sort_keys=True)
+            f.write("\n")
+        for f in plan.copy_files:
+            shutil.copy2(os.path.join(plan.in_dir, f), os.path.join(tmp, f))
+        os.chmod(tmp, 0o755)
+        old = None
+        if os.path.isdir(out_dir):  # --force: swap in the complete new folder, then drop the old one
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
+            os.rename(out_dir, os.path.join(old, "x"))
+        os.rename(tmp, out_dir)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _linked_view(src: str, dst: str) -> str:
+    """Symlinks to src's files, so a loader that writes caches into the folder it loads never touches src."""
+    os.makedirs(dst)
+    for f in os.listdir(src):
+        if os.path.isfile(os.path.join(src, f)) and not f.endswith(".metadata"):
+            os.symlink(os.path.abspath(os.path.join(src, f)), os.path.join(dst, f))
+    return dst
+
+
+def logit_kl(in_dir: str, out_dir: str, batches: int = 4, seq_len: int = 128, batch_size: int = 4,
+             corpus_mb: float = 2.0) -> Dict[str, float]:
+    """Original (IN_DIR, stock Qwen3) vs compressed (OUT_DIR, Qwen3-MEA) on validation text, in fp32 Paddle.
+
+    Text: the embedded standard-library corpus as byte tokens (ids >= vocab_size wrap modulo vocab_size).
+    Returns mean_kl = mean over positions of KL(original || compressed) in nats, max_rel = max |logit diff| /
+    max |logit|, and the original's own cross-entropy (nats/token) for scale.
+    """
+    import paddle
+    from paddleformers.transformers import Qwen3ForCausalLM
+
+    from ..data import load_stdlib_corpus
+    from .modeling import Qwen3MEAForCausalLM
+
+    corpus = load_stdlib_corpus(max_bytes=int(corpus_mb * (1 << 20)))
+    windows = corpus.val_batches(batch_size, seq_len, batches)
+    logits = {}
+    with tempfile.TemporaryDirectory(prefix="mea-kl-") as tmp:
+        for key, cls, path in (("orig", Qwen3ForCausalLM, in_dir), ("mea", Qwen3MEAForCausalLM, out_dir)):
+            model = cls.from_pretrained(_linked_view(path, os.path.join(tmp, key)), dtype="float32")
+            model.eval()
+            vocab = model.config.vocab_size
+            outs = []
+            with paddle.no_grad():
+                for x, _ in windows:
+                    outs.append(model(paddle.to_tensor(x % vocab), return_dict=True).logits.astype("float64").numpy())
+            logits[key] = np.concatenate(outs)
+            del model
+    a, b = logits["orig"], logits["mea"]
+
+    def log_softmax(z):
+        z = z - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    la, lb = log_softmax(a), log_softmax(b)
+    labels = np.concatenate([y for _, y in windows]) % a.shape[-1]
+    ce = -np.take_along_axis(la, labels[..., None], axis=-1).mean()
+    return {"mean_kl": float((np.exp(la) * (la - lb)).sum(-1).mean()),
+            "max_rel": float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30)),
+            "orig_ce": float(ce), "tokens": int(a.shape[0] * a.shape[1])}
