@@ -115,6 +115,11 @@ class Qwen3VHAAttention(Qwen3Attention):
         k = self.k_norm(k).transpose([0, 2, 1, 3])  # (B, H_kv, S, d)
         return apply_rotary_pos_emb(q, k, cos, sin)
 
+    def _postmix(self, y: paddle.Tensor) -> paddle.Tensor:
+        """Postmix step (B, S, H_v, d) -> (B, S, H_v, d); a separate method so tensor parallelism
+        (paddle_vha/parallel) can replace it with its one-all-reduce form."""
+        return postmix(y, self.vha_postmix_U, self.vha_postmix_V)
+
     def forward(
         self,
         hidden_states,
@@ -152,7 +157,7 @@ class Qwen3VHAAttention(Qwen3Attention):
         )  # (B, S, H_v * d)
 
         # VHA: Postmix along the head axis, then the optional gate.
-        y = postmix(attn_output.reshape([0, 0, self.num_heads, d]), self.vha_postmix_U, self.vha_postmix_V)
+        y = self._postmix(attn_output.reshape([0, 0, self.num_heads, d]))
         y = y.flatten(2)  # (B, S, H_v * d)
         if self.config.vha_gated_attention:
             y = y * nn.functional.sigmoid(self.gate_proj(hidden_states))
