@@ -43,6 +43,43 @@ def _import_build_script():
     return mod
 
 
+@contextlib.contextmanager
+def _quiet():
+    """Silence Python warnings, logging and file descriptors 1/2 (subprocesses too); yield a reader of the text."""
+    import os
+    import sys
+    import tempfile
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile(mode="w+b") as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        saved = [os.dup(1), os.dup(2)]
+        previous = logging.root.manager.disable
+        logging.disable(logging.INFO)
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+
+        def said() -> str:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            sink.seek(0)
+            return sink.read().decode(errors="replace")
+
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                yield said
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            logging.disable(previous)
+
+
+@paddle.jit.not_to_static  # plain Python under to_static: it only picks and calls the op
 def load_op():
     """The loaded op module (building it on first use if needed), or None with the reason kept."""
     with _lock:
@@ -52,34 +89,35 @@ def load_op():
                 if not _OPS_BUILD.is_file():
                     raise FileNotFoundError(f"{_OPS_BUILD} not found (paddle_vha installed without its source tree)")
                 build = _import_build_script()
-                # Paddle's loader is chatty (ccache warning, INFO lines, a print): keep start-up quiet.
-                with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-                    warnings.simplefilter("ignore")
-                    previous = logging.root.manager.disable
-                    logging.disable(logging.INFO)
+                # Paddle's loader is chatty (ccache warning, INFO lines, a build subprocess writing to the
+                # terminal): keep start-up quiet, and keep what it said for the error message.
+                with _quiet() as said:
                     try:
                         _state["mod"] = build.build()
-                    finally:
-                        logging.disable(previous)
+                    except Exception as e:
+                        tail = " | ".join(said().strip().splitlines()[-3:])
+                        raise type(e)(f"{e} {tail}".strip()) from e
             except Exception as e:  # noqa: BLE001 - any failure means "not available", reported once
                 first = (str(e).strip().splitlines() or [""])[0]
-                _state["error"] = f"{type(e).__name__}: {first[:300]}"
+                _state["error"] = f"{type(e).__name__}: {first[:400]}"
         return _state["mod"]
 
 
+@paddle.jit.not_to_static  # plain Python under to_static: it only picks and calls the op
 def fused_unavailable_reason(x: paddle.Tensor | None = None) -> str | None:
     """Why the fused op cannot run (for tensor x's device, if given), or None when it can."""
-    if x is not None:
+    if x is not None and paddle.in_dynamic_mode():
         place = x.place
         if not (place.is_cpu_place() or (place.is_gpu_place() and paddle.is_compiled_with_cuda())):
             return f"no kernel for place {place}"
-        if x.dtype not in (paddle.float32, paddle.float64, paddle.bfloat16, paddle.float16):
-            return f"unsupported dtype {x.dtype}"
+    if x is not None and x.dtype not in (paddle.float32, paddle.float64, paddle.bfloat16, paddle.float16):
+        return f"unsupported dtype {x.dtype}"
     if load_op() is None:
         return _state["error"] or "operator not loaded"
     return None
 
 
+@paddle.jit.not_to_static  # plain Python under to_static: it only picks and calls the op
 def should_use_fused(flag, x: paddle.Tensor) -> bool:
     """Dispatch decision for config.vha_fused_prologue = flag (None / True / False) and input x."""
     if flag is False:
@@ -95,6 +133,7 @@ def should_use_fused(flag, x: paddle.Tensor) -> bool:
     return False
 
 
+@paddle.jit.not_to_static  # plain Python under to_static: it only picks and calls the op
 def fused_prologue(q_phys, k, premix_weight, q_norm_weight, k_norm_weight, cos, sin, eps: float,
                    heads_first: bool = True):
     """Premix -> q_norm / k_norm -> RoPE in one op.

@@ -6,7 +6,7 @@
 #
 # Set-up (first run, ~2 min; later runs skip it unless requirements/constraints/setup.py change):
 #   .venv with pip 23.2.1, the pinned requirements under constraints.txt, paddle_vha installed editable,
-#   then `pip check`. PADDLE_VHA_VENV overrides the venv location; PYTHON the interpreter (default python3).
+#   then `pip check`; then the fused prologue op is built (ops/build.py, own stamp). PADDLE_VHA_VENV overrides the venv location; PYTHON the interpreter (default python3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PADDLE_VHA_VENV:-$ROOT/.venv}"
@@ -25,6 +25,20 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$
   "$VENV/bin/python" -m pip check
   echo "$want" > "$STAMP"
   echo "[env] ready" >&2
+fi
+
+# Fused prologue operator (issue 4, ops/): built when ops/ sources (or the pinned install) change; own stamp.
+OPS_STAMP="$VENV/.paddle_vha_ops"
+if [ -f "$ROOT/ops/build.py" ]; then
+  ops_want="$( (echo "$want"; cd "$ROOT" && cat ops/build.py ops/csrc/*) | sha256sum | cut -d' ' -f1)"
+  if [ ! -f "$OPS_STAMP" ] || [ "$(cat "$OPS_STAMP")" != "$ops_want" ]; then
+    echo "[env] building the fused prologue operator (ops/, ~30 s)" >&2
+    if "$VENV/bin/python" "$ROOT/ops/build.py" >"$VENV/.paddle_vha_ops.log" 2>&1; then
+      echo "$ops_want" > "$OPS_STAMP"
+    else
+      echo "[env] operator build failed (log: $VENV/.paddle_vha_ops.log); layers use the composed path" >&2
+    fi
+  fi
 fi
 
 export PATH="$VENV/bin:$PATH"

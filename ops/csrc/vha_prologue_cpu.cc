@@ -54,23 +54,32 @@ inline void vstore(C* p, const V& v) {
 }
 
 // Cout[m][n] (+)= sum_k A(m, k) * B[k][n], m < MR, n < NV*L; A(m, k) = A[m*ars + k*aks].
+// K is summed in chunks of kKChunk, each in fresh registers and then added to the output tile, so a long
+// K (or a long running sum across calls) does not accumulate rounding error sequentially.
+constexpr int kKChunk = 32;
 template <typename C, int MR, int NV>
 inline void micro(const C* A, long ars, long aks, const C* B, long ldb, int K, C* Cp, long ldc, bool acc) {
   using V = typename VecOf<C>::type;
   constexpr int L = VecOf<C>::L;
-  V c[MR][NV];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < NV; ++v) c[m][v] = acc ? vload<V>(Cp + m * ldc + v * L) : V{};
-  for (int k = 0; k < K; ++k) {
-    V b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = vload<V>(B + k * ldb + v * L);
-    for (int m = 0; m < MR; ++m) {
-      const C a = A[m * ars + k * aks];
-      for (int v = 0; v < NV; ++v) c[m][v] += a * b[v];
+  for (int k0 = 0; k0 < K || (k0 == 0 && !acc); k0 += kKChunk) {
+    const int k1 = std::min(K, k0 + kKChunk);
+    V c[MR][NV];
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < NV; ++v) c[m][v] = V{};
+    for (int k = k0; k < k1; ++k) {
+      V b[NV];
+      for (int v = 0; v < NV; ++v) b[v] = vload<V>(B + k * ldb + v * L);
+      for (int m = 0; m < MR; ++m) {
+        const C a = A[m * ars + k * aks];
+        for (int v = 0; v < NV; ++v) c[m][v] += a * b[v];
+      }
     }
+    const bool add = acc || k0 > 0;
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < NV; ++v)
+        vstore(Cp + m * ldc + v * L, add ? c[m][v] + vload<V>(Cp + m * ldc + v * L) : c[m][v]);
+    if (K == 0) break;
   }
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < NV; ++v) vstore(Cp + m * ldc + v * L, c[m][v]);
 }
 
 // Scalar tail for the columns no full vector covers.
@@ -79,9 +88,13 @@ inline void micro_tail(const C* A, long ars, long aks, const C* B, long ldb, int
                        int nc) {
   for (int m = 0; m < mr; ++m)
     for (int n = 0; n < nc; ++n) {
-      C s = acc ? Cp[m * ldc + n] : C(0);
-      for (int k = 0; k < K; ++k) s += A[m * ars + k * aks] * B[k * ldb + n];
-      Cp[m * ldc + n] = s;
+      C tot = acc ? Cp[m * ldc + n] : C(0);
+      for (int k0 = 0; k0 < K; k0 += kKChunk) {  // chunked like micro()
+        C s = 0;
+        for (int k = k0; k < std::min(K, k0 + kKChunk); ++k) s += A[m * ars + k * aks] * B[k * ldb + n];
+        tot += s;
+      }
+      Cp[m * ldc + n] = tot;
     }
 }
 
@@ -239,30 +252,37 @@ void prologue_bwd(const T* qp, const T* kin, const T* W, const T* wq, const T* w
       }
   for (long c = 0; c < d; ++c) wqc[c] = cv<C>(wq[c]), wkc[c] = cv<C>(wk[c]);
   const int nth = num_threads_for(N);
-  // per-thread accumulators: gW (H_kv*r*d), g q_norm (d), g k_norm (d)
+  // Weight gradients (gW: H_kv*r*d, g q_norm: d, g k_norm: d) are sums over every row. Each block's partial
+  // is formed fresh, added to a per-thread level-2 sum that is folded into level 3 every kFold blocks, and the
+  // threads' totals are added at the end: the rounding error grows with about log(rows), not rows.
   const long acc_len = Hkv * r * d + 2 * d;
-  std::vector<std::vector<C>> accs(nth, std::vector<C>(acc_len, C(0)));
+  constexpr int kFold = 32;
+  std::vector<std::vector<C>> totals(nth, std::vector<C>(acc_len, C(0)));
   const long tb = std::max(1L, kRowsPerBlock / Hp);
   parallel_tokens(N, nth, [&](int tid, long t0, long t1) {
-    C* gWacc = accs[tid].data();
-    C* gwq_acc = gWacc + Hkv * r * d;
-    C* gwk_acc = gwq_acc + d;
+    std::vector<C> P(acc_len), L2(acc_len, C(0));
+    C* L3 = totals[tid].data();
+    C* gWblk = P.data();
+    C* gwq_blk = gWblk + Hkv * r * d;
+    C* gwk_blk = gwq_blk + d;
+    long nblocks = 0;
     std::vector<C> A(tb * Hp * r), U(tb * Hp * d), GU(tb * Hp * d), GQ(tb * Hp * r), xk(d), gx(d);
     for (long ta = t0; ta < t1; ta += tb) {
       const long nt = std::min(tb, t1 - ta), M = nt * Hp;
       const T* src = qp + ta * Hp * r;
       for (long i = 0; i < M * r; ++i) A[i] = cv<C>(src[i]);
       std::fill(GQ.begin(), GQ.begin() + M * r, C(0));
+      std::fill(gwq_blk, gwq_blk + 2 * d, C(0));
       for (long g = 0; g < Hkv; ++g) {
         gemm<C>(int(M), int(d), int(r), A.data(), r, 1, Wc.data() + g * r * d, d, U.data(), d, false);  // recompute u
         for (long m = 0; m < M; ++m) {
           const long t = ta + m / Hp, i = m % Hp, b = t / D.S, s = t % D.S;
           norm_rope_row_bwd<T, C>(U.data() + m * d, wqc.data(), cosp + D.table_off(b, s), sinp + D.table_off(b, s),
-                                  gqo + D.out_off(b, s, g * Hp + i, Hv), GU.data() + m * d, gwq_acc, int(d), eps);
+                                  gqo + D.out_off(b, s, g * Hp + i, Hv), GU.data() + m * d, gwq_blk, int(d), eps);
         }
-        // gq_phys += GU (M, d) @ W[g]^T (d, r);  gW[g] (r, d) += A^T (r, M) @ GU (M, d)
+        // gq_phys += GU (M, d) @ W[g]^T (d, r);  gW[g] (r, d) = A^T (r, M) @ GU (M, d) for this block
         gemm<C>(int(M), int(r), int(d), GU.data(), d, 1, WTc.data() + g * d * r, r, GQ.data(), r, true);
-        gemm<C>(int(r), int(d), int(M), A.data(), 1, r, GU.data(), d, gWacc + g * r * d, d, true);
+        gemm<C>(int(r), int(d), int(M), A.data(), 1, r, GU.data(), d, gWblk + g * r * d, d, false);
       }
       T* dst = gqp + ta * Hp * r;
       for (long i = 0; i < M * r; ++i) dst[i] = T(GQ[i]);
@@ -277,15 +297,22 @@ void prologue_bwd(const T* qp, const T* kin, const T* W, const T* wq, const T* w
             continue;
           }
           norm_rope_row_bwd<T, C>(xk.data(), wkc.data(), cosp + D.table_off(b, s), sinp + D.table_off(b, s),
-                                  gko + D.out_off(b, s, g, Hkv), gx.data(), gwk_acc, int(d), eps);
+                                  gko + D.out_off(b, s, g, Hkv), gx.data(), gwk_blk, int(d), eps);
           for (long c = 0; c < d; ++c) gkr[c] = T(gx[c]);
         }
       }
+#pragma omp simd
+      for (long i = 0; i < acc_len; ++i) L2[i] += P[i];
+      if (++nblocks % kFold == 0) {
+#pragma omp simd
+        for (long i = 0; i < acc_len; ++i) L3[i] += L2[i], L2[i] = C(0);
+      }
     }
+    for (long i = 0; i < acc_len; ++i) L3[i] += L2[i];
   });
   for (int t = 1; t < nth; ++t)
-    for (long i = 0; i < acc_len; ++i) accs[0][i] += accs[t][i];
-  const C* tot = accs[0].data();
+    for (long i = 0; i < acc_len; ++i) totals[0][i] += totals[t][i];
+  const C* tot = totals[0].data();
   for (long i = 0; i < Hkv * r * d; ++i) gW[i] = T(tot[i]);
   for (long c = 0; c < d; ++c) gwq[c] = T(tot[Hkv * r * d + c]), gwk[c] = T(tot[Hkv * r * d + d + c]);
 }
