@@ -75,7 +75,8 @@ def fold_q_proj(w_q: np.ndarray, premix: np.ndarray) -> np.ndarray:
     """[H_p*r, h] q_proj and [H_kv, r, d] Premix -> [H_v*d, h] stock q_proj (float64), virtual heads group-major."""
     h_kv, r, d = premix.shape
     w = np.asarray(w_q, np.float64).reshape(-1, r, w_q.shape[-1])  # (H_p, r, h)
-    out = np.einsum("grd,irh->gidh", np.asarray(premix, np.float64), w)  # (H_kv, H_p, d, h): block g*H_p + i
+    p_t = np.asarray(premix, np.float64).transpose(0, 2, 1)  # (H_kv, d, r)
+    out = np.matmul(p_t[:, None], w[None])  # (H_kv, 1, d, r) @ (1, H_p, r, h) -> (H_kv, H_p, d, h): block g*H_p + i
     return out.reshape(h_kv * w.shape[0] * d, w.shape[-1])  # (H_v*d, h)
 
 
@@ -91,7 +92,8 @@ def fold_o_proj(w_o: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     h_v = u.shape[0]
     m = np.eye(h_v) + np.asarray(v, np.float64) @ np.asarray(u, np.float64).T  # (H_v, H_v), M = I + V U^T
     w = np.asarray(w_o, np.float64).reshape(w_o.shape[0], h_v, -1)  # (h, H_v, d)
-    return np.einsum("hjd,jk->hkd", w, m).reshape(w_o.shape)  # (h, H_v*d)
+    out = np.matmul(m.T, w)  # (H_v, H_v) @ (h, H_v, d) -> (h, H_v, d): block k = sum_j M[j, k] W[:, j]
+    return out.reshape(w_o.shape)  # (h, H_v*d)
 
 
 # --- a whole state dict ----------------------------------------------------------------------------------------

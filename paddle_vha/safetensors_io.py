@@ -141,7 +141,7 @@ def read_rows(ref: TensorRef, start: int = 0, stop: Optional[int] = None) -> np.
         stop = ref.shape[0] if stop is None else stop
         shape = (stop - start,) + ref.shape[1:]
     nbytes = (stop - start) * ref.row_bytes
-    buf = bytearray(nbytes)
+    buf = np.empty(nbytes, np.uint8)  # uninitialised: filled by readinto below
     with open(ref.path, "rb", buffering=0) as f:
         f.seek(ref.start + start * ref.row_bytes)
         view, got = memoryview(buf), 0
@@ -150,7 +150,7 @@ def read_rows(ref: TensorRef, start: int = 0, stop: Optional[int] = None) -> np.
             if not k:
                 raise SafetensorsFormatError(f"{ref.path}: unexpected end of file reading {ref.name!r}")
             got += k
-    return np.frombuffer(buf, dtype=DTYPES[ref.dtype]).reshape(shape)
+    return buf.view(DTYPES[ref.dtype]).reshape(shape)
 
 
 def read_tensor(ref: TensorRef) -> np.ndarray:
@@ -168,24 +168,28 @@ def row_chunks(ref: TensorRef, max_bytes: int) -> Iterator[Tuple[int, int]]:
         yield 0, 0
 
 
-def _f64_to_bf16(x: np.ndarray) -> np.ndarray:
+def _f64_to_bf16(x: np.ndarray, block: int = 1 << 18) -> np.ndarray:
     """Round float64 to bfloat16 once, to nearest-even.
 
     ml_dtypes converts float64 -> float32 -> bfloat16, which can round twice (1 + 2^-8 + 2^-30 -> 1.0).
-    Rounding to float32 *to odd* first (truncate, then set the last bit if anything was dropped) keeps
-    enough information for the second rounding to be the correctly rounded result.
+    Rounding to float32 *to odd* first (truncate toward zero, then set the last bit if anything was dropped)
+    keeps enough information for the second rounding, float32 -> bfloat16 to nearest-even on the bit
+    pattern, to give the correctly rounded result. Done in cache-sized blocks with integer ops.
     """
-    x = np.asarray(x, np.float64)
-    with np.errstate(over="ignore"):
-        y = x.astype(np.float32)  # round-to-nearest-even
-    back = y.astype(np.float64)
-    inexact = (back != x) & np.isfinite(x) & np.isfinite(y)
-    # step back toward zero where RNE rounded away from zero: that is the truncated value
-    away = inexact & (np.abs(back) > np.abs(x))
-    y = np.where(away, np.nextafter(y, np.float32(0)), y)
-    bits = y.view(np.uint32)
-    bits = np.where(inexact, bits | np.uint32(1), bits)  # sticky bit: round-to-odd
-    return bits.view(np.float32).astype(ml_dtypes.bfloat16)
+    x = np.ascontiguousarray(x, np.float64)
+    flat, out = x.reshape(-1), np.empty(x.size, np.uint16)
+    for a in range(0, flat.size, block):
+        xb = flat[a: a + block]
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = xb.astype(np.float32)  # nearest-even
+            back = y.astype(np.float64)
+            away = np.abs(back) > np.abs(xb)  # rounded away from zero (never for 0, inf or nan)
+            inexact = back != xb
+        u = y.view(np.uint32) - away.view(np.uint8).astype(np.uint32)  # truncate: one ulp toward zero
+        u |= inexact.view(np.uint8).astype(np.uint32) & ~np.isnan(xb).view(np.uint8).astype(np.uint32)  # sticky
+        bf = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)  # nearest-even
+        out[a: a + block] = np.where(np.isnan(xb), np.uint32(0x7FC0), bf).astype(np.uint16)
+    return out.view(ml_dtypes.bfloat16).reshape(x.shape)
 
 
 def cast(x: np.ndarray, code: str) -> np.ndarray:
