@@ -29,9 +29,10 @@ def quiet() -> None:
     # harmless elsewhere. Use the machine's cores for GEMMs (Paddle's own default is one thread).
     os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
     os.environ.setdefault("MKL_NUM_THREADS", str(min(os.cpu_count() or 1, 8)))
-    for msg in ("No ccache found", "Setuptools is replacing distutils"):
+    for msg in ("No ccache found", "Setuptools is replacing distutils", "Tensor do not have 'place' interface"):
         warnings.filterwarnings("ignore", message=f".*{msg}.*")
-    for name in ("PaddleFormers", "root"):  # PaddleFormers' logger; Paddle's fleet/checkpoint logger is "root"
+    # PaddleFormers' logger, and Paddle's fleet / flex-checkpoint logger (INFO lines on every from_pretrained)
+    for name in ("PaddleFormers", "paddle.distributed.fleet.utils.log_util"):
         logging.getLogger(name).addFilter(_DropNoise())
 
 

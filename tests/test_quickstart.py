@@ -1,4 +1,5 @@
 """The README's main job, run small: it trains, prints the comparison table and writes a valid checkpoint."""
+import json
 import os
 import re
 import subprocess
@@ -37,6 +38,19 @@ def test_quickstart_small(tmp_path):
     assert "4.0x smaller" in res.stdout
     cfg = validate_vha_checkpoint(str(tmp_path / "vha"))
     assert cfg.num_key_value_heads == 2 and cfg.num_hidden_layers == layers
+
+    # fold -> export -> generate ran on the trained model, with its parity numbers
+    fold = re.search(r"fold parity .* max abs diff (\S+), max rel (\S+), mean KL (\S+)", res.stdout)
+    assert fold and float(fold.group(2)) <= 1e-5 and float(fold.group(3)) <= 1e-8, res.stdout
+    export = re.search(r"validation: .* max abs diff (\S+); (\d+) greedy decode steps: max abs diff (\S+); greedy tokens match",
+                       res.stdout)
+    assert export and float(export.group(1)) <= 1e-4 and float(export.group(3)) <= 1e-4 and int(export.group(2)) >= 16
+    lines = re.findall(r"^  '(def |import |class Test|    return )", res.stdout, re.M)
+    assert len(lines) == 4, res.stdout
+    assert re.search(r"onnxruntime: prefill [\d.]+ ms, decode \d+ tokens/s", res.stdout)
+    folded = json.load(open(tmp_path / "folded" / "config.json"))
+    assert folded["model_type"] == "qwen3" and folded["num_key_value_heads"] == 2 and folded["num_attention_heads"] == 16
+    assert sorted(os.listdir(tmp_path / "onnx")) == ["config.json", "export_info.json", "model.onnx", "paddle"]
 
 
 def test_quickstart_help_and_bad_args():

@@ -1,10 +1,13 @@
 #!/usr/bin/env python
-"""Quick-start: train a small Qwen3-VHA next to the same-size GQA-8 Qwen3 on an embedded corpus.
+"""Quick-start: train a small Qwen3-VHA next to the same-size GQA-8, then fold, export and generate.
 
-Builds both models (same hidden size, layers, 16 query heads; GQA-8 has 8 KV heads, VHA has 2 KV heads and
-8 physical query heads), trains each for a few dozen AdamW steps on byte-level Python standard-library source
-with the same batches, and prints loss, parameter counts and KV-cache bytes per token side by side.
-The trained VHA checkpoint is written to OUT/vha (safetensors, the format tools/fold.py reads).
+The pipeline train -> fold -> export -> serve, end to end on an embedded corpus:
+  1. train: both models (same hidden size, layers, 16 query heads; GQA-8 has 8 KV heads, VHA has 2 KV heads and
+     8 physical query heads), a few dozen AdamW steps each on byte-level Python standard-library source with the
+     same batches; prints loss, parameter counts and KV-cache bytes per token side by side. -> OUT/vha
+  2. fold: the VHA checkpoint into a stock Qwen3 GQA-2 checkpoint (tools/fold.py's code), checked in Paddle. -> OUT/folded
+  3. export: an ONNX decoder with KV cache (tools/export_onnx.py's code), self-validated. -> OUT/onnx
+  4. serve: generate a few lines with onnxruntime from the exported model; prints tokens/s.
 
     bash tools/env.sh python tools/quickstart.py            # defaults: 40 steps, ~1 minute on 2 cores
     bash tools/env.sh python tools/quickstart.py --steps 200 --out runs/longer
@@ -43,6 +46,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="runs/quickstart", help="where the VHA checkpoint goes (OUT/vha)")
     p.add_argument("--no-baseline", action="store_true", help="train only the VHA model")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-deploy", action="store_true", help="stop after training (skip fold, export, generate)")
+    p.add_argument("--gen-tokens", type=int, default=48, help="new tokens per generated line (default 48)")
     args = p.parse_args(argv)
     for name in ("steps", "batch_size", "seq_len", "hidden_size", "layers", "head_dim", "val_batches"):
         if getattr(args, name) < 1:
@@ -156,7 +161,38 @@ def main(argv=None):
         print(f"\nKV cache per token (bf16): GQA-8 {rows[0]['kv_all']:,} B vs VHA {rows[1]['kv_all']:,} B "
               f"= {rows[0]['kv_all'] / rows[1]['kv_all']:.1f}x smaller; "
               f"VHA has {rows[1]['params'] / rows[0]['params']:.1%} of GQA-8's parameters")
+    if not args.no_deploy:
+        deploy(os.path.join(args.out, "vha"), args)
     return 0
+
+
+def deploy(vha_dir, args):
+    """fold -> verify -> export (self-validating) -> generate with onnxruntime."""
+    from paddle_vha.data import decode, encode
+    from paddle_vha.export.onnx_export import export_onnx
+    from paddle_vha.fold import fold_checkpoint, plan_fold, verify_fold
+    from paddle_vha.serve.generate import generate
+    from paddle_vha.serve.ort_session import OrtDecoder
+
+    folded, onnx_dir = os.path.join(args.out, "folded"), os.path.join(args.out, "onnx")
+    print(f"\nfold: {vha_dir} -> {folded} (stock Qwen3, 16 query heads, 2 KV heads)")
+    fold_checkpoint(plan_fold(vha_dir, folded, force=True), progress=not args.no_progress)
+    v = verify_fold(vha_dir, folded, num_sequences=4, seq_len=64, seed=args.seed)
+    print(f"fold parity (Paddle fp32, 4 x 64 tokens): VHA vs folded logits max abs diff {v['max_abs']:.2e}, "
+          f"max rel {v['max_rel']:.2e}, mean KL {v['mean_kl']:.2e}")
+    print(f"export: {folded} -> {onnx_dir}")
+    export_onnx(folded, onnx_dir, force=True, log=lambda m: print("  " + m))
+    session = OrtDecoder.from_dir(onnx_dir)
+    prompts = ["def ", "import ", "class Test", "    return "]
+    width = max(len(x) for x in prompts)
+    ids = np.array([[0] * (width - len(x)) + encode(x).tolist() for x in prompts], np.int64)  # left padding
+    mask = np.array([[0] * (width - len(x)) + [1] * len(x) for x in prompts], np.int64)
+    res = generate(session, ids, args.gen_tokens, attention_mask=mask)
+    print(f"generate (onnxruntime, greedy, {len(prompts)} prompts x {args.gen_tokens} new bytes):")
+    for prompt, toks in zip(prompts, res.tokens):
+        print("  " + repr(prompt + decode(toks)))
+    print(f"onnxruntime: prefill {res.prefill_seconds * 1e3:.1f} ms, decode {res.tokens_per_second:.0f} tokens/s "
+          f"(batch {len(prompts)})")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,35 @@ class Validation:
         return max(self.prefill_max_abs, self.decode_max_abs)
 
 
+class _captured_output:
+    """Redirect file descriptors 1 and 2 (C++ prints too) into a temp file for the duration of the block."""
+
+    def __enter__(self):
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.file = tempfile.TemporaryFile(mode="w+")
+        self.saved = [os.dup(1), os.dup(2)]
+        os.dup2(self.file.fileno(), 1)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in zip((1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        return False
+
+    def text(self) -> str:
+        self.file.seek(0)
+        return self.file.read()
+
+
 def _static_program(decoder, cfg, dest_prefix):
     import paddle
     from paddle.static import InputSpec
@@ -167,9 +196,12 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         raw_onnx = os.path.join(tmp, "raw.onnx")
         param_bytes = sum(a.nbytes for a in tensors.values())
         external = param_bytes > TWO_GB * 0.9
-        paddle2onnx.export(os.path.join(tmp, "paddle", "model.json"), os.path.join(tmp, "paddle", "model.pdiparams"),
-                           raw_onnx, opset_version=opset, auto_upgrade_opset=False, optimize_tool="None",
-                           external_file=os.path.join(tmp, "model.onnx.data") if external else "")
+        with _captured_output() as converter_log:  # paddle2onnx prints progress lines from C++
+            paddle2onnx.export(os.path.join(tmp, "paddle", "model.json"), os.path.join(tmp, "paddle", "model.pdiparams"),
+                               raw_onnx, opset_version=opset, auto_upgrade_opset=False, optimize_tool="None",
+                               external_file=os.path.join(tmp, "model.onnx.data") if external else "")
+        if not os.path.isfile(raw_onnx):
+            raise ExportError(f"paddle2onnx wrote no model: {converter_log.text().strip().splitlines()[-1:]}")
         model = _finalize_graph(onnx.load(raw_onnx, load_external_data=False), cfg)
         onnx_path = os.path.join(tmp, "model.onnx")
         onnx.save_model(model, onnx_path)
