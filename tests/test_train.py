@@ -1,0 +1,231 @@
+"""tools/train.py: PaddleFormers' Trainer on the tiny CPU configs, resume, the saved model, the paper-shape configs."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from paddle_vha.accounting import arch_from_config, kv_bytes_per_token
+from paddle_vha.checkpoint import validate_vha_checkpoint
+from paddle_vha.train_data import ByteWindows
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = os.path.join(ROOT, "tools", "train.py")
+CONFIGS = os.path.join(ROOT, "configs")
+
+
+def train(*args, timeout=300):
+    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def read_log(run_dir):
+    with open(os.path.join(run_dir, "train_log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def losses(log, key="loss"):
+    return {r["step"]: r[key] for r in log if key in r}
+
+
+# ---- data ------------------------------------------------------------------------------------------------------
+
+
+def test_byte_windows_order_and_shift():
+    tokens = np.arange(1000) % 251
+    ds = ByteWindows(tokens, seq_len=10, seed=3, num_samples=250)
+    assert ds.n_windows == 99 and len(ds) == 250
+    first_pass = [ds.window_index(i) for i in range(99)]
+    assert sorted(first_pass) == list(range(99))  # every window once per pass
+    second_pass = [ds.window_index(i) for i in range(99, 198)]
+    assert sorted(second_pass) == list(range(99)) and second_pass != first_pass  # a fresh order per pass
+    again = ByteWindows(tokens, seq_len=10, seed=3, num_samples=250)
+    assert [again.window_index(i) for i in (200, 5, 120)] == [ds.window_index(i) for i in (200, 5, 120)]
+    item = ds[7]
+    w = ds.window_index(7) * 10
+    np.testing.assert_array_equal(item["input_ids"], tokens[w : w + 10])
+    np.testing.assert_array_equal(item["labels"], tokens[w + 1 : w + 11])
+    assert item["input_ids"].dtype == np.int64
+    val = ByteWindows(tokens, seq_len=10, seed=None)
+    assert [val.window_index(i) for i in range(5)] == [0, 1, 2, 3, 4]
+    with pytest.raises(IndexError):
+        ds[250]
+    with pytest.raises(ValueError, match="fewer than"):
+        ByteWindows(tokens[:5], seq_len=10)
+
+
+# ---- training through the Trainer -------------------------------------------------------------------------------
+
+
+def _val_loss(model, samples, batch):
+    """Mean of per-batch mean token losses (what the Trainer's evaluation reports), computed here directly."""
+    import paddle.nn.functional as F
+
+    model.eval()
+    out = []
+    with paddle.no_grad():
+        for i in range(0, len(samples), batch):
+            x = paddle.to_tensor(np.stack([s["input_ids"] for s in samples[i : i + batch]]))
+            y = paddle.to_tensor(np.stack([s["labels"] for s in samples[i : i + batch]]))
+            logits = model(x, return_dict=True).logits
+            out.append(float(F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), y.reshape([-1]))))
+    return float(np.mean(out))
+
+
+@pytest.mark.slow
+def test_tiny_vha_trains_resumes_and_saves(tmp_path):
+    common = ["--max_steps", "8", "--save_steps", "4", "--eval_steps", "4", "--logging_steps", "1",
+              "--disable_tqdm", "true"]
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    res = train(os.path.join(CONFIGS, "tiny-vha.json"), "--output_dir", a, *common)
+    print(res.stdout, res.stderr[-3000:])
+    assert res.returncode == 0, res.stderr[-3000:]
+    log_a = read_log(a)
+    la = losses(log_a)
+    assert sorted(la) == list(range(1, 9))
+    assert la[8] < la[1] - 1.5, la  # it learns: ~6.9 (ln 256 = 5.5 plus init noise) -> ~4
+    ev = losses(log_a, "eval_loss")
+    assert set(ev) == {4, 8} and ev[8] < ev[4]
+
+    # the final model and every checkpoint's model are in the documented format, and the final one is the trained one
+    for folder in (os.path.join(a, "model"), os.path.join(a, "checkpoint-4", "model"), os.path.join(a, "checkpoint-8", "model")):
+        cfg = validate_vha_checkpoint(folder)
+        assert cfg.num_key_value_heads == 2 and cfg.num_attention_heads == 8 and cfg.vha_postmix_rank == 4
+        assert not any(n.startswith("saved_signal") for n in os.listdir(folder))
+    from paddle_vha import Qwen3VHAForCausalLM
+    from paddle_vha.train_data import stdlib_datasets
+
+    model = Qwen3VHAForCausalLM.from_pretrained(os.path.join(a, "model"))
+    _, val, _ = stdlib_datasets(64, corpus_mb=2, max_eval_samples=32)
+    samples = [val[i] for i in range(len(val))]
+    assert len(samples) == 32
+    assert abs(_val_loss(model, samples, 8) - ev[8]) < 1e-4
+
+    # a fresh process resuming from checkpoint-4 reproduces the uninterrupted run's steps 5..8
+    res = train(os.path.join(CONFIGS, "tiny-vha.json"), "--output_dir", b, *common,
+                "--resume_from_checkpoint", os.path.join(a, "checkpoint-4"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    log_b = read_log(b)
+    lb = losses(log_b)
+    assert sorted(lb) == [5, 6, 7, 8]
+    for step in lb:
+        assert abs(lb[step] - la[step]) <= 1e-6, (step, lb[step], la[step])
+    assert abs(losses(log_b, "eval_loss")[8] - ev[8]) <= 1e-6
+
+    # re-running into an output_dir with checkpoints resumes from the last one (here: already finished)
+    res = train(os.path.join(CONFIGS, "tiny-vha.json"), "--output_dir", b, *common)
+    assert res.returncode == 0 and "resuming from" in res.stdout and "checkpoint-8" in res.stdout
+
+
+@pytest.mark.slow
+def test_tiny_qwen3_on_paddleformers_pretraining_data(tmp_path):
+    """The stock-Qwen3 baseline, on data in PaddleFormers' pretraining format (PREFIX.bin / PREFIX.idx)."""
+    from paddle_vha.data import load_stdlib_corpus
+    from paddle_vha.train_data import stdlib_documents, write_pretrain_data
+
+    corpus = load_stdlib_corpus(max_bytes=1 << 20)
+    prefix = str(tmp_path / "data" / "stdlib")
+    stats = write_pretrain_data(prefix, stdlib_documents(corpus.train))
+    assert stats == {"documents": int((corpus.train == 0).sum()), "tokens": len(corpus.train)}  # one per file
+    out = str(tmp_path / "run")
+    res = train(os.path.join(CONFIGS, "tiny-gqa8.json"), "--dataset", "pretrain", "--input_dir", prefix,
+                "--split", "90,10,0", "--output_dir", out, "--max_steps", "6", "--logging_steps", "2",
+                "--eval_steps", "6", "--save_steps", "6", "--disable_tqdm", "true")
+    print(res.stdout, res.stderr[-3000:])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "PaddleFormers pretraining data" in res.stdout and "32 validation samples" in res.stdout
+    la = losses(read_log(out))
+    assert sorted(la) == [2, 4, 6] and la[6] < la[2]
+    with open(os.path.join(out, "model", "config.json")) as f:
+        saved = json.load(f)
+    assert saved["model_type"] == "qwen3" and saved["num_key_value_heads"] == 4
+    assert os.path.isfile(os.path.join(out, "model", "model.safetensors.index.json"))
+
+
+# ---- the configs ------------------------------------------------------------------------------------------------
+
+PAPER = {  # the VHA paper's shapes (Qwen3's): layers, hidden, GQA-8 query heads, VHA Postmix rank
+    "0.6b": (28, 1024, 16, 4),  # 0.6B's rank is not stated in the seed; 4 assumed (docs/training.md)
+    "1.7b": (28, 2048, 16, 4),
+    "4b": (36, 2560, 32, 8),
+}
+
+
+def _load(name):
+    with open(os.path.join(CONFIGS, name)) as f:
+        return json.load(f)
+
+
+def test_paper_shape_configs():
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(CONFIGS, "*.json")))
+    for size, (layers, hidden, h_q, rank) in PAPER.items():
+        assert f"gqa8-{size}.json" in names and f"vha-{size}.json" in names
+        g, v = _load(f"gqa8-{size}.json"), _load(f"vha-{size}.json")
+        assert g["model_type"] == "qwen3" and v["model_type"] == "qwen3_vha"
+        for c in (g, v):
+            m = c["model_config"]
+            assert (m["num_hidden_layers"], m["hidden_size"], m["head_dim"], m["num_attention_heads"]) == (layers, hidden, 128, h_q)
+            assert c["bf16"] is True and c["recompute_granularity"] == "full" and c["tensor_model_parallel_size"] >= 1
+            assert c["max_seq_len"] == 4096 and c["dataset"] == "pretrain"
+        assert g["model_config"]["num_key_value_heads"] == 8
+        assert v["model_config"]["num_key_value_heads"] == 2 and v["model_config"]["vha_postmix_rank"] == rank
+        arch_g = arch_from_config({**g["model_config"], "model_type": "qwen3"})
+        arch_v = arch_from_config({**v["model_config"], "model_type": "qwen3_vha"})
+        assert arch_v.physical_heads == h_q // 2  # half the physical query heads
+        assert kv_bytes_per_token(arch_g) == 4096 and kv_bytes_per_token(arch_v) == 1024  # bf16, per layer
+        # same training recipe for the baseline and VHA: only the model differs
+        strip = lambda c: {k: x for k, x in c.items() if k not in ("model_type", "model_config", "output_dir")}  # noqa: E731
+        assert strip(g) == strip(v)
+    for tiny in ("tiny-vha.json", "tiny-gqa8.json"):
+        c = _load(tiny)
+        assert c["device"] == "cpu" and c["dataset"] == "stdlib"
+
+
+@pytest.mark.slow
+def test_paper_config_dry_runs(tmp_path):
+    # VHA refuses tensor parallelism for now (issue 5 adds it): the 1.7B config says so in one line
+    res = train(os.path.join(CONFIGS, "vha-1.7b.json"), "--dry_run", "true")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        "error: tensor_model_parallel_size=2: Qwen3-VHA currently supports tensor_model_parallel_size=1 only")
+    # with TP 1 and (tiny) data in place, the 4B config checks out without building the model
+    from paddle_vha.data import load_stdlib_corpus
+    from paddle_vha.train_data import stdlib_documents, write_pretrain_data
+
+    prefix = str(tmp_path / "d" / "stdlib")
+    write_pretrain_data(prefix, stdlib_documents(load_stdlib_corpus(max_bytes=256 << 10).train))
+    res = train(os.path.join(CONFIGS, "vha-4b.json"), "--dry_run", "true", "--tensor_model_parallel_size", "1",
+                "--input_dir", prefix, "--split", "80,20,0", "--max_steps", "2", "--output_dir", str(tmp_path / "o"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "36 layers, hidden 2560, 32 query / 2 KV heads x 128" in res.stdout
+    assert "KV cache 36 KB per token (bf16)" in res.stdout and "dry run: configuration is valid" in res.stdout
+    assert not os.path.exists(tmp_path / "o" / "model")
+
+
+def test_bad_inputs(tmp_path):
+    cfg = _load("tiny-vha.json")
+    cases = []
+    p = tmp_path / "unknown.json"
+    p.write_text(json.dumps({**cfg, "num_epochz": 3}))
+    cases.append(([str(p)], "unknown argument(s): num_epochz"))
+    p = tmp_path / "heads.json"
+    p.write_text(json.dumps({**cfg, "model_config": {**cfg["model_config"], "num_attention_heads": 7}}))
+    cases.append(([str(p)], "must be divisible by num_key_value_heads"))
+    p = tmp_path / "nomodel.json"
+    p.write_text(json.dumps({k: v for k, v in cfg.items() if k != "model_config"}))
+    cases.append(([str(p)], "model_config is required"))
+    p = tmp_path / "broken.json"
+    p.write_text("{")
+    cases.append(([str(p)], "not valid JSON"))
+    cases.append((["configs/tiny-vha.yaml"], "must be a JSON trainer config"))
+    cases.append((["configs/tiny-vha.json", "--model_type", "llama"], "model_type 'llama' is not one of"))
+    cases.append((["configs/tiny-vha.json", "--dataset", "pretrain"], "dataset=pretrain needs input_dir"))
+    for args, expect in cases:
+        res = train(*args, "--dry_run", "true")
+        last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ""
+        assert res.returncode == 2 and last.startswith("error:") and expect in last, (args, res.stderr[-1500:])
+        assert "Traceback" not in res.stderr
+    res = train("--help")
+    assert res.returncode == 0 and "model_config" in res.stdout and "max_seq_len" in res.stdout
