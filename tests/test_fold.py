@@ -432,3 +432,20 @@ def test_cli_fold_and_verify_leave_in_dir_unchanged(tmp_path):
 def test_cli_help():
     res = subprocess.run([sys.executable, FOLD_PY, "--help"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "--dry-run" in res.stdout and "--verify" in res.stdout and "--force" in res.stdout
+
+
+def test_small_chunks_and_float16_output(tmp_path):
+    """Copies streamed in many small row blocks are bit-identical to one-block copies; float16 output is the
+    float64 fold rounded once (numpy's float64 -> float16 conversion rounds directly)."""
+    cfg, _ = make_vha(tmp_path / "vha", attention_bias=True)
+    fold_checkpoint(plan_fold(str(tmp_path / "vha"), str(tmp_path / "a")), progress=False)
+    fold_checkpoint(plan_fold(str(tmp_path / "vha"), str(tmp_path / "b")), progress=False, chunk_bytes=500)
+    a, b = read_state(tmp_path / "a"), read_state(tmp_path / "b")
+    assert all(np.array_equal(a[n], b[n]) for n in a)
+    fold_checkpoint(plan_fold(str(tmp_path / "vha"), str(tmp_path / "h"), dtype="float16"), progress=False)
+    h = read_state(tmp_path / "h")
+    assert np.array([1 + 2**-11 + 2**-40]).astype(np.float16)[0] == 1 + 2**-10  # the premise: no double rounding
+    exact = fold_state_dict(read_state(tmp_path / "vha"), cfg)
+    for n in h:
+        assert np.array_equal(h[n], np.asarray(exact[n], np.float64).astype(np.float16).astype(np.float64)), n
+    assert json.load(open(tmp_path / "h" / "config.json"))["torch_dtype"] == "float16"
