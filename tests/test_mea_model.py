@@ -215,3 +215,16 @@ def test_model_refuses_tensor_parallel():
     cfg.tensor_model_parallel_size = 2
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
         Qwen3MEAForCausalLM(cfg)
+
+
+def test_after_hlc_refuses_positions_that_do_not_continue_the_cache():
+    """'after_hlc' re-rotates cached keys at 0..T-1: a decode step at other positions is refused, not silently wrong."""
+    cfg, model = build(num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3)
+    ids = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(2, 6)))
+    cache = model(ids[:, :5], use_cache=True, return_dict=True).past_key_values
+    with pytest.raises(ValueError, match=r"needs position_ids continuing the cache \(5..5 in every row\)"):
+        model(ids[:, 5:], position_ids=paddle.to_tensor([[5], [3]]), past_key_values=cache, use_cache=True)
+    # the same step on a 'before_hlc' model (cache holds rotated keys) is fine and matches the oracle's positions
+    cfg, model = build(num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3, mea_k_norm_position="before_hlc")
+    cache = model(ids[:, :5], use_cache=True, return_dict=True).past_key_values
+    model(ids[:, 5:], position_ids=paddle.to_tensor([[5], [3]]), past_key_values=cache, use_cache=True)

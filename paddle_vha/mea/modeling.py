@@ -24,7 +24,7 @@ from paddleformers.transformers.qwen3.modeling import (
 )
 
 from .attention import Qwen3MEAAttention, Qwen3StockKVAttention
-from .config import Qwen3MEAConfig
+from .config import MEAConfigError, Qwen3MEAConfig
 
 __all__ = ["Qwen3MEADecoderLayer", "Qwen3MEAModel", "Qwen3MEAForCausalLM", "Qwen3MEAPretrainedModel"]
 
@@ -80,15 +80,24 @@ class Qwen3MEAModel(Qwen3MEAPretrainedModel, Qwen3Model):
         )
         self.rotary_emb = Qwen3RotaryEmbedding(config=config)
         self.has_sliding_layers = False  # refused by check_runtime_support
+        self._needs_contiguous_positions = bool(config.mea_layer_indices) and config.mea_k_norm_position == "after_hlc"
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, **kwargs):
         # Same fix as Qwen3VHAModel: with a filled cache and no position_ids, continue from the cache length
-        # (stock Qwen3Model restarts at 0). MEA 'after_hlc' layers also rely on cached keys sitting at 0..T-1.
-        if position_ids is None and past_key_values is not None and past_key_values.get_seq_length() > 0:
+        # (stock Qwen3Model restarts at 0).
+        if past_key_values is not None and past_key_values.get_seq_length() > 0:
             batch, seq = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
             start = past_key_values.get_seq_length()
-            position_ids = paddle.arange(start, start + seq, dtype="int64").expand([batch, seq])
+            expected = paddle.arange(start, start + seq, dtype="int64").expand([batch, seq])
+            if position_ids is None:
+                position_ids = expected
+            elif self._needs_contiguous_positions and not bool((position_ids.astype("int64") == expected).all()):
+                # MEA: 'after_hlc' layers re-rotate cached keys at positions 0..T-1 on every read, so a step whose
+                # positions do not continue the cache (e.g. left-padded batches) would be silently wrong.
+                raise MEAConfigError(
+                    f"mea_k_norm_position='after_hlc' needs position_ids continuing the cache ({start}..{start + seq - 1} "
+                    "in every row); for left-padded batched decoding use a 'before_hlc' model")
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
 
