@@ -14,6 +14,11 @@ _EXPORTS = {
     "Qwen3VHAForCausalLM": "paddle_vha.modeling",
     "Qwen3VHAPretrainedModel": "paddle_vha.modeling",
     "CheckpointError": "paddle_vha.checkpoint",
+    "Qwen3MEAConfig": "paddle_vha.mea.config",
+    "MEAConfigError": "paddle_vha.mea.config",
+    "Qwen3MEAAttention": "paddle_vha.mea.attention",
+    "Qwen3MEAModel": "paddle_vha.mea.modeling",
+    "Qwen3MEAForCausalLM": "paddle_vha.mea.modeling",
 }
 
 __all__ = list(_EXPORTS)
