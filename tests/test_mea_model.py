@@ -113,6 +113,8 @@ def test_cache_bytes_per_token_is_np_over_nv_of_stock(n_p, n_v):
     print(f"n_p={n_p} n_v={n_v}: MEA layer {mea_b:.0f} B/token, stock layer {stock_b:.0f} B/token")
     assert mea_b / stock_b == n_p / n_v
     assert mea_b == 2 * n_p * TINY["head_dim"] * 4  # K and V, fp32
+    assert mea.config.kv_cache_bytes_per_token(4, layer=1) == mea_b
+    assert mea.config.kv_cache_bytes_per_token(4) == mea_b + stock_b
     # the stock layer of the MEA model (mea_stock_kv_heads = n_v by default) caches what stock Qwen3 does
     assert _cache_bytes_per_token(c_mea, 0, 9) == _cache_bytes_per_token(c_stock, 0, 9)
 

@@ -172,7 +172,7 @@ def format_plan(plan: CompressPlan) -> str:
     H_kv, n_p, L, d = c.mea_kv_heads, c.num_key_value_heads, c.num_hidden_layers, c.head_dim
     elem = st.DTYPES[plan.out_code].itemsize
     before = 2 * H_kv * d * elem * L
-    after = sum(2 * c.kv_heads_of_layer(i) * d * elem for i in range(L))
+    after = c.kv_cache_bytes_per_token(elem)
     return "\n".join([
         f"compress {plan.in_dir} -> {plan.out_dir}",
         f"  Qwen3: {L} layers, {c.num_attention_heads} query heads, {H_kv} KV heads, head_dim {d}, hidden {c.hidden_size}",

@@ -97,6 +97,11 @@ class Qwen3MEAConfig(Qwen3Config):
         """KV heads the cache stores for this layer: n_p for MEA layers, n_s for stock ones."""
         return self.num_key_value_heads if self.is_mea_layer(layer_idx) else self.mea_stock_kv_heads
 
+    def kv_cache_bytes_per_token(self, bytes_per_elem: int = 2, layer: Optional[int] = None) -> int:
+        """K and V cached per token: 2 * heads * d elements for one layer, or summed over all layers."""
+        layers = range(self.num_hidden_layers) if layer is None else [layer]
+        return sum(2 * self.kv_heads_of_layer(i) * self.head_dim * bytes_per_elem for i in layers)
+
     def validate_mea(self) -> None:
         """Raise MEAConfigError (one line naming the field) if the MEA fields are inconsistent."""
         H, n_p, n_v, n_s, d = (self.num_attention_heads, self.num_key_value_heads, self.mea_kv_heads,
