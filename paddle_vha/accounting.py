@@ -122,10 +122,11 @@ class Arch:
     v_head_dim: int = 0
     q_lora_rank: int = 0
     # MEA (kind "mea"): n_v virtual KV heads composed from the n_p = num_kv_heads cached ones, in
-    # `mea_num_layers` layers (None: all); the other layers are stock with n_v KV heads.
+    # `mea_num_layers` layers (None: all); the other layers are stock with `mea_stock_kv_heads` (default n_v).
     mea_kv_heads: int = 0
     mea_num_layers: Optional[int] = None
     mea_group_norm: bool = True
+    mea_stock_kv_heads: Optional[int] = None
     # Mixture of experts: the MLP FLOPs are those of the routed experts a token uses (+ the router).
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -310,9 +311,10 @@ def arch_from_config(cfg: dict, label: str = "config") -> Arch:
                         vha_postmix_rank=cfg.get("vha_postmix_rank", 4),
                         vha_gated=bool(cfg.get("vha_gated_attention", False)), **common)
         if mt == "qwen3_mea":
-            return Arch(kind="mea", num_kv_heads=n_kv, mea_kv_heads=_need(cfg, "mea_kv_heads", label),
+            return Arch(kind="mea", num_kv_heads=n_kv, mea_kv_heads=cfg.get("mea_kv_heads") or n_kv,
                         mea_num_layers=_mea_layer_count(cfg.get("mea_layers"), L, label),
-                        mea_group_norm=bool(cfg.get("mea_group_norm", True)), **common)
+                        mea_group_norm=bool(cfg.get("mea_group_norm", True)),
+                        mea_stock_kv_heads=cfg.get("mea_stock_kv_heads"), **common)
         return Arch(kind="mha" if n_kv == n_heads else "gqa", num_kv_heads=n_kv, **common)
     except TypeError as e:  # a field of the wrong JSON type
         raise ArchError(f"{label}: {e}") from None
@@ -326,6 +328,11 @@ def _mea_layers(a: Arch) -> int:
     return a.num_layers if a.mea_num_layers is None else a.mea_num_layers
 
 
+def _stock_kv(a: Arch) -> int:
+    """KV heads of an MEA model's stock (non-MEA) layers."""
+    return a.mea_stock_kv_heads or a.mea_kv_heads
+
+
 def kv_bytes_per_token(a: Arch, bytes_per_elem: float = 2, all_layers: bool = False) -> float:
     """KV-cache bytes one token adds: per layer (an MEA layer for MEA), or summed over all layers."""
     if a.kind == "mla":
@@ -334,9 +341,9 @@ def kv_bytes_per_token(a: Arch, bytes_per_elem: float = 2, all_layers: bool = Fa
     per_layer = 2 * a.num_kv_heads * a.head_dim * bytes_per_elem
     if not all_layers:
         return per_layer
-    if a.kind == "mea":  # layers without MEA keep n_v KV heads
+    if a.kind == "mea":  # layers without MEA keep their stock KV heads (n_v unless stated)
         n_mea = _mea_layers(a)
-        return per_layer * n_mea + 2 * a.mea_kv_heads * a.head_dim * bytes_per_elem * (a.num_layers - n_mea)
+        return per_layer * n_mea + 2 * _stock_kv(a) * a.head_dim * bytes_per_elem * (a.num_layers - n_mea)
     return per_layer * a.num_layers
 
 
@@ -357,7 +364,7 @@ def _attn_weights(a: Arch, mea_layer: bool = True) -> Dict[str, int]:
         return parts
     kv = a.num_kv_heads
     if a.kind == "mea" and not mea_layer:
-        kv = a.mea_kv_heads
+        kv = _stock_kv(a)
     parts = {
         "q_proj": h * a.physical_heads * a.q_head_dim,
         "k_proj": h * kv * d,

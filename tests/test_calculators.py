@@ -191,3 +191,14 @@ def test_flops_cli():
     assert "0.176 of 3.54 G (5.0%)" in res.stdout
     res = run(FLOPS, "--seq-len", "0")
     assert res.returncode != 0 and "--seq-len must be >= 1" in res.stderr
+
+
+def test_mea_config_from_the_real_class():
+    from paddle_vha.mea.config import Qwen3MEAConfig
+
+    cfg = Qwen3MEAConfig(hidden_size=64, num_hidden_layers=4, intermediate_size=96, head_dim=16, num_attention_heads=8,
+                         num_key_value_heads=2, mea_kv_heads=4, mea_layers=[1, 2], vocab_size=97)
+    arch = arch_from_config({**cfg.to_dict(), "model_type": "qwen3_mea"})
+    assert kv_bytes_per_token(arch, 2) == 2 * 2 * 16 * 2  # an MEA layer caches n_p heads
+    expected = sum(2 * cfg.kv_heads_of_layer(i) * 16 * 2 for i in range(4))
+    assert kv_bytes_per_token(arch, 2, all_layers=True) == expected

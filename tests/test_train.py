@@ -229,3 +229,18 @@ def test_bad_inputs(tmp_path):
         assert "Traceback" not in res.stderr
     res = train("--help")
     assert res.returncode == 0 and "model_config" in res.stdout and "max_seq_len" in res.stdout
+
+
+@pytest.mark.slow
+def test_tiny_mea_through_the_model_type_table(tmp_path):
+    """qwen3_mea (paddle_vha/mea, issue 6) trains through the same entry point and saves a valid MEA checkpoint."""
+    from paddle_vha.mea.checkpoint import validate_mea_checkpoint
+
+    out = str(tmp_path / "mea")
+    res = train(os.path.join(CONFIGS, "tiny-mea.json"), "--output_dir", out, "--max_steps", "4", "--logging_steps", "2",
+                "--eval_steps", "4", "--save_steps", "4", "--disable_tqdm", "true")
+    assert res.returncode == 0, res.stderr[-3000:]
+    la = losses(read_log(out))
+    assert sorted(la) == [2, 4] and la[4] < la[2]
+    cfg = validate_mea_checkpoint(os.path.join(out, "model"))
+    assert cfg.num_key_value_heads == 2 and cfg.mea_kv_heads == 4

@@ -62,13 +62,24 @@ from paddleformers.trainer import (  # noqa: E402
 )
 from paddleformers.transformers.configuration_utils import LlmMetaConfig, llmmetaclass  # noqa: E402
 
-# model_type -> (config class, causal-LM class), imported lazily. Another model plugs in with one line here.
+# model_type -> config class, causal-LM class and (optional) checkpoint validator, imported lazily.
+# Another model plugs in with one entry here.
 MODEL_TYPES = {
-    "qwen3": ("paddleformers.transformers:Qwen3Config", "paddleformers.transformers:Qwen3ForCausalLM"),
-    "qwen3_vha": ("paddle_vha.config:Qwen3VHAConfig", "paddle_vha.modeling:Qwen3VHAForCausalLM"),
-    # MEA (issue 6) lands in paddle_vha/mea/; until then this entry reports that it is not available.
-    "qwen3_mea": ("paddle_vha.mea:Qwen3MEAConfig", "paddle_vha.mea:Qwen3MEAForCausalLM"),
+    "qwen3": dict(config="paddleformers.transformers:Qwen3Config", model="paddleformers.transformers:Qwen3ForCausalLM"),
+    "qwen3_vha": dict(config="paddle_vha.config:Qwen3VHAConfig", model="paddle_vha.modeling:Qwen3VHAForCausalLM",
+                      validate="paddle_vha.checkpoint:validate_vha_checkpoint"),
+    "qwen3_mea": dict(config="paddle_vha.mea.config:Qwen3MEAConfig", model="paddle_vha.mea.modeling:Qwen3MEAForCausalLM",
+                      validate="paddle_vha.mea.checkpoint:validate_mea_checkpoint"),
 }
+
+
+def _load(spec: str, model_type: str):
+    module, name = spec.split(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        fail(f"model_type {model_type!r}: {spec} is not available in this checkout ({type(e).__name__}: {e})")
+
 
 # Names from PaddleNLP-era configs that PaddleFormers 1.0.0 spells differently.
 LEGACY_KEYS = {
@@ -228,14 +239,8 @@ def requested_parallelism(args: list) -> dict:
 def model_classes(model_type: str):
     if model_type not in MODEL_TYPES:
         fail(f"model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}")
-    out = []
-    for spec in MODEL_TYPES[model_type]:
-        module, name = spec.split(":")
-        try:
-            out.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError) as e:
-            fail(f"model_type {model_type!r}: {spec} is not available in this checkout ({type(e).__name__}: {e})")
-    return out
+    entry = MODEL_TYPES[model_type]
+    return _load(entry["config"], model_type), _load(entry["model"], model_type)
 
 
 def model_config_dict(model_args) -> dict:
@@ -265,8 +270,6 @@ def model_config_dict(model_args) -> dict:
 
 
 def build_config(model_args, data_args, training_args, requested: dict):
-    from paddle_vha.config import VHAConfigError
-
     config_cls, model_cls = model_classes(model_args.model_type)
     fields = model_config_dict(model_args)
     if data_args.dataset == "stdlib":
@@ -281,7 +284,7 @@ def build_config(model_args, data_args, training_args, requested: dict):
              f"{fields['max_position_embeddings']}")
     try:
         config = config_cls(**fields)
-    except (VHAConfigError, ValueError, TypeError) as e:
+    except (ValueError, TypeError) as e:  # VHAConfigError / MEAConfigError are ValueErrors
         fail(f"model_config: {e}")
     LlmMetaConfig.set_llm_config(config, training_args)  # parallel degrees, recompute, fusions: as PaddleFormers does
     tp = max(1, requested.get("tensor_model_parallel_size", 1))
@@ -291,7 +294,7 @@ def build_config(model_args, data_args, training_args, requested: dict):
         saved, config.tensor_model_parallel_size = config.tensor_model_parallel_size, asked
         try:
             check()
-        except VHAConfigError as e:
+        except ValueError as e:  # VHAConfigError, MEAConfigError
             fail(str(e))
         config.tensor_model_parallel_size = saved
     if tp > max(1, training_args.world_size) and not training_args.dry_run:
@@ -429,10 +432,8 @@ def main(argv=None):
     if training_args.do_train and training_args.should_save:
         dest = os.path.join(training_args.output_dir, "model")
         save_model_atomic(model, dest)
-        if config.model_type == "qwen3_vha":
-            from paddle_vha.checkpoint import validate_vha_checkpoint
-
-            validate_vha_checkpoint(dest)
+        if "validate" in MODEL_TYPES[model_args.model_type]:  # the folder must meet its documented contract
+            _load(MODEL_TYPES[model_args.model_type]["validate"], model_args.model_type)(dest)
         print(f"saved the trained model to {dest}")
     return 0
 
