@@ -167,3 +167,17 @@ def test_export_refusals_leave_nothing_behind(tmp_path, case):
     with pytest.raises(err, match=needle.replace("(", r"\(")):
         export_onnx(ckpt, out, **kwargs)
     assert _listing(tmp_path) == before, "a failed export must leave no output or temp folder"
+
+
+def test_external_data_export(tmp_path):
+    """Models over 2 GB keep weights in model.onnx.data; forced here on a small model."""
+    paddle.seed(4)
+    cfg, model = stock_checkpoint(str(tmp_path / "ckpt"))
+    val = export_onnx(str(tmp_path / "ckpt"), str(tmp_path / "onnx"), decode_steps=16, external_data=True)
+    assert val.max_abs <= 1e-4
+    files = sorted(os.listdir(tmp_path / "onnx"))
+    assert "model.onnx.data" in files
+    assert os.path.getsize(tmp_path / "onnx" / "model.onnx") < 50_000 < os.path.getsize(tmp_path / "onnx" / "model.onnx.data")
+    prompt = np.random.default_rng(2).integers(0, cfg.vocab_size, size=(1, 5))
+    want, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=6, decode_strategy="greedy_search")
+    assert np.array_equal(generate(OrtDecoder.from_dir(str(tmp_path / "onnx")), prompt, 6).tokens, want.numpy())

@@ -104,13 +104,32 @@ def _finalize_graph(model, cfg):
         keep.append(node)
     if any(n in rename for n in (i.name for i in graph.input)):
         raise ExportError("an output is a plain copy of an input; refusing to alias graph I/O")
+    # paddle2onnx writes each weight as a Constant node followed by Identity copies: make the weights
+    # initializers (so they can live in external data and ORT can pre-pack them) and drop the copies.
+    nodes, alias = [], {}
+    for node in keep:
+        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+            tensor = node.attribute[0].t
+            tensor.name = node.output[0]
+            graph.initializer.append(tensor)
+        elif node.op_type == "Identity":
+            alias[node.output[0]] = node.input[0]
+        else:
+            nodes.append(node)
     del graph.node[:]
-    graph.node.extend(keep)
+    graph.node.extend(nodes)
+
+    def resolve(name):
+        while name in alias:
+            name = alias[name]
+        return rename.get(name, name)
+
     for node in graph.node:
         for seq in (node.input, node.output):
             for k, n in enumerate(seq):
-                if n in rename:
-                    seq[k] = rename[n]
+                seq[k] = resolve(n)
+    for t in graph.initializer:
+        t.name = resolve(t.name)
     dims = {"input_ids": ("batch", "sequence"), "attention_mask": ("batch", "total_sequence"),
             "position_ids": ("batch", "sequence")}
     for vi in graph.input:
@@ -171,8 +190,12 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
     return val
 
 
-def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, force=False, log=print):
-    """Export and validate; writes out_dir atomically (a temp folder renamed at the end)."""
+def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, force=False, log=print,
+                external_data=None):
+    """Export and validate; writes out_dir atomically (a temp folder renamed at the end).
+
+    external_data: store weights in model.onnx.data (None: only when they exceed protobuf's 2 GB limit).
+    """
     import onnx
     import paddle
     import paddle2onnx
@@ -195,16 +218,22 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         _static_program(decoder, cfg, os.path.join(tmp, "paddle", "model"))
         raw_onnx = os.path.join(tmp, "raw.onnx")
         param_bytes = sum(a.nbytes for a in tensors.values())
-        external = param_bytes > TWO_GB * 0.9
+        too_big = param_bytes > TWO_GB * 0.9  # protobuf cannot hold it: paddle2onnx must write external data
+        external = too_big if external_data is None else bool(external_data) or too_big
         with _captured_output() as converter_log:  # paddle2onnx prints progress lines from C++
             paddle2onnx.export(os.path.join(tmp, "paddle", "model.json"), os.path.join(tmp, "paddle", "model.pdiparams"),
                                raw_onnx, opset_version=opset, auto_upgrade_opset=False, optimize_tool="None",
-                               external_file=os.path.join(tmp, "model.onnx.data") if external else "")
+                               external_file=os.path.join(tmp, "model.onnx.data") if too_big else "")
         if not os.path.isfile(raw_onnx):
             raise ExportError(f"paddle2onnx wrote no model: {converter_log.text().strip().splitlines()[-1:]}")
         model = _finalize_graph(onnx.load(raw_onnx, load_external_data=False), cfg)
         onnx_path = os.path.join(tmp, "model.onnx")
-        onnx.save_model(model, onnx_path)
+        if external and not os.path.exists(os.path.join(tmp, "model.onnx.data")):
+            # small enough for paddle2onnx to inline, but external data asked for: move the weights out
+            onnx.save_model(model, onnx_path, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location="model.onnx.data", size_threshold=1024)  # small shape tensors stay inline
+        else:  # inline weights, or already in model.onnx.data (paddle2onnx's > 2 GB path)
+            onnx.save_model(model, onnx_path)
         os.remove(raw_onnx)
         log(f"exported {onnx_path.replace(tmp, out_dir)} (opset {opset}, {param_bytes / 1e6:.1f} MB of weights"
             f"{', external data' if external else ''}) in {time.time() - t0:.1f} s")
