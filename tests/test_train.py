@@ -122,14 +122,20 @@ def test_tiny_vha_trains_resumes_and_saves(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_qwen3_on_paddleformers_pretraining_data(tmp_path):
-    """The stock-Qwen3 baseline, on data in PaddleFormers' pretraining format (PREFIX.bin / PREFIX.idx)."""
+    """The stock-Qwen3 baseline, on data in PaddleFormers' pretraining format (PREFIX.bin / PREFIX.idx) made by
+    tools/make_pretrain_data.py from a .jsonl file plus the byte corpus."""
     from paddle_vha.data import load_stdlib_corpus
-    from paddle_vha.train_data import stdlib_documents, write_pretrain_data
 
-    corpus = load_stdlib_corpus(max_bytes=1 << 20)
-    prefix = str(tmp_path / "data" / "stdlib")
-    stats = write_pretrain_data(prefix, stdlib_documents(corpus.train))
-    assert stats == {"documents": int((corpus.train == 0).sum()), "tokens": len(corpus.train)}  # one per file
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n"}) + "\n" for i in range(50)))
+    prefix = str(tmp_path / "data" / "mixed")
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_pretrain_data.py"), str(jsonl), "stdlib",
+                          "--corpus-mb", "1", "--bytes", "--out", prefix, "--no-progress"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    n_files = int((load_stdlib_corpus(max_bytes=1 << 20).train == 0).sum())
+    assert f"wrote {prefix}.bin / .idx: {50 + n_files:,} documents" in res.stdout
+    assert os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")
     out = str(tmp_path / "run")
     res = train(os.path.join(CONFIGS, "tiny-gqa8.json"), "--dataset", "pretrain", "--input_dir", prefix,
                 "--split", "90,10,0", "--output_dir", out, "--max_steps", "6", "--logging_steps", "2",
@@ -244,3 +250,18 @@ def test_tiny_mea_through_the_model_type_table(tmp_path):
     assert sorted(la) == [2, 4] and la[4] < la[2]
     cfg = validate_mea_checkpoint(os.path.join(out, "model"))
     assert cfg.num_key_value_heads == 2 and cfg.mea_kv_heads == 4
+
+
+def test_make_pretrain_data_refusals(tmp_path):
+    tool = os.path.join(ROOT, "tools", "make_pretrain_data.py")
+    run = lambda *a: subprocess.run([sys.executable, tool, *a, "--no-progress"], capture_output=True, text=True,  # noqa: E731
+                                    timeout=120, cwd=ROOT)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"body": "no text field"}\n')
+    res = run(str(bad), "--bytes", "--out", str(tmp_path / "x"))
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith("bad.jsonl:2: not a JSON object with a 'text' string field")
+    assert os.listdir(tmp_path) == ["bad.jsonl"]  # nothing half-written
+    res = run(str(tmp_path / "missing.txt"), "--bytes", "--out", str(tmp_path / "x"))
+    assert res.returncode == 2 and "missing.txt: no such file" in res.stderr
+    res = run(str(bad), "--out", str(tmp_path / "x"))  # neither --bytes nor --tokenizer
+    assert res.returncode == 2 and "one of the arguments --tokenizer --bytes is required" in res.stderr
