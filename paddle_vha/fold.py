@@ -217,8 +217,6 @@ def plan_fold(in_dir: str, out_dir: str, dtype: str = "auto", force: bool = Fals
     raw = read_config(in_dir)
     cfg = load_vha_config(in_dir)  # not qwen3_vha, invalid VHA fields: one-line CheckpointError
     _check_foldable(cfg, in_dir)
-    if cfg.num_attention_heads % cfg.num_key_value_heads:  # validate_vha covers it; kept as the fold's own guard
-        raise FoldError(f"{in_dir}/config.json: num_attention_heads must be divisible by num_key_value_heads")
     compare_shapes(in_dir, read_tensor_shapes(in_dir), vha_tensor_shapes(cfg))
     _check_out_dir(in_dir, out_dir, force)
 
@@ -331,12 +329,12 @@ def _produce(entry: Entry, inputs: Mapping[str, st.TensorRef], chunk_bytes: int)
         return
     args = [st.read_tensor(inputs[s]) for s in entry.sources]
     fn = {"fold_q": fold_q_proj, "fold_q_bias": fold_q_bias, "fold_o": fold_o_proj}[entry.kind]
-    out = fn(*[a.astype(np.float64) for a in args])  # float64 math
+    out = fn(*[st.to_float64(a) for a in args])  # float64 math
     del args
     yield st.cast(out, entry.dtype)  # one rounding, at the end
 
 
-def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 64 << 20,
+def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 << 20,
                     on_tensor: Optional[Callable[[Entry], None]] = None) -> str:
     """Write the folded checkpoint described by `plan` to a temporary folder, then rename it to OUT_DIR.
 

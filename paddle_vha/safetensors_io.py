@@ -36,6 +36,7 @@ __all__ = [
     "read_tensor",
     "row_chunks",
     "shard_name",
+    "to_float64",
     "write_index",
 ]
 
@@ -190,6 +191,13 @@ def _f64_to_bf16(x: np.ndarray, block: int = 1 << 18) -> np.ndarray:
         bf = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)  # nearest-even
         out[a: a + block] = np.where(np.isnan(xb), np.uint32(0x7FC0), bf).astype(np.uint16)
     return out.view(ml_dtypes.bfloat16).reshape(x.shape)
+
+
+def to_float64(x: np.ndarray) -> np.ndarray:
+    """x as float64 (exact for every stored float dtype); bfloat16 widened by a bit shift, not ml_dtypes' slow cast."""
+    if x.dtype == DTYPES["BF16"]:
+        x = (x.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)  # bf16 = top half of f32
+    return x.astype(np.float64)
 
 
 def cast(x: np.ndarray, code: str) -> np.ndarray:

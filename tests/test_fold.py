@@ -449,3 +449,11 @@ def test_small_chunks_and_float16_output(tmp_path):
     for n in h:
         assert np.array_equal(h[n], np.asarray(exact[n], np.float64).astype(np.float16).astype(np.float64)), n
     assert json.load(open(tmp_path / "h" / "config.json"))["torch_dtype"] == "float16"
+
+
+def test_bfloat16_widening_is_exact():
+    from paddle_vha.safetensors_io import to_float64
+
+    x = np.random.default_rng(1).normal(size=20000) * 10.0 ** np.random.default_rng(2).integers(-35, 35, size=20000)
+    b = np.concatenate([x, [np.inf, -np.inf, 0.0, -0.0, 1e-40]]).astype(np.float32).astype(ml_dtypes.bfloat16)
+    assert np.array_equal(to_float64(b), b.astype(np.float64))
