@@ -486,8 +486,9 @@ def parse_int_list(text: str) -> Sequence[int]:
 
 
 def resolve_models(spec: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
-    """A command-line model argument: a named shape ('1.7b': the paper's comparison set) or a config.json / a
-    checkpoint folder holding one (that model, plus its folded form for VHA). ArchError with one line otherwise."""
+    """A command-line model argument: a named shape ('1.7b': the paper's comparison set), a config.json / a
+    checkpoint folder holding one, or a tools/train.py trainer config (its model_config) — that model, plus its
+    folded form for VHA. ArchError with one line otherwise."""
     import json
     import os
 
@@ -501,7 +502,12 @@ def resolve_models(spec: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
             cfg = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArchError(f"{path}: not valid JSON ({e})") from None
-    label = os.path.basename(os.path.dirname(os.path.abspath(path))) if os.path.basename(path) == "config.json" else os.path.basename(path)
+    if isinstance(cfg, dict) and isinstance(cfg.get("model_config"), dict):  # a tools/train.py trainer config
+        cfg = {**cfg["model_config"], "model_type": cfg.get("model_type", "qwen3_vha")}
+        cfg.setdefault("vocab_size", 256)  # the byte corpus, train.py's default
+    label = spec.rstrip("/")
+    if label.endswith("/config.json"):
+        label = label[: -len("/config.json")]
     arch = arch_from_config(cfg, label=label or "config")
     if overrides:
         arch = arch.replace(**overrides)

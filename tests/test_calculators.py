@@ -171,6 +171,9 @@ def test_kv_calc_cli(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     data = json.loads(run(KV_CALC, str(tmp_path), "--json").stdout)
     assert [r["bytes_per_token_per_layer"] for r in data] == [2 * 2 * 16 * 2] * 2  # trained and folded
+    # a tools/train.py trainer config is read through its model_config
+    data = json.loads(run(KV_CALC, os.path.join(ROOT, "configs", "vha-1.7b.json"), "--json").stdout)
+    assert [(r["kind"], r["bytes_per_token_per_layer"]) for r in data] == [("vha", 1024), ("vha_folded", 1024)]
     assert "--context" in run(KV_CALC, "--help").stdout
     for bad in (["9b"], ["--context", "0"], [str(tmp_path / "nope.json")]):
         res = run(KV_CALC, *bad)

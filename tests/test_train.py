@@ -137,7 +137,7 @@ def test_tiny_qwen3_on_paddleformers_pretraining_data(tmp_path):
     assert f"wrote {prefix}.bin / .idx: {50 + n_files:,} documents" in res.stdout
     assert os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")
     out = str(tmp_path / "run")
-    res = train(os.path.join(CONFIGS, "tiny-gqa8.json"), "--dataset", "pretrain", "--input_dir", prefix,
+    res = train(os.path.join(CONFIGS, "tiny-qwen3.json"), "--dataset", "pretrain", "--input_dir", prefix,
                 "--split", "90,10,0", "--output_dir", out, "--max_steps", "6", "--logging_steps", "2",
                 "--eval_steps", "6", "--save_steps", "6", "--disable_tqdm", "true")
     print(res.stdout, res.stderr[-3000:])
@@ -147,7 +147,7 @@ def test_tiny_qwen3_on_paddleformers_pretraining_data(tmp_path):
     assert sorted(la) == [2, 4, 6] and la[6] < la[2]
     with open(os.path.join(out, "model", "config.json")) as f:
         saved = json.load(f)
-    assert saved["model_type"] == "qwen3" and saved["num_key_value_heads"] == 4
+    assert saved["model_type"] == "qwen3" and saved["num_key_value_heads"] == 8
     assert os.path.isfile(os.path.join(out, "model", "model.safetensors.index.json"))
 
 
@@ -185,7 +185,7 @@ def test_paper_shape_configs():
         # same training recipe for the baseline and VHA: only the model differs
         strip = lambda c: {k: x for k, x in c.items() if k not in ("model_type", "model_config", "output_dir")}  # noqa: E731
         assert strip(g) == strip(v)
-    for tiny in ("tiny-vha.json", "tiny-gqa8.json"):
+    for tiny in ("tiny-vha.json", "tiny-qwen3.json"):
         c = _load(tiny)
         assert c["device"] == "cpu" and c["dataset"] == "stdlib"
 

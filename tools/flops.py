@@ -95,16 +95,17 @@ def rows_for(spec: str, args):
 
 
 def print_tables(spec, rows, args):
+    w = max(22, *(len(r['variant']) for r in rows))
     conv = (f"S = {args.seq_len:,}{' causal' if args.causal else ''}, training = 3 x forward"
             f"{', no LM head' if args.no_lm_head else ''}")
     print(f"\n{spec}: GFLOPs per token ({conv}); deltas and savings vs {rows[0]['reference']}")
-    hdr = (f"{'variant':<22} {'q weights/layer':>15} {'served':>10} {'train':>8} {'Δ train':>8} {'saving':>7} "
+    hdr = (f"{'variant':<{w}} {'q weights/layer':>15} {'served':>10} {'train':>8} {'Δ train':>8} {'saving':>7} "
            f"{'serve fwd':>9} {'saving':>7}")
     print(hdr)
     print("-" * len(hdr))
     dg = 2 if max(r["training_gflops"] for r in rows) >= 1 else 4  # more digits for tiny models
     for r in rows:
-        print(f"{r['variant']:<22} {r['query_weights_per_layer']:>15,} {r['query_weights_per_layer_served']:>10,} "
+        print(f"{r['variant']:<{w}} {r['query_weights_per_layer']:>15,} {r['query_weights_per_layer_served']:>10,} "
               f"{gf(r['training_gflops'], 8, dg)} {gf(r['training_delta_gflops'], 8, dg)} {r['training_saving']:>7.1%} "
               f"{gf(r['serving_gflops'], 9, dg)} {r['serving_saving']:>7.1%}")
     by_label = {r["variant"]: r for r in rows}
@@ -125,12 +126,12 @@ def print_tables(spec, rows, args):
     if args.breakdown:
         cols = [c for c in PARTS if any(c in r["training_parts"] for r in rows)]
         print(f"\ntraining GFLOPs per token by part ({spec})")
-        hdr = f"{'variant':<22} " + " ".join(f"{c:>9}" for c in cols) + f" {'total':>9}"
+        hdr = f"{'variant':<{w}} " + " ".join(f"{c:>9}" for c in cols) + f" {'total':>9}"
         print(hdr)
         print("-" * len(hdr))
         for r in rows:
             parts = r["training_parts"]
-            print(f"{r['variant']:<22} " + " ".join(f"{parts.get(c, 0):>9.3f}" for c in cols) + f" {parts['total']:>9.3f}")
+            print(f"{r['variant']:<{w}} " + " ".join(f"{parts.get(c, 0):>9.3f}" for c in cols) + f" {parts['total']:>9.3f}")
 
 
 def main(argv=None):

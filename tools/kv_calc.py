@@ -62,14 +62,15 @@ def rows_for(spec: str, args):
 
 
 def print_table(spec, rows, args):
+    w = max(22, *(len(r['variant']) for r in rows))
     print(f"\n{spec}: KV cache in {args.dtype}; total for {args.batch} x {args.context:,} tokens; "
           f"ratio vs {rows[0]['reference']} per layer")
-    hdr = (f"{'variant':<22} {'cache holds':<32} {'q heads':>7} {'group':>5} {'B/tok/layer':>11} {'per layer':>9} "
+    hdr = (f"{'variant':<{w}} {'cache holds':<32} {'q heads':>7} {'group':>5} {'B/tok/layer':>11} {'per layer':>9} "
            f"{'per token':>10} {'total':>10} {'ratio':>6}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['variant']:<22} {r['cached']:<32} {r['query_heads']:>7} {r['group_size']:>5} "
+        print(f"{r['variant']:<{w}} {r['cached']:<32} {r['query_heads']:>7} {r['group_size']:>5} "
               f"{r['bytes_per_token_per_layer']:>11,.0f} {fmt_bytes(r['bytes_per_token_per_layer']):>9} "
               f"{fmt_bytes(r['bytes_per_token']):>10} {fmt_bytes(r['total_bytes']):>10} {r['vs_reference']:>6.3f}")
     notes = []
