@@ -25,7 +25,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -100,10 +100,6 @@ def fold_o_proj(w_o: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 _ATTN = re.compile(r"^(model\.layers\.\d+\.self_attn\.)(.+)$")
 _VHA_ONLY = ("vha_premix_weight", "vha_postmix_U", "vha_postmix_V")
-
-
-def _get(cfg, key):
-    return cfg[key] if isinstance(cfg, Mapping) else getattr(cfg, key)
 
 
 def _check_foldable(cfg, where: str) -> None:

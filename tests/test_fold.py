@@ -21,7 +21,7 @@ from _utils import config_dict, rel_err, tiny_config, to_numpy
 from paddle_vha import Qwen3VHAForCausalLM
 from paddle_vha.checkpoint import CheckpointError
 from paddle_vha.fold import fold_checkpoint, fold_state_dict, plan_fold
-from paddle_vha.safetensors_io import DTYPES, read_header, read_tensor
+from paddle_vha.safetensors_io import read_header, read_tensor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLD_PY = os.path.join(ROOT, "tools", "fold.py")
