@@ -1,0 +1,504 @@
+// CUDA kernels of the fused VHA prologue (see vha_prologue_math.h for the math and vha_prologue_cpu.cc for the
+// operator contract). Framework-free: included by the Paddle op glue (vha_prologue_cuda.cu) and by the extern "C"
+// launcher (vha_prologue_launcher.cu) used for checks on machines without Paddle.
+//
+// STATUS: compiled for sm_80 / sm_90 here, never run on a GPU by this project (docs/prologue.md).
+//
+// Forward
+//   bf16 / fp16 with d in {64, 128, 256} and r % 16 == 0: tensor cores. A CTA of 4 warps owns 64 rows of
+//     q_phys ([rows = B*S*H_p, r]) and one Premix group g; W[g] is staged transposed in shared memory; each
+//     warp forms its 16 x d product with mma.sync m16n8k16 (fp32 accumulation) straight from global q_phys,
+//     and normalises + rotates it in registers: in the m16n8 accumulator layout a thread holds columns
+//     c and c + d/2 of the same row, so RoPE is thread-local and the row norm is a 4-lane shuffle reduction.
+//   other dtypes / shapes: one warp per (row, group), products in fp32 (fp64 for fp64).
+//   keys: one warp per (token, KV head).
+// Backward (SIMT, all dtypes): one pass recomputes u = q_phys W[g], writes dL/du (fp32 workspace) and the
+//   key gradients, accumulating the norm-weight gradients per block; then dq_phys = sum_g dL/du W[g]^T (one
+//   warp per row) and dW[g] = q_phys^T dL/du (shared-memory tiled, fp32 atomics over row chunks); a last
+//   kernel casts the fp32 weight-gradient sums to the parameter dtype.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "vha_prologue_math.h"
+
+namespace vha {
+namespace gpu {
+
+struct Dims {
+  long B, S, Hp, Hkv, r, d, Bc;
+  int heads_first;
+  __host__ __device__ long rows() const { return B * S * Hp; }
+  __host__ __device__ long tokens() const { return B * S; }
+  __host__ __device__ long out_off(long t, long head, long heads) const {
+    const long b = t / S, s = t % S;
+    return heads_first ? ((b * heads + head) * S + s) * d : ((b * S + s) * heads + head) * d;
+  }
+  __host__ __device__ long table_off(long t) const {
+    const long b = t / S, s = t % S;
+    return ((Bc == 1 ? 0 : b) * S + s) * d;
+  }
+};
+
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
+
+__device__ __forceinline__ float to_c(float x) { return x; }
+__device__ __forceinline__ double to_c(double x) { return x; }
+__device__ __forceinline__ float to_c(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_c(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_c(typename Acc<T>::type x);
+template <>
+__device__ __forceinline__ float from_c<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ double from_c<double>(double x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_c<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half from_c<__half>(float x) { return __float2half_rn(x); }
+
+template <typename C>
+__device__ __forceinline__ C warp_sum(C v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Row epilogue shared by the SIMT kernels: u (d values, shared memory, compute type) -> RMSNorm -> RoPE -> out.
+template <typename T, typename C>
+__device__ void norm_rope_store(const C* u, const T* w, const T* cosr, const T* sinr, T* out, int d, C eps, int lane) {
+  C ss = 0;
+  for (int c = lane; c < d; c += 32) ss += u[c] * u[c];
+  const C rs = rms_rstd(warp_sum(ss), d, eps);
+  const int h = d / 2;
+  for (int c = lane; c < h; c += 32) {
+    C lo, hi;
+    rope_pair_fwd(u[c] * rs * to_c(w[c]), u[c + h] * rs * to_c(w[c + h]), C(to_c(cosr[c])), C(to_c(sinr[c])),
+                  C(to_c(cosr[c + h])), C(to_c(sinr[c + h])), &lo, &hi);
+    out[c] = from_c<T>(lo);
+    out[c + h] = from_c<T>(hi);
+  }
+}
+
+// One warp per task: tasks [0, rows*Hkv) are (q row, group), then [rows*Hkv, +tokens*Hkv) are key rows.
+// Shared memory per warp: r + d compute-type values.
+template <typename T>
+__global__ void fwd_simt(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp,
+                         const T* sinp, T* qo, T* ko, Dims D, typename Acc<T>::type eps, long first_task,
+                         long n_tasks) {
+  using C = typename Acc<T>::type;
+  extern __shared__ unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpb = blockDim.x / 32;
+  C* buf = reinterpret_cast<C*>(smem_raw) + warp * (D.r + D.d);
+  C* qrow = buf;
+  C* u = buf + D.r;
+  const long q_tasks = D.rows() * D.Hkv;
+  for (long task = first_task + long(blockIdx.x) * wpb + warp; task < first_task + n_tasks;
+       task += long(gridDim.x) * wpb) {
+    if (task < q_tasks) {
+      const long row = task / D.Hkv, g = task % D.Hkv, t = row / D.Hp, i = row % D.Hp;
+      for (long k = lane; k < D.r; k += 32) qrow[k] = to_c(qp[row * D.r + k]);
+      __syncwarp();
+      const T* Wg = W + g * D.r * D.d;
+      for (long c = lane; c < D.d; c += 32) {
+        C acc = 0;
+        for (long k = 0; k < D.r; ++k) acc += qrow[k] * C(to_c(Wg[k * D.d + c]));
+        u[c] = acc;
+      }
+      __syncwarp();
+      norm_rope_store<T, C>(u, wq, cosp + D.table_off(t), sinp + D.table_off(t),
+                            qo + D.out_off(t, g * D.Hp + i, D.Hp * D.Hkv), int(D.d), eps, lane);
+    } else {
+      const long kt = task - q_tasks, t = kt / D.Hkv, g = kt % D.Hkv;
+      for (long c = lane; c < D.d; c += 32) u[c] = to_c(kin[kt * D.d + c]);
+      __syncwarp();
+      norm_rope_store<T, C>(u, wk, cosp + D.table_off(t), sinp + D.table_off(t), ko + D.out_off(t, g, D.Hkv),
+                            int(D.d), eps, lane);
+    }
+    __syncwarp();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Tensor-core forward for the virtual queries (bf16 / fp16, d = DH in {64, 128, 256}, r % 16 == 0).
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                          __nv_bfloat16*) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], __half*) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+constexpr int kTcWarps = 4;            // 64 rows per CTA
+constexpr int kSmemPad = 8;            // elements of padding per staged W^T row (bank-conflict avoidance)
+
+// Requires rows of q_phys 4-byte aligned pairs: r even (r % 16 == 0 checked by the launcher).
+template <typename T, int DH>
+__global__ void __launch_bounds__(kTcWarps * 32) fwd_q_tc(const T* qp, const T* W, const T* wq, const T* cosp,
+                                                          const T* sinp, T* qo, Dims D, float eps) {
+  extern __shared__ unsigned char smem_raw[];
+  T* wt = reinterpret_cast<T*>(smem_raw);  // (DH, r + pad): W[g]^T, so B fragments read k-pairs contiguously
+  const int r = int(D.r), ldw = r + kSmemPad;
+  const long g = blockIdx.y;
+  const T* Wg = W + g * D.r * DH;
+  for (int idx = threadIdx.x; idx < r * DH; idx += blockDim.x) {
+    const int k = idx / DH, n = idx % DH;  // coalesced global read along n
+    wt[n * ldw + k] = Wg[idx];
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, tig = lane & 3;
+  const long rows = D.rows(), n_tiles = (rows + 16 * kTcWarps - 1) / (16 * kTcWarps);
+  // persistent CTAs: W[g] is staged once and reused over many 64-row tiles
+  for (long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+    const long row0 = (tile * kTcWarps + warp) * 16;
+    if (row0 >= rows) continue;
+    const long ra = row0 + gid, rb = row0 + gid + 8;  // this thread's two rows
+    const bool va = ra < rows, vb = rb < rows;
+    const uint32_t* qa = reinterpret_cast<const uint32_t*>(qp + (va ? ra : 0) * D.r);
+    const uint32_t* qb = reinterpret_cast<const uint32_t*>(qp + (vb ? rb : 0) * D.r);
+
+    constexpr int NT = DH / 8;  // n-tiles of 8 columns
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+
+    for (int k0 = 0; k0 < r; k0 += 16) {
+      uint32_t a[4];
+      const int ka = (k0 + tig * 2) / 2;  // in 32-bit words (pairs)
+      a[0] = va ? qa[ka] : 0u;
+      a[1] = vb ? qb[ka] : 0u;
+      a[2] = va ? qa[ka + 4] : 0u;
+      a[3] = vb ? qb[ka + 4] : 0u;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const T* bcol = wt + (nt * 8 + gid) * ldw + k0 + tig * 2;
+        uint32_t b[2];
+        b[0] = *reinterpret_cast<const uint32_t*>(bcol);
+        b[1] = *reinterpret_cast<const uint32_t*>(bcol + 8);
+        mma_16816(acc[nt], a, b, static_cast<T*>(nullptr));
+      }
+    }
+
+    // Epilogue. acc[nt][0..1]: row ra, columns nt*8 + tig*2 + {0,1}; acc[nt][2..3]: row rb, same columns.
+    constexpr int HT = NT / 2;  // column c in tile nt has its RoPE partner c + DH/2 in tile nt + HT
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const long row = half ? rb : ra;
+      float ss = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        ss += acc[nt][2 * half] * acc[nt][2 * half] + acc[nt][2 * half + 1] * acc[nt][2 * half + 1];
+      ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+      ss += __shfl_xor_sync(0xffffffffu, ss, 2);  // the 4 lanes of a quad hold one row
+      if (!(half ? vb : va)) continue;
+      const float rs = rms_rstd(ss, DH, eps);
+      const long t = row / D.Hp, i = row % D.Hp;
+      const T* cr = cosp + D.table_off(t);
+      const T* sr = sinp + D.table_off(t);
+      T* out = qo + D.out_off(t, g * D.Hp + i, D.Hp * D.Hkv);
+#pragma unroll
+      for (int nt = 0; nt < HT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = nt * 8 + tig * 2 + e, ch = c + DH / 2;
+          float lo, hi;
+          rope_pair_fwd(acc[nt][2 * half + e] * rs * to_c(wq[c]), acc[nt + HT][2 * half + e] * rs * to_c(wq[ch]),
+                        to_c(cr[c]), to_c(sr[c]), to_c(cr[ch]), to_c(sr[ch]), &lo, &hi);
+          out[c] = from_c<T>(lo);
+          out[ch] = from_c<T>(hi);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward pass 1: one warp per task as in fwd_simt. q tasks write dL/du (fp32/fp64 workspace GU, layout
+// [rows, Hkv, d]); k tasks write dk. Norm-weight gradients are summed per block in shared memory, then added
+// to the workspace sums (gwq_acc, gwk_acc) with one atomic per element per block.
+template <typename T>
+__global__ void bwd_rows(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp,
+                         const T* sinp, const T* gqo, const T* gko, T* gk, typename Acc<T>::type* GU,
+                         typename Acc<T>::type* gwq_acc, typename Acc<T>::type* gwk_acc, Dims D,
+                         typename Acc<T>::type eps) {
+  using C = typename Acc<T>::type;
+  extern __shared__ unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpb = blockDim.x / 32;
+  C* gw_blk = reinterpret_cast<C*>(smem_raw);  // 2*d: block sums for q_norm and k_norm weights
+  C* buf = gw_blk + 2 * D.d + warp * (D.r + 2 * D.d);
+  C* qrow = buf;
+  C* u = buf + D.r;
+  C* gx = u + D.d;
+  for (long c = threadIdx.x; c < 2 * D.d; c += blockDim.x) gw_blk[c] = 0;
+  __syncthreads();
+  const long q_tasks = D.rows() * D.Hkv, n_tasks = q_tasks + D.tokens() * D.Hkv;
+  const int d = int(D.d), h = d / 2;
+  for (long task = long(blockIdx.x) * wpb + warp; task < n_tasks; task += long(gridDim.x) * wpb) {
+    const bool is_q = task < q_tasks;
+    long t, out_off;
+    const T* w;
+    C* gw;
+    if (is_q) {
+      const long row = task / D.Hkv, g = task % D.Hkv, i = row % D.Hp;
+      t = row / D.Hp;
+      for (long k = lane; k < D.r; k += 32) qrow[k] = to_c(qp[row * D.r + k]);
+      __syncwarp();
+      const T* Wg = W + g * D.r * D.d;
+      for (int c = lane; c < d; c += 32) {
+        C acc = 0;
+        for (long k = 0; k < D.r; ++k) acc += qrow[k] * C(to_c(Wg[k * D.d + c]));
+        u[c] = acc;
+      }
+      out_off = D.out_off(t, g * D.Hp + i, D.Hp * D.Hkv);
+      w = wq;
+      gw = gw_blk;
+    } else {
+      const long kt = task - q_tasks, g = kt % D.Hkv;
+      t = kt / D.Hkv;
+      for (int c = lane; c < d; c += 32) u[c] = to_c(kin[kt * D.d + c]);
+      out_off = D.out_off(t, g, D.Hkv);
+      w = wk;
+      gw = gw_blk + d;
+      if (gko == nullptr) {  // k output did not reach the loss
+        for (int c = lane; c < d; c += 32) gk[kt * D.d + c] = from_c<T>(C(0));
+        __syncwarp();
+        continue;
+      }
+    }
+    __syncwarp();
+    const T* g_out = (is_q ? gqo : gko) + out_off;
+    const T* cr = cosp + D.table_off(t);
+    const T* sr = sinp + D.table_off(t);
+    C ss = 0;
+    for (int c = lane; c < d; c += 32) ss += u[c] * u[c];
+    const C rs = rms_rstd(warp_sum(ss), d, eps);
+    C dot = 0;
+    for (int c = lane; c < h; c += 32) {
+      C gl, gh;
+      rope_pair_bwd(C(to_c(g_out[c])), C(to_c(g_out[c + h])), C(to_c(cr[c])), C(to_c(sr[c])), C(to_c(cr[c + h])),
+                    C(to_c(sr[c + h])), &gl, &gh);
+      atomicAdd(&gw[c], gl * u[c] * rs);
+      atomicAdd(&gw[c + h], gh * u[c + h] * rs);
+      const C tl = gl * C(to_c(w[c])), th = gh * C(to_c(w[c + h]));
+      gx[c] = tl;
+      gx[c + h] = th;
+      dot += tl * u[c] + th * u[c + h];
+    }
+    const C dd = warp_sum(dot) / C(d);
+    __syncwarp();
+    for (int c = lane; c < d; c += 32) {
+      const C v = rms_input_grad(gx[c], u[c], rs, dd);
+      if (is_q)
+        GU[task * D.d + c] = v;  // task = row*Hkv + g
+      else
+        gk[(task - q_tasks) * D.d + c] = from_c<T>(v);
+    }
+    __syncwarp();
+  }
+  __syncthreads();
+  for (long c = threadIdx.x; c < D.d; c += blockDim.x) {
+    atomicAdd(&gwq_acc[c], gw_blk[c]);
+    atomicAdd(&gwk_acc[c], gw_blk[D.d + c]);
+  }
+}
+
+// Backward pass 2: dq_phys[row, k] = sum_g sum_c GU[row, g, c] W[g, k, c]; one warp per row.
+template <typename T>
+__global__ void bwd_dq(const T* W, const typename Acc<T>::type* GU, T* gqp, Dims D) {
+  using C = typename Acc<T>::type;
+  extern __shared__ unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpb = blockDim.x / 32;
+  C* gu = reinterpret_cast<C*>(smem_raw) + warp * D.Hkv * D.d;
+  for (long row = long(blockIdx.x) * wpb + warp; row < D.rows(); row += long(gridDim.x) * wpb) {
+    for (long c = lane; c < D.Hkv * D.d; c += 32) gu[c] = GU[row * D.Hkv * D.d + c];
+    __syncwarp();
+    for (long k = lane; k < D.r; k += 32) {
+      C acc = 0;
+      for (long g = 0; g < D.Hkv; ++g) {
+        const T* wrow = W + (g * D.r + k) * D.d;
+        for (long c = 0; c < D.d; ++c) acc += gu[g * D.d + c] * C(to_c(wrow[c]));
+      }
+      gqp[row * D.r + k] = from_c<T>(acc);
+    }
+    __syncwarp();
+  }
+}
+
+// Backward pass 3: dW[g] (r x d) += q_phys^T (r x rows) GU[:, g, :] (rows x d), 32 x 32 output tiles,
+// rows split into chunks across blockIdx.z (fp32/fp64 atomics into gW_acc).
+constexpr int kTile = 32, kRowsChunk = 1024;
+template <typename T>
+__global__ void bwd_dw(const T* qp, const typename Acc<T>::type* GU, typename Acc<T>::type* gW_acc, Dims D) {
+  using C = typename Acc<T>::type;
+  __shared__ C sa[kTile][kTile + 1];  // [row][k]
+  __shared__ C sb[kTile][kTile + 1];  // [row][c]
+  const long g = blockIdx.y / ((D.r + kTile - 1) / kTile);
+  const long k0 = (blockIdx.y % ((D.r + kTile - 1) / kTile)) * kTile;
+  const long c0 = long(blockIdx.x) * kTile;
+  const long rbeg = long(blockIdx.z) * kRowsChunk, rend = min(D.rows(), rbeg + kRowsChunk);
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;  // 32 x 8 threads, 4 outputs each
+  C acc[4] = {0, 0, 0, 0};
+  for (long rb = rbeg; rb < rend; rb += kTile) {
+    for (int j = ty; j < kTile; j += blockDim.x / kTile) {
+      const long row = rb + j;
+      sa[j][tx] = (row < rend && k0 + tx < D.r) ? C(to_c(qp[row * D.r + k0 + tx])) : C(0);
+      sb[j][tx] = (row < rend && c0 + tx < D.d) ? GU[(row * D.Hkv + g) * D.d + c0 + tx] : C(0);
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int j = 0; j < kTile; ++j) {
+      const C b = sb[j][tx];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[q] += sa[j][ty + q * 8] * b;
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const long k = k0 + ty + q * 8, c = c0 + tx;
+    if (k < D.r && c < D.d) atomicAdd(&gW_acc[(g * D.r + k) * D.d + c], acc[q]);
+  }
+}
+
+template <typename T>
+__global__ void cast_out(const typename Acc<T>::type* src, T* dst, long n) {
+  for (long i = long(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x)
+    dst[i] = from_c<T>(src[i]);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host launchers (return cudaError_t). T: float, double, __nv_bfloat16 or __half.
+
+inline int grid_for(long tasks, int per_block, int cap = 65535 * 4) {
+  long g = (tasks + per_block - 1) / per_block;
+  return int(g < 1 ? 1 : (g > cap ? cap : g));
+}
+
+template <typename T>
+inline bool tc_eligible(const Dims& D) {
+  return false;
+}
+template <>
+inline bool tc_eligible<__nv_bfloat16>(const Dims& D) {
+  return (D.d == 64 || D.d == 128 || D.d == 256) && D.r % 16 == 0;
+}
+template <>
+inline bool tc_eligible<__half>(const Dims& D) {
+  return tc_eligible<__nv_bfloat16>(D);
+}
+
+template <typename T, int DH>
+inline cudaError_t launch_fwd_q_tc(const T* qp, const T* W, const T* wq, const T* cosp, const T* sinp, T* qo,
+                                   const Dims& D, float eps, cudaStream_t st) {
+  const size_t smem = size_t(DH) * (D.r + kSmemPad) * sizeof(T);
+  cudaError_t e = cudaFuncSetAttribute(fwd_q_tc<T, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e != cudaSuccess) return e;
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const long tiles = (D.rows() + 16 * kTcWarps - 1) / (16 * kTcWarps);
+  const long per_group = (4L * sms + D.Hkv - 1) / D.Hkv;  // ~4 CTAs per SM in all
+  dim3 grid(unsigned(tiles < per_group ? tiles : per_group), unsigned(D.Hkv));
+  fwd_q_tc<T, DH><<<grid, kTcWarps * 32, smem, st>>>(qp, W, wq, cosp, sinp, qo, D, eps);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_forward(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp,
+                           const T* sinp, T* qo, T* ko, const Dims& D, float eps, cudaStream_t st) {
+  using C = typename Acc<T>::type;
+  const int threads = 128, wpb = threads / 32;
+  const long q_tasks = D.rows() * D.Hkv, k_tasks = D.tokens() * D.Hkv;
+  const size_t smem = size_t(wpb) * (D.r + D.d) * sizeof(C);
+  long first = 0, n = q_tasks + k_tasks;
+  if constexpr (std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value) {
+    if (tc_eligible<T>(D) && D.rows() > 0) {
+      cudaError_t e = cudaSuccess;
+      if (D.d == 64) e = launch_fwd_q_tc<T, 64>(qp, W, wq, cosp, sinp, qo, D, eps, st);
+      if (D.d == 128) e = launch_fwd_q_tc<T, 128>(qp, W, wq, cosp, sinp, qo, D, eps, st);
+      if (D.d == 256) e = launch_fwd_q_tc<T, 256>(qp, W, wq, cosp, sinp, qo, D, eps, st);
+      if (e != cudaSuccess) return e;
+      first = q_tasks;  // the SIMT kernel then does the keys only
+      n = k_tasks;
+    }
+  }
+  if (n > 0) {
+    fwd_simt<T><<<grid_for(n, wpb), threads, smem, st>>>(qp, kin, W, wq, wk, cosp, sinp, qo, ko, D, C(eps), first, n);
+  }
+  return cudaGetLastError();
+}
+
+// Workspace (bytes, 256-aligned pieces): GU [rows*Hkv*d], gW_acc [Hkv*r*d], gwq_acc [d], gwk_acc [d] (compute type).
+template <typename T>
+size_t backward_workspace_bytes(const Dims& D) {
+  using C = typename Acc<T>::type;
+  auto al = [](size_t b) { return (b + 255) / 256 * 256; };
+  return al(D.rows() * D.Hkv * D.d * sizeof(C)) + al(D.Hkv * D.r * D.d * sizeof(C)) + 2 * al(D.d * sizeof(C));
+}
+
+template <typename T>
+cudaError_t launch_backward(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp,
+                            const T* sinp, const T* gqo, const T* gko, T* gqp, T* gk, T* gW, T* gwq, T* gwk,
+                            void* workspace, size_t ws_bytes, const Dims& D, float eps, cudaStream_t st) {
+  using C = typename Acc<T>::type;
+  if (ws_bytes < backward_workspace_bytes<T>(D)) return cudaErrorInvalidValue;
+  auto al = [](size_t b) { return (b + 255) / 256 * 256; };
+  unsigned char* p = static_cast<unsigned char*>(workspace);
+  C* GU = reinterpret_cast<C*>(p);
+  p += al(D.rows() * D.Hkv * D.d * sizeof(C));
+  C* gW_acc = reinterpret_cast<C*>(p);
+  p += al(D.Hkv * D.r * D.d * sizeof(C));
+  C* gwq_acc = reinterpret_cast<C*>(p);
+  p += al(D.d * sizeof(C));
+  C* gwk_acc = reinterpret_cast<C*>(p);
+  cudaError_t e = cudaMemsetAsync(gW_acc, 0, static_cast<unsigned char*>(workspace) + ws_bytes -
+                                                 reinterpret_cast<unsigned char*>(gW_acc), st);
+  if (e != cudaSuccess) return e;
+  const int threads = 128, wpb = threads / 32;
+  const long n_tasks = (D.rows() + D.tokens()) * D.Hkv;
+  const size_t smem1 = (2 * D.d + size_t(wpb) * (D.r + 2 * D.d)) * sizeof(C);
+  bwd_rows<T><<<grid_for(n_tasks, wpb * 8, 1024), threads, smem1, st>>>(qp, kin, W, wq, wk, cosp, sinp, gqo, gko, gk,
+                                                                       GU, gwq_acc, gwk_acc, D, C(eps));
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  bwd_dq<T><<<grid_for(D.rows(), wpb), threads, size_t(wpb) * D.Hkv * D.d * sizeof(C), st>>>(W, GU, gqp, D);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  dim3 g3(unsigned((D.d + kTile - 1) / kTile), unsigned(D.Hkv * ((D.r + kTile - 1) / kTile)),
+          unsigned((D.rows() + kRowsChunk - 1) / kRowsChunk));
+  bwd_dw<T><<<g3, kTile * 8, 0, st>>>(qp, GU, gW_acc, D);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  cast_out<T><<<grid_for(D.Hkv * D.r * D.d, 256, 1024), 256, 0, st>>>(gW_acc, gW, D.Hkv * D.r * D.d);
+  cast_out<T><<<1, 256, 0, st>>>(gwq_acc, gwq, D.d);
+  cast_out<T><<<1, 256, 0, st>>>(gwk_acc, gwk, D.d);
+  return cudaGetLastError();
+}
+
+}  // namespace gpu
+}  // namespace vha
