@@ -1,18 +1,18 @@
 #!/usr/bin/env python
 """Train Qwen3-VHA (or stock Qwen3) with PaddleFormers' Trainer from one JSON trainer config.
 
-    bash tools/env.sh python tools/train.py configs/tiny-vha.json                  # ~1 min on 2 CPU cores
+    bash tools/env.sh python tools/train.py configs/tiny-vha.json                  # ~20 s on 2 CPU cores
     bash tools/env.sh python tools/train.py configs/tiny-vha.json --max_steps 200  # command line overrides JSON
     bash tools/env.sh python tools/train.py configs/vha-1.7b.json --dry_run true   # check a config, print sizes
 
 The config holds model, data and training arguments in one flat object, parsed by PaddleFormers'
-PdArgumentParser as its own pretraining entry point does: `model_type` (qwen3_vha, qwen3; qwen3_mea once
-paddle_vha.mea exists), `model_config` (the model's config.json fields, inline or a path), the data
+PdArgumentParser as its own pretraining entry point does: `model_type` (qwen3_vha, qwen3,
+qwen3_mea), `model_config` (the model's config.json fields, inline or a path), the data
 arguments (`dataset`: stdlib | pretrain, `input_dir`, `max_seq_len`, ...) and any PaddleFormers
 TrainingArguments (`output_dir`, `max_steps`, `learning_rate`, `bf16`, `tensor_model_parallel_size`,
 `recompute_granularity`, `save_steps`, ...). Re-running with the same output_dir resumes from its last
-checkpoint-N. The trained model is written to OUTPUT_DIR/model in the Qwen3-VHA checkpoint format
-(docs/checkpoint.md), which tools/fold.py reads. Guide: docs/training.md.
+checkpoint-N. The trained model is written to OUTPUT_DIR/model (and each checkpoint-N/model) in the
+documented checkpoint format (docs/checkpoint.md), which tools/fold.py reads. Guide: docs/training.md.
 """
 from __future__ import annotations
 
