@@ -115,6 +115,11 @@ def test_tiny_vha_trains_resumes_and_saves(tmp_path):
         assert abs(lb[step] - la[step]) <= 1e-6, (step, lb[step], la[step])
     assert abs(losses(log_b, "eval_loss")[8] - ev[8]) <= 1e-6
 
+    # tools/fold.py reads a mid-training checkpoint's model and folds it exactly into stock Qwen3
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "fold.py"), os.path.join(a, "checkpoint-4", "model"),
+                          str(tmp_path / "folded"), "--verify"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0 and "-> OK" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+
     # re-running into an output_dir with checkpoints resumes from the last one (here: already finished)
     res = train(os.path.join(CONFIGS, "tiny-vha.json"), "--output_dir", b, *common)
     assert res.returncode == 0 and "resuming from" in res.stdout and "checkpoint-8" in res.stdout
