@@ -15,12 +15,10 @@ The pipeline train -> fold -> export -> serve, end to end on an embedded corpus:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -72,39 +70,6 @@ def build_configs(args):
     return gqa8, vha
 
 
-def train(model, corpus, args, label):
-    import paddle
-    import paddle.nn.functional as F
-    from tqdm import tqdm
-
-    rng = np.random.default_rng(args.seed)  # same batches for every model
-    sched = paddle.optimizer.lr.LambdaDecay(args.lr, lambda s: min(1.0, (s + 1) / 5) * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
-    opt = paddle.optimizer.AdamW(sched, parameters=model.parameters(), weight_decay=0.01,
-                                 grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
-    model.train()
-    losses = []
-    t0 = time.time()
-    bar = tqdm(range(args.steps), desc=f"train {label}", disable=args.no_progress, leave=False, file=sys.stderr)
-    for _ in bar:
-        x, y = corpus.batch(rng, args.batch_size, args.seq_len)
-        logits = model(paddle.to_tensor(x), return_dict=True).logits  # (B, S, 256)
-        loss = F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(y).reshape([-1]))
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        sched.step()
-        losses.append(float(loss))
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    seconds = time.time() - t0
-    model.eval()
-    with paddle.no_grad():
-        val = []
-        for x, y in corpus.val_batches(args.batch_size, args.seq_len, args.val_batches):
-            logits = model(paddle.to_tensor(x), return_dict=True).logits
-            val.append(float(F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(y).reshape([-1]))))
-    return dict(first=np.mean(losses[:3]), last=np.mean(losses[-3:]), val=float(np.mean(val)), seconds=seconds)
-
-
 def save_atomic(model, dest):
     parent = os.path.dirname(os.path.abspath(dest))
     os.makedirs(parent, exist_ok=True)
@@ -128,6 +93,7 @@ def main(argv=None):
     from paddle_vha import Qwen3VHAForCausalLM
     from paddle_vha.accounting import attention_params_per_layer, count_parameters, kv_cache_bytes_per_token
     from paddle_vha.data import load_stdlib_corpus
+    from paddle_vha.simple_train import TrainSettings, train_lm
 
     corpus = load_stdlib_corpus(max_bytes=int(args.corpus_mb * (1 << 20)))
     print(f"corpus: {corpus.n_files} standard-library .py files from {corpus.root}: "
@@ -139,7 +105,10 @@ def main(argv=None):
             continue
         paddle.seed(args.seed)
         model = cls(cfg)
-        res = train(model, corpus, args, label)
+        out = train_lm(model, corpus, TrainSettings(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                                                   lr=args.lr, data_seed=args.seed, val_batches=args.val_batches,
+                                                   progress=not args.no_progress, label=f"train {label}"))
+        res = dict(first=out.first, last=out.last, val=out.val_loss, seconds=out.seconds)
         res.update(label=label, cfg=cfg, params=count_parameters(model), attn=attention_params_per_layer(cfg)["total"],
                    kv_layer=kv_cache_bytes_per_token(cfg, 2), kv_all=kv_cache_bytes_per_token(cfg, 2, all_layers=True))
         rows.append(res)

@@ -1,0 +1,102 @@
+"""A minimal, deterministic training loop for small CPU runs (quick-start, the VHA-vs-GQA study).
+
+Real training goes through PaddleFormers' Trainer (tools/train.py). This loop exists for runs of a few
+hundred steps where the Trainer's set-up would dominate: AdamW, warm-up + cosine schedule, global-norm
+clipping, next-byte cross-entropy, and a fixed validation set.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+
+__all__ = ["TrainSettings", "TrainResult", "train_lm", "evaluate_lm"]
+
+
+@dataclass
+class TrainSettings:
+    steps: int = 40
+    batch_size: int = 8
+    seq_len: int = 128
+    lr: float = 3e-3
+    warmup: int = 5
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    data_seed: int = 0  # batch order: the same for every model trained with these settings
+    val_batches: int = 8
+    eval_every: int = 0  # 0: evaluate only at the end
+    progress: bool = True
+    label: str = "train"
+
+
+@dataclass
+class TrainResult:
+    losses: List[float]
+    val_loss: float
+    seconds: float
+    val_curve: List[tuple] = field(default_factory=list)  # (step, val loss)
+
+    @property
+    def first(self) -> float:
+        return float(np.mean(self.losses[:3]))
+
+    @property
+    def last(self) -> float:
+        return float(np.mean(self.losses[-3:]))
+
+
+def _xent(model, x, y):
+    import paddle
+    import paddle.nn.functional as F
+
+    logits = model(paddle.to_tensor(x), return_dict=True).logits  # (B, S, V)
+    return F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(y).reshape([-1]))
+
+
+def evaluate_lm(model, corpus, s: TrainSettings) -> float:
+    import paddle
+
+    was_training = model.training
+    model.eval()
+    with paddle.no_grad():
+        val = [float(_xent(model, x, y)) for x, y in corpus.val_batches(s.batch_size, s.seq_len, s.val_batches)]
+    if was_training:
+        model.train()
+    return float(np.mean(val))
+
+
+def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None) -> TrainResult:
+    """Train `model` (a causal LM returning .logits) on `corpus` (paddle_vha.data.ByteCorpus) in place."""
+    import paddle
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(s.data_seed)
+    schedule = lambda k: min(1.0, (k + 1) / max(s.warmup, 1)) * 0.5 * (1 + math.cos(math.pi * k / s.steps))  # noqa: E731
+    sched = paddle.optimizer.lr.LambdaDecay(s.lr, schedule)
+    params = params if params is not None else [p for p in model.parameters() if not p.stop_gradient]
+    opt = paddle.optimizer.AdamW(sched, parameters=params, weight_decay=s.weight_decay,
+                                 grad_clip=paddle.nn.ClipGradByGlobalNorm(s.clip))
+    model.train()
+    losses, curve = [], []
+    t0 = time.time()
+    bar = tqdm(range(s.steps), desc=s.label, disable=not s.progress, leave=False, file=sys.stderr)
+    for step in bar:
+        x, y = corpus.batch(rng, s.batch_size, s.seq_len)
+        loss = _xent(model, x, y)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        sched.step()
+        losses.append(float(loss))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if s.eval_every and (step + 1) % s.eval_every == 0 and step + 1 < s.steps:
+            curve.append((step + 1, evaluate_lm(model, corpus, s)))
+    seconds = time.time() - t0
+    val = evaluate_lm(model, corpus, s)
+    curve.append((s.steps, val))
+    model.eval()
+    return TrainResult(losses=losses, val_loss=val, seconds=seconds, val_curve=curve)
