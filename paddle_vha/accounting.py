@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 __all__ = [
     "kv_cache_bytes_per_token",
@@ -479,10 +479,6 @@ def variants_for_config(a: Arch) -> List[Arch]:
     if a.kind == "vha" and not a.vha_gated:
         return [a.replace(label=f"{a.label} (trained)"), fold_vha(a, label=f"{a.label} (folded)")]
     return [a]
-
-
-def parse_int_list(text: str) -> Sequence[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def resolve_models(spec: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:

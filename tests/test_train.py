@@ -238,6 +238,9 @@ def test_bad_inputs(tmp_path):
         last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ""
         assert res.returncode == 2 and last.startswith("error:") and expect in last, (args, res.stderr[-1500:])
         assert "Traceback" not in res.stderr
+    res = train("configs/tiny-vha.json", "--bf16", "true", "--output_dir", str(tmp_path / "bf16"))
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("error: bf16 / fp16 training needs a GPU")
+    assert not os.path.exists(tmp_path / "bf16" / "model")
     res = train("--help")
     assert res.returncode == 0 and "model_config" in res.stdout and "max_seq_len" in res.stdout
 

@@ -16,7 +16,6 @@ documented checkpoint format (docs/checkpoint.md), which tools/fold.py reads. Gu
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import math
@@ -393,6 +392,9 @@ def main(argv=None):
     if training_args.device.startswith("gpu") and not paddle.is_compiled_with_cuda():
         fail(f"device={training_args.device}, but this Paddle build has no CUDA (docs/install.md, GPU); "
              "pass --device cpu to train on the CPU")
+    if training_args.device == "cpu" and (training_args.bf16 or training_args.fp16):
+        fail("bf16 / fp16 training needs a GPU: Paddle's CPU kernels have no half-precision matmul; "
+             "pass --bf16 false --fp16 false on the CPU")
 
     logging.getLogger("paddle.distributed.fleet.utils.log_util").setLevel(logging.WARNING)  # checkpoint I/O chatter
     warnings.filterwarnings("ignore", message="The input state dict is empty")  # no fp32 master weights without AMP
@@ -412,8 +414,11 @@ def main(argv=None):
     if training_args.bf16 and training_args.fp16_opt_level == "O2":
         model = model.to(dtype="bfloat16")
 
+    # With tensor / pipeline parallelism each rank holds a slice of the weights, so a rank-0 save_pretrained would
+    # write a partial model: the checkpoint-N/model copies are skipped and the final model goes through the Trainer.
+    sharded = max(training_args.tensor_model_parallel_size, training_args.pipeline_model_parallel_size) > 1
     log = TrainLog(model, os.path.join(training_args.output_dir, "train_log.jsonl"),
-                   training_args.save_model_in_checkpoints)
+                   training_args.save_model_in_checkpoints and not sharded)
     trainer = Trainer(model=model, args=training_args, train_dataset=train if training_args.do_train else None,
                       eval_dataset=val if training_args.do_eval else None, callbacks=[log])
     if training_args.do_train:
@@ -429,12 +434,16 @@ def main(argv=None):
         if loss is not None:
             print(f"validation: loss {loss:.4f} (perplexity {math.exp(min(loss, 50)):.2f} per token) "
                   f"at step {trainer.state.global_step}")
-    if training_args.do_train and training_args.should_save:
+    if training_args.do_train:
         dest = os.path.join(training_args.output_dir, "model")
-        save_model_atomic(model, dest)
-        if "validate" in MODEL_TYPES[model_args.model_type]:  # the folder must meet its documented contract
-            _load(MODEL_TYPES[model_args.model_type]["validate"], model_args.model_type)(dest)
-        print(f"saved the trained model to {dest}")
+        if sharded:  # model-parallel weights are gathered by the Trainer, on every rank (not run by this project yet)
+            trainer.save_model(dest)
+        elif training_args.should_save:
+            save_model_atomic(model, dest)
+            if "validate" in MODEL_TYPES[model_args.model_type]:  # the folder must meet its documented contract
+                _load(MODEL_TYPES[model_args.model_type]["validate"], model_args.model_type)(dest)
+        if training_args.should_save:
+            print(f"saved the trained model to {dest}")
     return 0
 
 
