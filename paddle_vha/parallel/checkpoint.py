@@ -1,0 +1,200 @@
+"""Tensor-parallel checkpoints: each rank saves its slices; `merge_tp_checkpoint` rebuilds the single checkpoint.
+
+A sharded save is a folder with
+
+    config.json                       the model's config (the single-device one: tensor_model_parallel_size 1)
+    tp_plan.json                      format, t, the shard files, and per tensor its global (on-disk) shape,
+                                      dtype and split axis (null: whole, stored once, by rank 0)
+    tp-rank-00-of-02.safetensors ...  rank k's slices of the split tensors (and, for rank 0, the whole ones)
+
+Tensor names and the on-disk layout are the Qwen3-VHA checkpoint contract's (docs/checkpoint.md: Linear weights
+[out, in]), so a split tensor is the global tensor cut along one on-disk axis into t equal, rank-ordered parts.
+`merge_tp_checkpoint` concatenates them into a folder that `validate_vha_checkpoint`, `from_pretrained` and
+tools/fold.py read like any `save_pretrained` output.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .. import safetensors_io as st
+from ..checkpoint import CheckpointError, INDEX_FILE, SINGLE_FILE, validate_vha_checkpoint
+
+__all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "read_tp_plan"]
+
+PLAN_FILE = "tp_plan.json"
+FORMAT = "paddle_vha.tp_shards.v1"
+_CODES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16"}
+
+
+def _rank_file(k: int, t: int) -> str:
+    return f"tp-rank-{k:02d}-of-{t:02d}.safetensors"
+
+
+def _is_linear_weight(name: str, ndim: int) -> bool:
+    # Paddle Linear keeps [in, out]; the checkpoint contract stores [out, in] (the model's aoa rules do the same).
+    return ndim == 2 and name.endswith("_proj.weight")
+
+
+def _disk(name: str, x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x.T) if _is_linear_weight(name, x.ndim) else x
+
+
+def _to_numpy(p):
+    import paddle
+
+    x = p.detach()
+    if x.dtype == paddle.bfloat16:
+        import ml_dtypes
+
+        return x.astype("float32").numpy().astype(ml_dtypes.bfloat16)
+    return x.numpy()
+
+
+def _write(path: str, tensors: Dict[str, np.ndarray]) -> None:
+    specs = [(n, _CODES[str(a.dtype)], tuple(a.shape)) for n, a in tensors.items()]
+    w = st.ShardWriter(path, specs)
+    try:
+        for n, a in tensors.items():
+            w.write(n, a.reshape((1,) if a.ndim == 0 else a.shape))
+        w.close()
+    except BaseException:
+        w.abort()
+        raise
+
+
+def save_tp_checkpoint(model, out_dir: str) -> None:
+    """Every rank of a parallelized model writes its slices into out_dir (collective: call on every rank)."""
+    import paddle.distributed as dist
+
+    from .apply import tp_state
+
+    state = tp_state(model)
+    if state is None:
+        raise RuntimeError("save_tp_checkpoint: model is not tensor-parallel (use save_pretrained)")
+    t, k = state.t, state.rank
+    os.makedirs(out_dir, exist_ok=True)
+    local: Dict[str, np.ndarray] = {}
+    tensors = {}
+    for name, p in model.named_parameters():
+        shard = state.shard(name)
+        a = _disk(name, _to_numpy(p))
+        axis = shard.axis
+        if axis is not None and _is_linear_weight(name, a.ndim):
+            axis = 1 - axis
+        shape = list(a.shape)
+        if axis is not None:
+            shape[axis] *= t
+        tensors[name] = {"shape": shape, "dtype": _CODES[str(a.dtype)], "axis": axis}
+        if axis is not None or k == 0:
+            local[name] = a
+    _write(os.path.join(out_dir, _rank_file(k, t)), local)
+    if k == 0:
+        import copy
+
+        cfg = copy.deepcopy(model.config)
+        cfg.architectures = [type(model).__name__]
+        cfg.tensor_model_parallel_size = 1
+        cfg.dtype = str(next(iter(model.parameters())).dtype).split(".")[-1]  # as save_pretrained records it
+        cfg.save_pretrained(out_dir)  # config.json exactly as the model's own save_pretrained writes it
+        plan = {"format": FORMAT, "tensor_parallel_size": t, "files": [_rank_file(i, t) for i in range(t)],
+                "tensors": tensors}
+        with open(os.path.join(out_dir, PLAN_FILE), "w", encoding="utf-8") as f:
+            json.dump(plan, f, indent=1)
+            f.write("\n")
+    dist.barrier(group=state.group)
+
+
+def read_tp_plan(in_dir: str) -> dict:
+    path = os.path.join(in_dir, PLAN_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{in_dir}: no {PLAN_FILE} (not a tensor-parallel sharded save)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            plan = json.load(f)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if plan.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {plan.get('format')!r}, expected {FORMAT!r}")
+    for fname in plan["files"]:
+        if not os.path.isfile(os.path.join(in_dir, fname)):
+            raise CheckpointError(f"{path}: lists shard {fname!r}, which is missing")
+    return plan
+
+
+def _natural_key(name: str):
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", name)]
+
+
+def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shard_size="5GB") -> dict:
+    """Rebuild the single-device Qwen3-VHA checkpoint from a sharded save; returns a summary dict.
+
+    Reads one global tensor's parts at a time; writes atomically (a temporary sibling folder, renamed at the end)
+    and validates the result against the checkpoint contract.
+    """
+    plan = read_tp_plan(in_dir)
+    t = plan["tensor_parallel_size"]
+    refs: List[Dict[str, st.TensorRef]] = []
+    for fname in plan["files"]:
+        try:
+            refs.append(st.read_header(os.path.join(in_dir, fname))[1])
+        except st.SafetensorsFormatError as e:
+            raise CheckpointError(str(e)) from None
+    if os.path.realpath(in_dir) == os.path.realpath(out_dir):
+        raise CheckpointError(f"{out_dir}: must differ from the input folder")
+    if os.path.lexists(out_dir) and not force:
+        raise CheckpointError(f"{out_dir}: already exists (pass force=True / --force to replace it)")
+
+    names = sorted(plan["tensors"], key=_natural_key)
+    specs = []
+    for name in names:
+        info = plan["tensors"][name]
+        holders = range(t) if info["axis"] is not None else [0]
+        for k in holders:
+            if name not in refs[k]:
+                raise CheckpointError(f"{in_dir}/{plan['files'][k]}: missing tensor {name}")
+        specs.append((name, info["dtype"], tuple(info["shape"])))
+
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-merge-", dir=parent)
+    try:
+        shards = st.plan_shards(specs, st.parse_size(max_shard_size))
+        weight_map, total = {}, 0
+        for i, shard in enumerate(shards):
+            fname = SINGLE_FILE if len(shards) == 1 else st.shard_name(i + 1, len(shards))
+            w = st.ShardWriter(os.path.join(tmp, fname), shard)
+            try:
+                for name, code, shape in shard:
+                    info = plan["tensors"][name]
+                    if info["axis"] is None:
+                        a = st.read_tensor(refs[0][name])
+                    else:
+                        a = np.concatenate([st.read_tensor(refs[k][name]) for k in range(t)], axis=info["axis"])
+                    if tuple(a.shape) != tuple(shape):
+                        raise CheckpointError(f"{in_dir}: {name} merges to {list(a.shape)}, plan says {list(shape)}")
+                    w.write(name, a.reshape((1,) if a.ndim == 0 else a.shape))
+                    weight_map[name] = fname
+                    total += a.nbytes
+                w.close()
+            except BaseException:
+                w.abort()
+                raise
+        if len(shards) > 1:
+            st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, total)
+        shutil.copyfile(os.path.join(in_dir, "config.json"), os.path.join(tmp, "config.json"))
+        validate_vha_checkpoint(tmp)
+        if os.path.lexists(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"tensor_parallel_size": t, "tensors": len(names), "bytes": total, "files": len(shards)}

@@ -1,0 +1,197 @@
+"""Tensor-parallel Qwen3-VHA on CPU (gloo) through paddle.distributed.launch, exact against TP = 1.
+
+Each launch runs tests/tp/tp_worker.py on t = 2 ranks (KV heads split) and t = 4 ranks (H_kv = 2: KV heads
+replicated) for three tiny models (composed prologue; gate + biases + r < d; fused prologue + gate + r < d).
+Every rank compares against the single-device model it built itself: logits, loss, every gradient (gathered),
+global gradient norm, 3 SGD-momentum steps (asserted <= 1e-5), 3 AdamW steps (asserted no worse than TP = 1 fp32
+itself against fp64), cached decode. This file then merges each sharded save, folds it and
+compares with the TP = 1 save / fold. Printed errors are max |diff| / max |ref| per tensor (worst tensor named).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "tp", "tp_worker.py")
+TOL = 1e-5
+
+
+def _fused_available() -> bool:
+    from paddle_vha.prologue import fused_unavailable_reason
+
+    return fused_unavailable_reason() is None  # also builds the op once here, before the ranks start
+
+
+def launch(nproc: int, out_dir: str, cases: str, timeout: int = 420) -> dict:
+    """Run the worker on nproc CPU ranks; kill the launcher's whole process group however it ends."""
+    log_dir = os.path.join(out_dir, "log")
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", log_dir,
+           WORKER, "--out", out_dir, "--cases", cases]
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"launcher timed out after {timeout}s:\n{out[-3000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher can leave rank processes behind
+        except ProcessLookupError:
+            pass
+    results = {}
+    for k in range(nproc):
+        path = os.path.join(out_dir, f"rank{k}.json")
+        if not os.path.exists(path):
+            logs = ""
+            wl = os.path.join(log_dir, f"workerlog.{k}")
+            if os.path.exists(wl):
+                logs = open(wl, errors="replace").read()[-3000:]
+            pytest.fail(f"rank {k} wrote no result (launcher rc={proc.returncode}):\n{out[-2000:]}\n{logs}")
+        with open(path) as f:
+            results[k] = json.load(f)
+        assert "error" not in results[k], f"rank {k} failed:\n{results[k]['error']}"
+    assert proc.returncode == 0, out[-3000:]
+    return results
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"t{n}")
+def tp_run(request, tmp_path_factory):
+    n = request.param
+    out = str(tmp_path_factory.mktemp(f"tp{n}"))
+    cases = ["base", "gated-bias-r9"] + (["fused"] if _fused_available() else [])
+    return n, out, cases, launch(n, out, ",".join(cases))
+
+
+@pytest.mark.slow
+def test_tp_equals_single_device(tp_run):
+    n, _, cases, results = tp_run
+    worst = 0.0
+    for k, res in results.items():
+        assert res["t"] == n
+        for case in cases:
+            r = res["cases"][case]
+            for key, v in sorted(r.items()):
+                if isinstance(v, dict):
+                    print(f"t={n} rank {k} {case:14s} {key:22s} max abs {v['max_abs']:.2e}  mean abs {v['mean_abs']:.2e}  "
+                          f"rel {v['rel']:.2e}" + (f"  (worst of {v['count']}: {v['name']})" if "name" in v else ""))
+            for key, v in r.items():
+                if isinstance(v, dict) and key.split(".")[0] not in ("info", "adamw"):
+                    worst = max(worst, v["rel"])
+                    assert v["rel"] <= TOL, f"t={n} rank {k} {case} {key}: {v}"
+            # the 3 SGD-momentum steps really moved the weights (else "equal after 3 steps" would say little)
+            assert r["info.param_change"]["max_abs"] > 1e-2
+            # AdamW: amplifies last-bit gradient differences of near-zero elements (see tests/tp/tp_worker.py); the
+            # TP deviation must be of the size fp32 itself shows against float64, not larger
+            for what in ("params", "logits"):
+                tp_err, fp32_err = r[f"adamw.tp_vs_ref32.{what}"]["rel"], r[f"adamw.ref32_vs_ref64.{what}"]["rel"]
+                print(f"t={n} rank {k} {case}: AdamW x3 {what}: TP vs TP=1 fp32 {tp_err:.2e}; "
+                      f"TP=1 fp32 vs TP=1 fp64 {fp32_err:.2e}")
+                assert tp_err <= 3 * fp32_err + 1e-6, (case, what, tp_err, fp32_err)
+            print(f"t={n} rank {k} {case}: cached decode rel {r['decode.rel']:.2e}; replicated grads/params identical "
+                  f"across ranks: {r['step0.replica_grad_divergence']}, {r['after.replica_param_divergence']}")
+            assert r["decode.rel"] <= TOL
+            for key in [f"step{s}.replica_grad_divergence" for s in range(3)] + ["after.replica_param_divergence"]:
+                assert r[key] == 0.0, (case, key, r[key])
+            assert r["decode.cache_heads"] == max(2 // n, 1)  # H_kv = 2 split over t (t=4: one replicated head)
+            # every parameter was compared: 2 layers x (attention + MLP + norms) + embedding, norm, lm_head
+            assert r["step0.grads"]["count"] == r["after.params"]["count"] >= 29
+    print(f"t={n}: worst relative error over {len(cases)} models x {n} ranks: {worst:.2e}")
+
+
+def _load_dir(d):
+    import glob
+
+    from safetensors.numpy import load_file
+
+    out = {}
+    for f in sorted(glob.glob(os.path.join(d, "*.safetensors"))):
+        out.update({k: v.astype(np.float64) for k, v in load_file(f).items()})
+    return out
+
+
+def _rel(got, ref):
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+@pytest.mark.slow
+def test_tp_sharded_save_merge_fold(tp_run):
+    import paddle
+
+    from _utils import TINY
+    from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM, fold
+    from paddle_vha.checkpoint import validate_vha_checkpoint
+
+    n, out, cases, _ = tp_run
+    for i, case in enumerate(cases):
+        d = os.path.join(out, f"{case}-t{n}")
+        with open(os.path.join(d, "overrides.json")) as f:
+            cfg = Qwen3VHAConfig(**{**TINY, **json.load(f)})
+        ref = Qwen3VHAForCausalLM(cfg)  # the TP = 1 model after its 3 steps, saved the ordinary way
+        state = dict(np.load(os.path.join(d, "ref_state.npz")))
+        ref.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
+        ref.save_pretrained(os.path.join(d, "ref"))
+
+        merged = os.path.join(d, "merged")
+        if i == 0:  # the CLI once, the API for the rest
+            p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "merge_tp_checkpoint.py"),
+                                os.path.join(d, "shards"), merged], capture_output=True, text=True, cwd=ROOT)
+            print(p.stdout.strip(), p.stderr.strip()[-500:])
+            assert p.returncode == 0, p.stderr
+        else:
+            from paddle_vha.parallel import merge_tp_checkpoint
+
+            merge_tp_checkpoint(os.path.join(d, "shards"), merged)
+        validate_vha_checkpoint(merged)
+        m, r = _load_dir(merged), _load_dir(os.path.join(d, "ref"))
+        assert sorted(m) == sorted(r)
+        errs = {k: _rel(m[k], r[k]) for k in r}
+        k_worst = max(errs, key=errs.get)
+        print(f"t={n} {case}: merged vs TP=1 save_pretrained, {len(r)} tensors, worst rel {errs[k_worst]:.2e} ({k_worst})")
+        assert errs[k_worst] <= TOL
+        with open(os.path.join(merged, "config.json")) as f:
+            mc = json.load(f)
+        with open(os.path.join(d, "ref", "config.json")) as f:
+            rc = json.load(f)
+        diff = sorted(k for k in set(mc) | set(rc) if mc.get(k) != rc.get(k))
+        assert not diff, {k: (mc.get(k), rc.get(k)) for k in diff}
+
+        loaded = Qwen3VHAForCausalLM.from_pretrained(merged)
+        loaded.eval()
+        ids = paddle.to_tensor(np.load(os.path.join(d, "ids.npy")))
+        with paddle.no_grad():
+            got = loaded(ids, return_dict=True).logits.astype("float64").numpy()
+        e = _rel(got, np.load(os.path.join(d, "tp_logits.npy")))
+        print(f"t={n} {case}: merged checkpoint reloaded, logits vs the TP model's: rel {e:.2e}")
+        assert e <= TOL
+
+        if cfg.vha_gated_attention:
+            with pytest.raises(fold.FoldError):
+                fold.plan_fold(merged, os.path.join(d, "merged-folded"))
+            continue
+        folded = {}
+        for src in ("merged", "ref"):
+            if src == "merged" and i == 0:
+                p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "fold.py"), merged,
+                                    os.path.join(d, "merged-folded"), "--no-progress"],
+                                   capture_output=True, text=True, cwd=ROOT)
+                assert p.returncode == 0, p.stderr
+            else:
+                fold.fold_checkpoint(fold.plan_fold(os.path.join(d, src), os.path.join(d, f"{src}-folded")),
+                                     progress=False)
+            folded[src] = _load_dir(os.path.join(d, f"{src}-folded"))
+        assert sorted(folded["merged"]) == sorted(folded["ref"])
+        errs = {k: _rel(folded["merged"][k], folded["ref"][k]) for k in folded["ref"]}
+        k_worst = max(errs, key=errs.get)
+        print(f"t={n} {case}: fold(merge(shards)) vs fold(TP=1), {len(errs)} tensors, worst rel {errs[k_worst]:.2e} "
+              f"({k_worst})")
+        assert errs[k_worst] <= TOL
