@@ -105,17 +105,23 @@ class Qwen3VHAConfig(Qwen3Config):
         if fused is not None and not isinstance(fused, bool):
             raise VHAConfigError(f"vha_fused_prologue must be None (auto), True or False, got {fused!r}")
 
-    def check_runtime_support(self) -> None:
-        """Raise VHAConfigError for runtime options (set by trainers after construction) VHA does not support."""
+    def check_runtime_support(self, tensor_parallel_plan: bool = False) -> None:
+        """Raise VHAConfigError for runtime options (set by trainers after construction) VHA does not support.
+
+        tensor_parallel_plan: the caller builds the model through paddle_vha.parallel (build_tensor_parallel_model),
+        which accepts tensor_model_parallel_size > 1; the model classes alone build single-device layers only.
+        """
         if self.fuse_attention_qkv:
             raise VHAConfigError(
                 "fuse_attention_qkv=True is not supported by Qwen3-VHA: q_proj emits H_p*r features, "
                 "which the fused [q|k|v] layout cannot express; set fuse_attention_qkv=False"
             )
-        if self.tensor_model_parallel_size > 1:
+        if self.tensor_model_parallel_size > 1 and not tensor_parallel_plan:
             raise VHAConfigError(
-                f"tensor_model_parallel_size={self.tensor_model_parallel_size}: Qwen3-VHA currently supports "
-                "tensor_model_parallel_size=1 only"
+                f"tensor_model_parallel_size={self.tensor_model_parallel_size}: Qwen3-VHA is tensor-parallel only "
+                "through paddle_vha.parallel (fleet's mp layers would split q_proj, Premix and Postmix as if they "
+                "were stock heads): build with paddle_vha.parallel.build_tensor_parallel_model(Qwen3VHAForCausalLM, "
+                "config, group), see docs/tensor_parallel.md"
             )
         if self.sequence_parallel:
             raise VHAConfigError("sequence_parallel=True is not supported by Qwen3-VHA")
