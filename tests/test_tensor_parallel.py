@@ -195,3 +195,65 @@ def test_tp_sharded_save_merge_fold(tp_run):
         print(f"t={n} {case}: fold(merge(shards)) vs fold(TP=1), {len(errs)} tensors, worst rel {errs[k_worst]:.2e} "
               f"({k_worst})")
         assert errs[k_worst] <= TOL
+
+
+def _train_log(path):
+    with open(path) as f:
+        return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+
+
+@pytest.mark.slow
+def test_trainer_config_tp2_matches_tp1(tmp_path):
+    """configs/tiny_vha_tp2.json trains with tensor_parallel_degree 2 through the launcher and PaddleFormers' Trainer
+    (tests/tp/train_tp_worker.py: tools/train.py's parser and data, the model built by paddle_vha.parallel); the same
+    config through tools/train.py at tensor_parallel_degree 1 gives the same losses and the same trained weights."""
+    config = os.path.join(ROOT, "configs", "tiny_vha_tp2.json")
+    with open(config) as f:
+        assert json.load(f)["tensor_parallel_degree"] == 2
+    out_tp = str(tmp_path / "tp2")
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+           str(tmp_path / "log"), os.path.join(ROOT, "tests", "tp", "train_tp_worker.py"), config, "--output_dir", out_tp]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=420)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"launcher timed out:\n{out[-3000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if proc.returncode != 0:
+        logs = "".join(open(p, errors="replace").read()[-3000:] for p in
+                       sorted(str(x) for x in (tmp_path / "log").glob("workerlog.*")))
+        pytest.fail(f"TP=2 training failed (rc={proc.returncode}):\n{out[-2000:]}\n{logs}")
+    with open(os.path.join(out_tp, "tp_train_result.json")) as f:
+        res = json.load(f)
+    print(f"TP=2 trainer: {res['global_step']} steps, losses {res['losses']}, eval loss {res['eval_loss']}, "
+          f"replicated parameters identical across ranks: {res['replica_param_divergence']}")
+    assert res["t"] == 2 and res["global_step"] == 12 and res["replica_param_divergence"] == 0.0
+
+    out_1 = str(tmp_path / "tp1")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), config, "--tensor_parallel_degree",
+                        "1", "--output_dir", out_1], cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert p.returncode == 0, p.stderr[-3000:]
+    l1, l2 = _train_log(os.path.join(out_1, "train_log.jsonl")), _train_log(os.path.join(out_tp, "train_log.jsonl"))
+    assert sorted(l1) == sorted(l2) and len(l1) == 6
+    errs = {s: abs(l2[s]["loss"] - l1[s]["loss"]) / abs(l1[s]["loss"]) for s in l1}
+    print("loss per logged step, TP=1 vs TP=2: " + ", ".join(f"{s}: {l1[s]['loss']:.6f} / {l2[s]['loss']:.6f}"
+                                                               for s in sorted(l1)))
+    print(f"max relative loss difference {max(errs.values()):.2e}")
+    assert max(errs.values()) <= TOL
+    assert l1[12]["loss"] < l1[2]["loss"] - 1.0  # it trained
+    from paddle_vha.checkpoint import validate_vha_checkpoint
+
+    validate_vha_checkpoint(os.path.join(out_tp, "model"))
+    m1, m2 = _load_dir(os.path.join(out_1, "model")), _load_dir(os.path.join(out_tp, "model"))
+    assert sorted(m1) == sorted(m2)
+    werr = {k: _rel(m2[k], m1[k]) for k in m1}
+    k = max(werr, key=werr.get)
+    print(f"trained weights, merged TP=2 vs TP=1 (12 AdamW steps, grad clip 1.0): worst rel {werr[k]:.2e} ({k})")
+    assert werr[k] <= TOL

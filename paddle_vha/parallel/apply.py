@@ -275,6 +275,7 @@ def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_r
     want = getattr(config, "tensor_model_parallel_size", 1)
     if want not in (1, t):
         raise RuntimeError(f"config.tensor_model_parallel_size={want} but the tensor-parallel group has {t} ranks")
+    config.check_runtime_support(tensor_parallel_plan=True)  # sequence parallel, fused qkv: still refused
     cfg = copy.deepcopy(config)
     cfg.tensor_model_parallel_size = 1
     cfg.tensor_parallel_output = False  # the LM head is replicated: full logits, ordinary cross-entropy
