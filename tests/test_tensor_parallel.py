@@ -257,3 +257,69 @@ def test_trainer_config_tp2_matches_tp1(tmp_path):
     k = max(werr, key=werr.get)
     print(f"trained weights, merged TP=2 vs TP=1 (12 AdamW steps, grad clip 1.0): worst rel {werr[k]:.2e} ({k})")
     assert werr[k] <= TOL
+
+
+# --- fast checks, no processes -------------------------------------------------------------------------------------
+
+def test_plan_layout_group_major():
+    from paddle_vha.parallel.plan import attention_layout
+
+    cfg = dict(num_attention_heads=16, num_key_value_heads=2, intermediate_size=64, fuse_attention_ffn=False)
+    h_p = 8
+    for t in (1, 2, 4, 8):
+        lays = [attention_layout(cfg, t, k) for k in range(t)]
+        heads = [j for lay in lays for j in range(*lay.heads)]
+        assert heads == list(range(16))  # contiguous, rank-ordered blocks of virtual heads
+        for lay in lays:
+            for j in range(*lay.heads):
+                g, i = divmod(j, h_p)  # virtual head j = g*H_p + i reads KV head g, physical head i
+                assert lay.groups[0] <= g < lay.groups[1] and lay.physical[0] <= i < lay.physical[1]
+            assert lay.num_heads == lay.num_kv_heads * lay.num_physical  # exactly the rank's (group, physical) pairs
+            assert lay.kv_sharded == (t <= 2)
+        if t <= 2:  # KV split: every rank owns distinct groups and needs all H_p physical heads
+            assert all(lay.physical == (0, h_p) for lay in lays)
+            assert len({lay.groups for lay in lays}) == t
+        else:  # KV replicated: t / H_kv ranks share each KV head
+            assert [lay.groups[0] for lay in lays] == [k // (t // 2) for k in range(t)]
+
+
+def test_plan_refusals():
+    from paddle_vha.parallel.plan import TPPlanError, check_plan
+
+    ok = dict(num_attention_heads=16, num_key_value_heads=2, intermediate_size=64, fuse_attention_ffn=False)
+    for bad, t, msg in [(dict(num_attention_heads=12), 8, "divisible by the tensor-parallel size"),
+                        (dict(num_key_value_heads=4, num_attention_heads=12), 3, "H_kv=4 must be divisible by t=3"),
+                        (dict(num_key_value_heads=3, num_attention_heads=12), 4, "multiple of H_kv"),
+                        (dict(intermediate_size=66), 4, "intermediate_size=66"),
+                        (dict(fuse_attention_ffn=True), 2, "fuse_attention_ffn")]:
+        with pytest.raises(TPPlanError, match=msg):
+            check_plan({**ok, **bad}, t)
+
+
+def test_vha_refuses_tp_without_the_plan():
+    from _utils import tiny_config
+    from paddle_vha import Qwen3VHAForCausalLM, VHAConfigError
+
+    cfg = tiny_config()
+    cfg.tensor_model_parallel_size = 2
+    with pytest.raises(VHAConfigError, match="build_tensor_parallel_model"):
+        Qwen3VHAForCausalLM(cfg)
+    cfg.check_runtime_support(tensor_parallel_plan=True)  # the entry point's check passes
+    cfg.sequence_parallel = True
+    with pytest.raises(VHAConfigError, match="sequence_parallel"):
+        cfg.check_runtime_support(tensor_parallel_plan=True)
+
+
+def test_bench_bytes_at_article_shapes():
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import bench_tp_comm as b
+
+    c = b.per_token(b.SHAPES["1.7B"], 2, 2)  # bf16
+    assert c["lowrank_payload"] == 4 * 128 * 2 == 1024 and c["gather_payload"] == 16 * 128 * 2 == 4096
+    assert c["lowrank_sent"] == 1024 and c["gather_sent"] == 2048
+    c = b.per_token(b.SHAPES["30B-A3B"], 4, 2)
+    assert c["lowrank_payload"] == 12 * 128 * 2 and c["gather_payload"] == 48 * 128 * 2
+    assert c["lowrank_sent"] == 1.5 * 12 * 128 * 2 and c["gather_sent"] == 0.75 * 48 * 128 * 2
+    text = b.table([2, 4], "bfloat16")
+    print(text)
+    assert "1.7B      2 |   R*d = 512 1.00 KiB   1.00 KiB | H_v*d = 2048  4.00 KiB   2.00 KiB" in text
