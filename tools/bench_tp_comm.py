@@ -52,7 +52,19 @@ def per_token(shape: dict, t: int, nbytes: int) -> dict:
     }
 
 
+def replicated_grad_values(shape: dict, t: int) -> int:
+    """Values per layer whose gradient the plan all-reduces once per micro-batch (replicated, partly used per rank):
+    q_proj, q_norm, k_norm; when t > H_kv also k_proj, v_proj and Premix (r = d)."""
+    h, d, h_v, h_kv = shape["h"], shape["d"], shape["h_v"], shape["h_kv"]
+    n = h * (h_v // h_kv) * d + 2 * d
+    if t > h_kv:
+        n += 2 * h * h_kv * d + h_kv * d * d
+    return n
+
+
 def fmt(n: float) -> str:
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.2f} MiB"
     return f"{n / 1024:.2f} KiB" if n >= 1024 else f"{n:.0f} B"
 
 
@@ -74,6 +86,20 @@ def table(tps, dtype: str) -> str:
                 f"{c['gather_payload'] / c['lowrank_payload']:>12.1f}x {c['gather_sent'] / c['lowrank_sent']:>9.1f}x | "
                 f"{fmt(c['o_proj_sent']):>22s}")
     lines.append("payload ratio = H_v / R; sent ratio = H_v / (2R) (an all-reduce is a reduce-scatter plus an all-gather)")
+    return "\n".join(lines)
+
+
+def grad_table(tps, dtype: str, tokens: int) -> str:
+    nb = BYTES[dtype]
+    lines = [f"Replicated-parameter gradient all-reduce (q_proj, q/k norms; + k/v_proj, Premix when t > H_kv), once per "
+             f"micro-batch per layer, {dtype} gradients, amortised over {tokens} tokens per micro-batch (per rank, sent)"]
+    for name, shape in SHAPES.items():
+        for t in tps:
+            if shape["h_v"] % t:
+                continue
+            v = replicated_grad_values(shape, t)
+            sent = 2 * (t - 1) / t * v * nb
+            lines.append(f"{name:8s} t={t}: {v:,} values -> {fmt(sent)} per micro-batch, {fmt(sent / tokens)} per token")
     return "\n".join(lines)
 
 
@@ -133,12 +159,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tp", type=int, nargs="+", default=[2, 4, 8], help="tensor-parallel sizes (default 2 4 8)")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(BYTES), help="activation dtype (default bfloat16)")
     ap.add_argument("--measure", action="store_true", help="under paddle.distributed.launch: time both collectives")
-    ap.add_argument("--tokens", type=int, default=4096, help="--measure: tokens per call (default 4096)")
+    ap.add_argument("--tokens", type=int, default=4096,
+                    help="tokens per micro-batch (gradient table) and per timed call (--measure); default 4096")
     ap.add_argument("--repeats", type=int, default=5, help="--measure: timed calls (default 5)")
     args = ap.parse_args(argv)
     quiet()
     if not args.measure or int(os.environ.get("PADDLE_TRAINER_ID", "0")) == 0:
         print(table(args.tp, args.dtype))
+        print()
+        print(grad_table(args.tp, args.dtype, args.tokens))
     if args.measure:
         measure(args.tokens, args.repeats)
     return 0
