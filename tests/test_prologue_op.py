@@ -243,6 +243,30 @@ def test_batch_one_tables_broadcast_and_missing_k_gradient(op):
     assert float(q_phys.grad.abs().max()) > 0
 
 
+def test_threads_split_tokens_and_reduce_weight_gradients(op, monkeypatch):
+    """1 vs 3 worker threads (VHA_PROLOGUE_THREADS, read per call): same outputs, and the per-thread weight
+    gradient sums reduce to the oracle's."""
+    shape = (2, 97, 8, 2, 64, 48, 3)  # 194 tokens: 3 threads get 64-65 tokens each
+    cfg, attn, q_phys, k, cos, sin = make_case(shape)
+    vals = [q_phys, k, *[w.detach() for w in weights(attn)]]
+    for t in vals:
+        t.stop_gradient = False
+    g_q = paddle.randn([shape[0], shape[2], shape[1], shape[4]])
+    g_k = paddle.randn([shape[0], shape[3], shape[1], shape[4]])
+    res = {}
+    for n in ("1", "3"):
+        monkeypatch.setenv("VHA_PROLOGUE_THREADS", n)
+        out = pl.fused_prologue(*vals, cos, sin, cfg.rms_norm_eps)
+        res[n] = [to_numpy(t) for t in (*out, *paddle.grad(list(out), vals, [g_q, g_k]))]
+    np_vals = [to_numpy(t) for t in (*vals, cos, sin)]
+    ref = [bhsd(x) for x in po.forward(*np_vals, cfg.rms_norm_eps)]
+    ref += list(po.vjp(*np_vals, cfg.rms_norm_eps, bhsd(to_numpy(g_q)), bhsd(to_numpy(g_k))))
+    for i, name in enumerate(["q", "k", "dq_phys", "dk", "dpremix", "dq_norm.w", "dk_norm.w"]):
+        if i < 4:  # per-row results do not depend on the split
+            np.testing.assert_array_equal(res["3"][i], res["1"][i], err_msg=name)
+        assert rel_err(res["3"][i], ref[i], f"{name} 3 threads vs float64") <= 1e-6, name
+
+
 def test_static_graph_backward_and_jit_save(op, tmp_path):
     """The layer's prologue under to_static (forward + backward through the grad op) and after jit.save/load."""
     import paddleformers.transformers.configuration_utils as cu
