@@ -137,14 +137,16 @@ class TrainLog(TrainerCallback):
         self.last = {}  # key -> (step, value) of the latest record
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
+        if not logs:
             return
         rec = {"step": state.global_step, **{k: float(logs[k]) for k in self.KEYS if k in logs}}
         if len(rec) == 1:
             return
-        for k, v in rec.items():
+        for k, v in rec.items():  # on every rank: main() decides from it whether to evaluate (a collective)
             if k != "step":
                 self.last[k] = (rec["step"], v)
+        if not state.is_world_process_zero:
+            return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
@@ -286,20 +288,30 @@ def build_config(model_args, data_args, training_args, requested: dict):
     except (ValueError, TypeError) as e:  # VHAConfigError / MEAConfigError are ValueErrors
         fail(f"model_config: {e}")
     LlmMetaConfig.set_llm_config(config, training_args)  # parallel degrees, recompute, fusions: as PaddleFormers does
-    tp = max(1, requested.get("tensor_model_parallel_size", 1))
+    tp = max(1, requested.get("tensor_model_parallel_size", 1), config.tensor_model_parallel_size)
     check = getattr(config, "check_runtime_support", None)
     if check is not None:  # the model's own refusals, judged on the degrees the config asks for
-        asked = max(tp, config.tensor_model_parallel_size)
-        saved, config.tensor_model_parallel_size = config.tensor_model_parallel_size, asked
+        saved, config.tensor_model_parallel_size = config.tensor_model_parallel_size, tp
         try:
-            check()
-        except ValueError as e:  # VHAConfigError, MEAConfigError
+            if uses_vha_tensor_parallel(model_args, tp):
+                from paddle_vha.parallel import check_plan
+
+                check(tensor_parallel_plan=True)  # sharded by paddle_vha.parallel, not by fleet's layers
+                check_plan(config, tp)
+            else:
+                check()
+        except ValueError as e:  # VHAConfigError, MEAConfigError, TPPlanError
             fail(str(e))
         config.tensor_model_parallel_size = saved
     if tp > max(1, training_args.world_size) and not training_args.dry_run:
         fail(f"tensor_model_parallel_size={tp} needs at least {tp} processes: launch with "
              f"python -m paddle.distributed.launch --nproc_per_node N tools/train.py ...")
     return config, model_cls
+
+
+def uses_vha_tensor_parallel(model_args, tp: int) -> bool:
+    """Qwen3-VHA with t > 1 is built and saved through paddle_vha.parallel (docs/tensor_parallel.md)."""
+    return model_args.model_type == "qwen3_vha" and tp > 1
 
 
 def build_data(data_args, training_args):
@@ -380,6 +392,11 @@ def main(argv=None):
     print(describe(config, data_args, training_args))
     print(f"data: {data_desc}; {len(train):,} train samples of {data_args.max_seq_len} tokens, "
           f"{len(val):,} validation samples")
+    tp_asked = max(1, requested.get("tensor_model_parallel_size", 1), training_args.tensor_model_parallel_size)
+    if tp_asked > 1:
+        how = " (Qwen3-VHA: sharded by paddle_vha.parallel)" if uses_vha_tensor_parallel(model_args, tp_asked) else ""
+        print(f"parallel: tensor_model_parallel_size={tp_asked}{how}; launch with python -m paddle.distributed.launch "
+              f"--nproc_per_node N tools/train.py ..., N a multiple of {tp_asked}")
     if training_args.dry_run:
         print("dry run: configuration is valid; nothing trained")
         return 0
@@ -406,8 +423,24 @@ def main(argv=None):
             print(f"resuming from {last} (set overwrite_output_dir to start over)")
     resume = training_args.resume_from_checkpoint or last
 
+    tp = max(1, requested.get("tensor_model_parallel_size", 1), training_args.tensor_model_parallel_size)
+    vha_tp = uses_vha_tensor_parallel(model_args, tp)
     set_seed(training_args.seed)
-    if model_args.model_name_or_path:
+    if vha_tp:
+        from paddle.distributed import fleet
+
+        from paddle_vha.parallel import build_tensor_parallel_model
+
+        if model_args.model_name_or_path:
+            fail("model_name_or_path with tensor_model_parallel_size > 1 is not supported for Qwen3-VHA yet; "
+                 "start from a random initialisation or train at tensor_model_parallel_size 1")
+        if training_args.device == "cpu":
+            # fleet's TensorParallel wrapper broadcasts each batch from mp rank 0, which asserts a GPU / XPU. Every
+            # mp rank reads the same deterministic batches here, so fleet's own switch turns the broadcast off.
+            fleet.fleet._user_defined_strategy.hybrid_configs["mp_configs"].need_broadcast_data = False
+        group = fleet.get_hybrid_communicate_group().get_model_parallel_group()
+        model = build_tensor_parallel_model(model_cls, config, group)  # single-device layers, sharded by the plan
+    elif model_args.model_name_or_path:
         model = model_cls.from_pretrained(model_args.model_name_or_path, config=config)
     else:
         model = model_cls(config)
@@ -436,7 +469,18 @@ def main(argv=None):
                   f"at step {trainer.state.global_step}")
     if training_args.do_train:
         dest = os.path.join(training_args.output_dir, "model")
-        if sharded:  # model-parallel weights are gathered by the Trainer, on every rank (not run by this project yet)
+        if vha_tp:  # every rank writes its slices; rank 0 merges them into the single-device format and validates
+            import paddle.distributed as dist
+
+            from paddle_vha.parallel import merge_tp_checkpoint, save_tp_checkpoint
+
+            shards = os.path.join(training_args.output_dir, "model-tp-shards")
+            save_tp_checkpoint(model, shards)
+            dist.barrier()
+            if dist.get_rank() == 0:
+                merge_tp_checkpoint(shards, dest, force=True)
+            dist.barrier()
+        elif sharded:  # stock models under fleet's model parallelism: the Trainer gathers (not run by this project)
             trainer.save_model(dest)
         elif training_args.should_save:
             save_model_atomic(model, dest)
@@ -448,4 +492,11 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
+        # Under the launcher, skip interpreter teardown: Paddle's process-group destructors occasionally abort at exit
+        # after all work is done, which the launcher would report as a failure (seen by tests/tp/tp_worker.py).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
