@@ -3,6 +3,10 @@
     bash tools/env.sh python tools/bench_prologue.py                       # 1 thread, S = 1 128 2048 8192
     MKL_DEBUG_CPU_TYPE=5 bash tools/env.sh python tools/bench_prologue.py  # Paddle's MKL on its fast path (AMD)
     bash tools/env.sh python tools/bench_prologue.py --threads 2 --seqs 2048
+    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 bash tools/env.sh python tools/bench_prologue.py
+
+Large fresh outputs are slowed by page faults (glibc returns big blocks to the OS after each call): with
+MALLOC_MMAP_MAX_=0 both paths reuse heap pages. The setting is printed with the results; compare like with like.
 
 Shape: the 1.7B layer (H_p 8, H_kv 2, d = r = 128), batch 1, fp32. Both paths run through
 `Qwen3VHAAttention.prologue` of the same layer (config.vha_fused_prologue False / True), in (B, H, S, d).
@@ -104,8 +108,9 @@ def main():
     gflops = max(g_np, g_pd)  # the floor uses the faster library
     mkl = os.environ.get("MKL_DEBUG_CPU_TYPE", "unset")
     obc = os.environ.get("OPENBLAS_CORETYPE", "unset")
-    print(f"# threads {args.threads}; MKL_DEBUG_CPU_TYPE={mkl}; OPENBLAS_CORETYPE={obc}; fp32, B=1, H_p={H_P}, "
-          f"H_kv={H_KV}, d=r={D}")
+    mmap = os.environ.get("MALLOC_MMAP_MAX_", "unset")
+    print(f"# threads {args.threads}; MKL_DEBUG_CPU_TYPE={mkl}; OPENBLAS_CORETYPE={obc}; MALLOC_MMAP_MAX_={mmap}; "
+          f"fp32, B=1, H_p={H_P}, H_kv={H_KV}, d=r={D}")
     print(f"# copy bandwidth {bw / 1e9:.1f} GB/s (read+write); GEMM at the Premix shape: numpy {g_np / 1e9:.0f}, "
           f"paddle.matmul {g_pd / 1e9:.0f} GFLOP/s (floor uses {gflops / 1e9:.0f})")
     print(f"# load average at start: {os.getloadavg()[0]:.2f}")
