@@ -87,15 +87,24 @@ def build(verbose: bool = False, force: bool = False):
         cuda_flags = ["-O3", "-std=c++17", f"-I{CSRC}", "-DVHA_WITH_CUDA", "-DPADDLE_NO_PYTHON",
                       "--expt-relaxed-constexpr", "-gencode", "arch=compute_80,code=sm_80",
                       "-gencode", "arch=compute_90,code=sm_90"]
-    return load(
-        name=MODULE_NAME,
-        sources=[str(p) for p in source_files(with_cuda)],
-        extra_cxx_cflags=cflags,
-        extra_cuda_cflags=cuda_flags or None,
-        extra_include_paths=[str(CSRC)],
-        build_directory=str(bdir),
-        verbose=verbose,
-    )
+    import fcntl
+
+    # One builder at a time: several processes (test workers, tools) may load the op at once, and Paddle's
+    # loader rebuilds in place when a source changed.
+    with open(bdir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return load(
+                name=MODULE_NAME,
+                sources=[str(p) for p in source_files(with_cuda)],
+                extra_cxx_cflags=cflags,
+                extra_cuda_cflags=cuda_flags or None,
+                extra_include_paths=[str(CSRC)],
+                build_directory=str(bdir),
+                verbose=verbose,
+            )
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def main(argv=None) -> int:

@@ -202,6 +202,7 @@ inline void norm_rope_row_bwd(const C* x, const C* w, const T* cosr, const T* si
 }
 
 constexpr int kRowsPerBlock = 32;  // Premix rows (token x physical head) per block
+constexpr int kBlocksPerSuper = 8;  // backward: blocks per super-block (K of the dW GEMM)
 
 template <typename T, typename C>
 void prologue_fwd(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp, const T* sinp, T* qo,
@@ -252,58 +253,67 @@ void prologue_bwd(const T* qp, const T* kin, const T* W, const T* wq, const T* w
       }
   for (long c = 0; c < d; ++c) wqc[c] = cv<C>(wq[c]), wkc[c] = cv<C>(wk[c]);
   const int nth = num_threads_for(N);
-  // Weight gradients (gW: H_kv*r*d, g q_norm: d, g k_norm: d) are sums over every row. Each block's partial
-  // is formed fresh, added to a per-thread level-2 sum that is folded into level 3 every kFold blocks, and the
+  // Weight gradients (gW: H_kv*r*d, g q_norm: d, g k_norm: d) are sums over every row. Each super-block's partial
+  // is formed fresh, added to a per-thread level-2 sum that is folded into level 3 every kFold super-blocks, and the
   // threads' totals are added at the end: the rounding error grows with about log(rows), not rows.
   const long acc_len = Hkv * r * d + 2 * d;
   constexpr int kFold = 32;
   std::vector<std::vector<C>> totals(nth, std::vector<C>(acc_len, C(0)));
-  const long tb = std::max(1L, kRowsPerBlock / Hp);
+  const long tb = std::max(1L, kRowsPerBlock / Hp);  // tokens per block (~32 rows: U, GU rows stay in L1)
+  const long sb = tb * kBlocksPerSuper;               // tokens per super-block (~256 rows: the dW GEMM's K)
   parallel_tokens(N, nth, [&](int tid, long t0, long t1) {
     std::vector<C> P(acc_len), L2(acc_len, C(0));
     C* L3 = totals[tid].data();
     C* gWblk = P.data();
     C* gwq_blk = gWblk + Hkv * r * d;
     C* gwk_blk = gwq_blk + d;
-    long nblocks = 0;
-    std::vector<C> A(tb * Hp * r), U(tb * Hp * d), GU(tb * Hp * d), GQ(tb * Hp * r), xk(d), gx(d);
-    for (long ta = t0; ta < t1; ta += tb) {
-      const long nt = std::min(tb, t1 - ta), M = nt * Hp;
-      const T* src = qp + ta * Hp * r;
-      for (long i = 0; i < M * r; ++i) A[i] = cv<C>(src[i]);
-      std::fill(GQ.begin(), GQ.begin() + M * r, C(0));
+    long nsuper = 0;
+    std::vector<C> A(sb * Hp * r), U(tb * Hp * d), GU(Hkv * sb * Hp * d), GQ(tb * Hp * r), xk(d), gx(d);
+    for (long ts = t0; ts < t1; ts += sb) {
+      const long nts = std::min(sb, t1 - ts), Ms = nts * Hp;
+      const T* src = qp + ts * Hp * r;  // (Ms, r) rows of the super-block
+      for (long i = 0; i < Ms * r; ++i) A[i] = cv<C>(src[i]);
       std::fill(gwq_blk, gwq_blk + 2 * d, C(0));
-      for (long g = 0; g < Hkv; ++g) {
-        gemm<C>(int(M), int(d), int(r), A.data(), r, 1, Wc.data() + g * r * d, d, U.data(), d, false);  // recompute u
-        for (long m = 0; m < M; ++m) {
-          const long t = ta + m / Hp, i = m % Hp, b = t / D.S, s = t % D.S;
-          norm_rope_row_bwd<T, C>(U.data() + m * d, wqc.data(), cosp + D.table_off(b, s), sinp + D.table_off(b, s),
-                                  gqo + D.out_off(b, s, g * Hp + i, Hv), GU.data() + m * d, gwq_blk, int(d), eps);
-        }
-        // gq_phys += GU (M, d) @ W[g]^T (d, r);  gW[g] (r, d) = A^T (r, M) @ GU (M, d) for this block
-        gemm<C>(int(M), int(r), int(d), GU.data(), d, 1, WTc.data() + g * d * r, r, GQ.data(), r, true);
-        gemm<C>(int(r), int(d), int(M), A.data(), 1, r, GU.data(), d, gWblk + g * r * d, d, false);
-      }
-      T* dst = gqp + ta * Hp * r;
-      for (long i = 0; i < M * r; ++i) dst[i] = T(GQ[i]);
-      for (long t = ta; t < ta + nt; ++t) {
-        const long b = t / D.S, s = t % D.S;
+      for (long ta = ts; ta < ts + nts; ta += tb) {
+        const long nt = std::min(tb, ts + nts - ta), M = nt * Hp, m0 = (ta - ts) * Hp;
+        const C* Ab = A.data() + m0 * r;  // this block's rows
+        std::fill(GQ.begin(), GQ.begin() + M * r, C(0));
         for (long g = 0; g < Hkv; ++g) {
-          const T* kr = kin + (t * Hkv + g) * d;
-          for (long c = 0; c < d; ++c) xk[c] = cv<C>(kr[c]);
-          T* gkr = gk + (t * Hkv + g) * d;
-          if (gko == nullptr) {
-            for (long c = 0; c < d; ++c) gkr[c] = T(C(0));
-            continue;
+          C* GUb = GU.data() + (g * sb * Hp + m0) * d;  // (M, d) rows of dL/du for group g
+          gemm<C>(int(M), int(d), int(r), Ab, r, 1, Wc.data() + g * r * d, d, U.data(), d, false);  // recompute u
+          for (long m = 0; m < M; ++m) {
+            const long t = ta + m / Hp, i = m % Hp, b = t / D.S, s = t % D.S;
+            norm_rope_row_bwd<T, C>(U.data() + m * d, wqc.data(), cosp + D.table_off(b, s),
+                                    sinp + D.table_off(b, s), gqo + D.out_off(b, s, g * Hp + i, Hv), GUb + m * d,
+                                    gwq_blk, int(d), eps);
           }
-          norm_rope_row_bwd<T, C>(xk.data(), wkc.data(), cosp + D.table_off(b, s), sinp + D.table_off(b, s),
-                                  gko + D.out_off(b, s, g, Hkv), gx.data(), gwk_blk, int(d), eps);
-          for (long c = 0; c < d; ++c) gkr[c] = T(gx[c]);
+          // gq_phys (M, r) += GU (M, d) @ W[g]^T (d, r)
+          gemm<C>(int(M), int(r), int(d), GUb, d, 1, WTc.data() + g * d * r, r, GQ.data(), r, true);
+        }
+        T* dst = gqp + ta * Hp * r;
+        for (long i = 0; i < M * r; ++i) dst[i] = T(GQ[i]);
+        for (long t = ta; t < ta + nt; ++t) {
+          const long b = t / D.S, s = t % D.S;
+          for (long g = 0; g < Hkv; ++g) {
+            const T* kr = kin + (t * Hkv + g) * d;
+            T* gkr = gk + (t * Hkv + g) * d;
+            if (gko == nullptr) {
+              for (long c = 0; c < d; ++c) gkr[c] = T(C(0));
+              continue;
+            }
+            for (long c = 0; c < d; ++c) xk[c] = cv<C>(kr[c]);
+            norm_rope_row_bwd<T, C>(xk.data(), wkc.data(), cosp + D.table_off(b, s), sinp + D.table_off(b, s),
+                                    gko + D.out_off(b, s, g, Hkv), gx.data(), gwk_blk, int(d), eps);
+            for (long c = 0; c < d; ++c) gkr[c] = T(gx[c]);
+          }
         }
       }
+      // gW[g] (r, d) = A^T (r, Ms) @ GU[g] (Ms, d) for this super-block
+      for (long g = 0; g < Hkv; ++g)
+        gemm<C>(int(r), int(d), int(Ms), A.data(), 1, r, GU.data() + g * sb * Hp * d, d, gWblk + g * r * d, d, false);
 #pragma omp simd
       for (long i = 0; i < acc_len; ++i) L2[i] += P[i];
-      if (++nblocks % kFold == 0) {
+      if (++nsuper % kFold == 0) {
 #pragma omp simd
         for (long i = 0; i < acc_len; ++i) L3[i] += L2[i], L2[i] = C(0);
       }
