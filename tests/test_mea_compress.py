@@ -221,3 +221,30 @@ def test_truncated_input_is_refused_and_nothing_written(tmp_path, capsys):
 def test_help_runs_without_loading_paddle():
     r = subprocess.run([sys.executable, TOOL, "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--kv-heads" in r.stdout and "--dry-run" in r.stdout and "deep" in r.stdout
+
+
+def test_bf16_sharded_input_and_force(tmp_path, capsys):
+    """bfloat16, several shards in and out; --force replaces an existing OUT_DIR only with a complete one."""
+    paddle.seed(5)
+    cfg = Qwen3Config(**{**SHAPE, "num_hidden_layers": 2})
+    paddle.set_default_dtype("bfloat16")
+    model = Qwen3ForCausalLM(cfg)
+    paddle.set_default_dtype("float32")
+    path = str(tmp_path / "bf16")
+    model.save_pretrained(path, max_shard_size="100KB")
+    assert len(glob.glob(os.path.join(path, "*.safetensors"))) > 1
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    open(os.path.join(out, "stale.txt"), "w").write("old")
+    assert compress_kv.main([path, out, "--kv-heads", "2", "--force", "--max-shard-size", "100KB", "--no-progress",
+                             "--eval-batches", "1", "--eval-len", "16"]) == 0
+    assert not os.path.exists(os.path.join(out, "stale.txt"))
+    shards = glob.glob(os.path.join(out, "*.safetensors"))
+    assert len(shards) > 1
+    from paddle_vha.safetensors_io import read_header
+    dtypes = {r.dtype for f in shards for r in read_header(f)[1].values()}
+    assert dtypes == {"BF16"}, dtypes
+    assert json.load(open(os.path.join(out, "config.json")))["dtype"] == "bfloat16"
+    mea = Qwen3MEAForCausalLM.from_pretrained(out, dtype="bfloat16")
+    assert mea.model.layers[0].self_attn.mea_k_lc.dtype == paddle.bfloat16
+    assert "logit KL" in capsys.readouterr().out
