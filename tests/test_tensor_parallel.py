@@ -184,6 +184,22 @@ def test_tp_sharded_save_merge_fold(tp_run):
 
             merge_tp_checkpoint(os.path.join(d, "shards"), merged)
         validate_vha_checkpoint(merged)
+        if i == 0:  # refusals: one line each, nothing written
+            import shutil
+
+            from paddle_vha.checkpoint import CheckpointError
+            from paddle_vha.parallel import merge_tp_checkpoint
+
+            with pytest.raises(CheckpointError, match="already exists"):
+                merge_tp_checkpoint(os.path.join(d, "shards"), merged)
+            with pytest.raises(CheckpointError, match="no tp_plan.json"):
+                merge_tp_checkpoint(d, os.path.join(d, "nowhere"))
+            broken = os.path.join(d, "broken-shards")
+            shutil.copytree(os.path.join(d, "shards"), broken)
+            os.remove(os.path.join(broken, f"tp-rank-{n - 1:02d}-of-{n:02d}.safetensors"))
+            with pytest.raises(CheckpointError, match="which is missing"):
+                merge_tp_checkpoint(broken, os.path.join(d, "nowhere"))
+            assert not os.path.exists(os.path.join(d, "nowhere"))
         m, r = _load_dir(merged), _load_dir(os.path.join(d, "ref"))
         assert sorted(m) == sorted(r)
         errs = {k: _rel(m[k], r[k]) for k in r}
