@@ -9,8 +9,9 @@ tools/train.py in two places only, the hook that tool still needs for Qwen3-VHA 
 
 * the model is built by paddle_vha.parallel.build_tensor_parallel_model over fleet's model-parallel group
   (tools/train.py builds `model_cls(config)`, which Qwen3-VHA refuses at tensor_model_parallel_size > 1);
-* the trained model is written with save_tp_checkpoint and merged by rank 0 into OUT/model (the Qwen3-VHA checkpoint
-  format), instead of Trainer.save_model, whose CPU path needs a GPU (flex-checkpoint calls .cuda()).
+* the trained model is written with paddle_vha.parallel.save_merged (every rank its slices, rank 0 merges them into
+  OUT/model, the Qwen3-VHA checkpoint format), instead of Trainer.save_model / save_pretrained, whose distributed
+  path calls .cuda() (fails on the CPU) and does not know this plan's layout.
 
 Rank 0 writes OUT/tp_train_result.json (losses per logged step, parameter divergence across ranks, merged model).
 """
@@ -46,8 +47,7 @@ def main(argv=None) -> int:
     from paddleformers.trainer import Trainer, set_seed
     from paddleformers.transformers.configuration_utils import LlmMetaConfig
 
-    from paddle_vha.parallel import build_tensor_parallel_model, replica_divergence
-    from paddle_vha.parallel.checkpoint import merge_tp_checkpoint, save_tp_checkpoint
+    from paddle_vha.parallel import build_tensor_parallel_model, model_parallel_group, replica_divergence, save_merged
 
     config_cls, model_cls = tt.model_classes(model_args.model_type)
     fields = tt.model_config_dict(model_args)
@@ -70,9 +70,8 @@ def main(argv=None) -> int:
         # keep fleet's broadcast.
         fleet.fleet._user_defined_strategy.hybrid_configs["mp_configs"].need_broadcast_data = False
     hcg = fleet.get_hybrid_communicate_group()
-    group = hcg.get_model_parallel_group()
     set_seed(training_args.seed)
-    model = build_tensor_parallel_model(model_cls, config, group)  # the one change to the model build
+    model = build_tensor_parallel_model(model_cls, config, model_parallel_group())  # the change to the model build
     log = tt.TrainLog(model, os.path.join(training_args.output_dir, "train_log.jsonl"), False)
     trainer = Trainer(model=model, args=training_args, train_dataset=train if training_args.do_train else None,
                       eval_dataset=val if training_args.do_eval else None, callbacks=[log])
@@ -85,12 +84,10 @@ def main(argv=None) -> int:
     eval_loss = trainer.evaluate().get("eval_loss") if training_args.do_eval else None
     divergence = replica_divergence(model)
 
-    shards = os.path.join(training_args.output_dir, "model-tp-shards")
-    save_tp_checkpoint(model, shards)
+    save_merged(model, os.path.join(training_args.output_dir, "model"))  # the change to the final save
     out = {"t": t, "global_step": result.global_step, "losses": losses, "eval_loss": eval_loss,
            "replica_param_divergence": divergence, "mp_rank": hcg.get_model_parallel_rank()}
     if dist.get_rank() == 0:
-        out["merge"] = merge_tp_checkpoint(shards, os.path.join(training_args.output_dir, "model"), force=True)
         with open(os.path.join(training_args.output_dir, "tp_train_result.json"), "w") as f:
             json.dump(out, f, indent=1)
         print(f"train: {result.global_step} steps with tensor_parallel_degree {t}; loss {losses[-1][1]:.4f}; "
