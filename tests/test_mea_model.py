@@ -230,3 +230,14 @@ def test_after_hlc_refuses_positions_that_do_not_continue_the_cache():
     cfg, model = build(num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3, mea_k_norm_position="before_hlc")
     cache = model(ids[:, :5], use_cache=True, return_dict=True).past_key_values
     model(ids[:, 5:], position_ids=paddle.to_tensor([[5], [3]]), past_key_values=cache, use_cache=True)
+
+
+def test_auto_classes(tmp_path):
+    """AutoConfig / AutoModelForCausalLM.from_config know qwen3_mea (from_pretrained: same PaddleFormers limit as VHA)."""
+    from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = mea_config(mea_kv_heads=4)
+    assert type(AutoModelForCausalLM.from_config(cfg)).__name__ == "Qwen3MEAForCausalLM"
+    Qwen3MEAForCausalLM(cfg).save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(loaded, Qwen3MEAConfig) and loaded.mea_kv_heads == 4
