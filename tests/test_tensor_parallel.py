@@ -99,7 +99,7 @@ def _launch(nproc: int, out_dir: str, cases: str, timeout: int) -> dict:
 def tp_run(request, tmp_path_factory):
     n = request.param
     out = str(tmp_path_factory.mktemp(f"tp{n}"))
-    cases = ["base", "gated-bias-r9"] + (["fused"] if _fused_available() else [])
+    cases = ["base", "gated-bias-r9", "kv4"] + (["fused"] if _fused_available() else []) + ["fp64"]
     results = launch(n, out, ",".join(cases))
     return n, results.pop("out_dir", out), cases, results
 
@@ -116,25 +116,31 @@ def test_tp_equals_single_device(tp_run):
                 if isinstance(v, dict):
                     print(f"t={n} rank {k} {case:14s} {key:22s} max abs {v['max_abs']:.2e}  mean abs {v['mean_abs']:.2e}  "
                           f"rel {v['rel']:.2e}" + (f"  (worst of {v['count']}: {v['name']})" if "name" in v else ""))
+            tol = 1e-12 if case == "fp64" else TOL  # float64: only rounding may differ
             for key, v in r.items():
                 if isinstance(v, dict) and key.split(".")[0] not in ("info", "adamw"):
-                    worst = max(worst, v["rel"])
-                    assert v["rel"] <= TOL, f"t={n} rank {k} {case} {key}: {v}"
+                    worst = max(worst, v["rel"]) if case != "fp64" else worst
+                    assert v["rel"] <= tol, f"t={n} rank {k} {case} {key}: {v}"
             # the 3 SGD-momentum steps really moved the weights (else "equal after 3 steps" would say little)
             assert r["info.param_change"]["max_abs"] > 1e-2
             # AdamW: amplifies last-bit gradient differences of near-zero elements (see tests/tp/tp_worker.py); the
             # TP deviation must be of the size fp32 itself shows against float64, not larger
             for what in ("params", "logits"):
                 tp_err, fp32_err = r[f"adamw.tp_vs_ref32.{what}"]["rel"], r[f"adamw.ref32_vs_ref64.{what}"]["rel"]
+                if case == "fp64":  # the whole run in float64: AdamW's amplification has nothing to amplify
+                    print(f"t={n} rank {k} fp64: AdamW x3 {what}: TP vs TP=1, both float64: {tp_err:.2e}")
+                    assert tp_err <= 1e-10, (case, what, tp_err)
+                    continue
                 print(f"t={n} rank {k} {case}: AdamW x3 {what}: TP vs TP=1 fp32 {tp_err:.2e}; "
                       f"TP=1 fp32 vs TP=1 fp64 {fp32_err:.2e}")
                 assert tp_err <= 3 * fp32_err + 1e-6, (case, what, tp_err, fp32_err)
             print(f"t={n} rank {k} {case}: cached decode rel {r['decode.rel']:.2e}; replicated grads/params identical "
                   f"across ranks: {r['step0.replica_grad_divergence']}, {r['after.replica_param_divergence']}")
-            assert r["decode.rel"] <= TOL
+            assert r["decode.rel"] <= tol
             for key in [f"step{s}.replica_grad_divergence" for s in range(3)] + ["after.replica_param_divergence"]:
                 assert r[key] == 0.0, (case, key, r[key])
-            assert r["decode.cache_heads"] == max(2 // n, 1)  # H_kv = 2 split over t (t=4: one replicated head)
+            h_kv = 4 if case == "kv4" else 2
+            assert r["decode.cache_heads"] == max(h_kv // n, 1)  # H_kv split over t (t > H_kv: one replicated head)
             # every parameter was compared: 2 layers x (attention + MLP + norms) + embedding, norm, lm_head
             assert r["step0.grads"]["count"] == r["after.params"]["count"] >= 29
     print(f"t={n}: worst relative error over {len(cases)} models x {n} ranks: {worst:.2e}")
@@ -167,7 +173,11 @@ def test_tp_sharded_save_merge_fold(tp_run):
     for i, case in enumerate(cases):
         d = os.path.join(out, f"{case}-t{n}")
         with open(os.path.join(d, "overrides.json")) as f:
-            cfg = Qwen3VHAConfig(**{**TINY, **json.load(f)})
+            overrides = json.load(f)
+        dtype = overrides.pop("dtype")
+        tol = 1e-12 if dtype == "float64" else TOL
+        paddle.set_default_dtype(dtype)
+        cfg = Qwen3VHAConfig(**{**TINY, **overrides})
         ref = Qwen3VHAForCausalLM(cfg)  # the TP = 1 model after its 3 steps, saved the ordinary way
         state = dict(np.load(os.path.join(d, "ref_state.npz")))
         ref.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
@@ -205,7 +215,7 @@ def test_tp_sharded_save_merge_fold(tp_run):
         errs = {k: _rel(m[k], r[k]) for k in r}
         k_worst = max(errs, key=errs.get)
         print(f"t={n} {case}: merged vs TP=1 save_pretrained, {len(r)} tensors, worst rel {errs[k_worst]:.2e} ({k_worst})")
-        assert errs[k_worst] <= TOL
+        assert errs[k_worst] <= tol
         with open(os.path.join(merged, "config.json")) as f:
             mc = json.load(f)
         with open(os.path.join(d, "ref", "config.json")) as f:
@@ -213,14 +223,15 @@ def test_tp_sharded_save_merge_fold(tp_run):
         diff = sorted(k for k in set(mc) | set(rc) if mc.get(k) != rc.get(k))
         assert not diff, {k: (mc.get(k), rc.get(k)) for k in diff}
 
-        loaded = Qwen3VHAForCausalLM.from_pretrained(merged)
-        loaded.eval()
-        ids = paddle.to_tensor(np.load(os.path.join(d, "ids.npy")))
-        with paddle.no_grad():
-            got = loaded(ids, return_dict=True).logits.astype("float64").numpy()
-        e = _rel(got, np.load(os.path.join(d, "tp_logits.npy")))
-        print(f"t={n} {case}: merged checkpoint reloaded, logits vs the TP model's: rel {e:.2e}")
-        assert e <= TOL
+        if dtype != "float64":  # PaddleFormers 1.0.0's from_pretrained refuses float64 ("Unsupported cast dtype")
+            loaded = Qwen3VHAForCausalLM.from_pretrained(merged)
+            loaded.eval()
+            ids = paddle.to_tensor(np.load(os.path.join(d, "ids.npy")))
+            with paddle.no_grad():
+                got = loaded(ids, return_dict=True).logits.astype("float64").numpy()
+            e = _rel(got, np.load(os.path.join(d, "tp_logits.npy")))
+            print(f"t={n} {case}: merged checkpoint reloaded, logits vs the TP model's: rel {e:.2e}")
+            assert e <= tol
 
         if cfg.vha_gated_attention:
             with pytest.raises(fold.FoldError):
@@ -242,7 +253,7 @@ def test_tp_sharded_save_merge_fold(tp_run):
         k_worst = max(errs, key=errs.get)
         print(f"t={n} {case}: fold(merge(shards)) vs fold(TP=1), {len(errs)} tensors, worst rel {errs[k_worst]:.2e} "
               f"({k_worst})")
-        assert errs[k_worst] <= TOL
+        assert errs[k_worst] <= tol
 
 
 def _train_log(path):

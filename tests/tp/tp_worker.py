@@ -39,7 +39,44 @@ CASES = {
     "gated-bias-r9": dict(vha_gated_attention=True, attention_bias=True, vha_q_head_dim=9, vha_fused_prologue=False),
     # the fused Premix + QK-norm + RoPE operator (paddle_vha/prologue.py), with the gate and r < d
     "fused": dict(num_attention_heads=8, vha_fused_prologue=True, vha_gated_attention=True, vha_q_head_dim=12),
+    # H_kv = 4: two KV groups per rank at t = 2, KV still split at t = 4
+    "kv4": dict(num_attention_heads=8, num_key_value_heads=4, vha_fused_prologue=False),
+    # everything in float64: what is left is float64 rounding, i.e. the sharded computation is the same function.
+    # PaddleFormers' Qwen3 takes the attention softmax and the RMSNorm variance in float32 even for float64 models,
+    # and those CPU kernels round differently for 8 heads than for 4 (k_norm over 2 KV heads vs 1 differed by 1e-7);
+    # in this case only, both the TP = 1 and the TP model use float64 for them (_float64_everywhere).
+    "fp64": dict(num_attention_heads=8, vha_fused_prologue=False, dtype="float64", attn="eager_fp64"),
 }
+
+
+def eager_fp64(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, **kwargs):
+    """PaddleFormers' eager attention (causal, GQA by repeating KV) with the softmax in the input dtype."""
+    b, h, s, d = query.shape
+    g = module.num_key_value_groups
+    key = key.unsqueeze(2).expand([b, key.shape[1], g, key.shape[2], d]).reshape([b, h, key.shape[2], d])
+    value = value.unsqueeze(2).expand([b, value.shape[1], g, value.shape[2], d]).reshape([b, h, value.shape[2], d])
+    w = paddle.matmul(query, key, transpose_y=True) * scaling
+    t = key.shape[2]
+    causal = paddle.triu(paddle.full([s, t], float("-inf"), dtype=w.dtype), diagonal=t - s + 1)
+    w = paddle.nn.functional.softmax(w + causal, axis=-1)
+    out = paddle.matmul(w, value).transpose([0, 2, 1, 3])
+    return out.reshape([0, 0, h * d]), w
+
+
+def _rms_norm_in_input_dtype(self, hidden_states):
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return paddle.rsqrt(variance + self.variance_epsilon) * hidden_states * self.weight
+
+
+def _float64_everywhere():
+    """Test-only, fp64 case: attention softmax and RMSNorm variance in the input dtype (process-wide)."""
+    from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
+    from paddleformers.nn.norm import RMSNorm
+
+    ALL_ATTENTION_FUNCTIONS["eager_fp64"] = eager_fp64
+    original = RMSNorm.forward
+    RMSNorm.forward = _rms_norm_in_input_dtype
+    return lambda: setattr(RMSNorm, "forward", original)
 # The asserted optimizer steps use SGD with momentum: its update is linear in the gradient, so fp32 summation-order
 # differences (a TP rank sums its heads, the all-reduce sums the ranks) stay at fp32 size. AdamW's g / (|g| + eps)
 # is not: an element whose gradient is ~eps moves by up to ~lr on a last-bit difference, in any two fp32 runs that
@@ -76,9 +113,17 @@ def run_case(name, overrides, out_dir, rank, t):
     from paddleformers.transformers.cache_utils import DynamicCache
 
     res = {}
+    overrides = dict(overrides)
+    dtype = overrides.pop("dtype", "float32")
+    attn = overrides.pop("attn", None)
+    paddle.set_default_dtype(dtype)
     paddle.seed(1234)
     np.random.seed(1234)
     cfg = Qwen3VHAConfig(**{**TINY, **overrides})
+    restore = None
+    if attn:
+        restore = _float64_everywhere()
+        cfg._attn_implementation = attn
     ref = Qwen3VHAForCausalLM(cfg)
     for n, p in ref.named_parameters():  # V = 0 and zero biases at init: give Postmix and biases an effect
         if n.endswith("vha_postmix_V") or n.endswith(".bias"):
@@ -153,8 +198,8 @@ def run_case(name, overrides, out_dir, rank, t):
     paddle.set_default_dtype("float64")
     ref64 = Qwen3VHAForCausalLM(cfg)
     ref64.set_state_dict({k: v.astype("float64") for k, v in init.items()})
-    paddle.set_default_dtype("float32")
-    ref32 = Qwen3VHAForCausalLM(cfg)
+    paddle.set_default_dtype(dtype)
+    ref32 = Qwen3VHAForCausalLM(cfg)  # the case's dtype (float32 but for the fp64 case)
     ref32.set_state_dict(init)
     tp32 = tp_copy()
     models = {"tp": tp32, "ref32": ref32, "ref64": ref64}
@@ -184,8 +229,11 @@ def run_case(name, overrides, out_dir, rank, t):
         np.save(os.path.join(case_dir, "tp_logits.npy"), np_(o_tp.logits))
         np.save(os.path.join(case_dir, "ids.npy"), ids.numpy())
         with open(os.path.join(case_dir, "overrides.json"), "w") as f:
-            json.dump(overrides, f)
+            json.dump({**overrides, "dtype": dtype}, f)
     dist.barrier()
+    paddle.set_default_dtype("float32")
+    if restore is not None:
+        restore()
     return res
 
 
