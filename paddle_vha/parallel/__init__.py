@@ -13,7 +13,6 @@ import importlib
 _EXPORTS = {
     "parallelize_model": "paddle_vha.parallel.apply",
     "build_tensor_parallel_model": "paddle_vha.parallel.apply",
-    "model_parallel_group": "paddle_vha.parallel.apply",
     "full_state": "paddle_vha.parallel.apply",
     "global_grad_norm": "paddle_vha.parallel.apply",
     "replica_divergence": "paddle_vha.parallel.apply",
@@ -23,7 +22,6 @@ _EXPORTS = {
     "check_plan": "paddle_vha.parallel.plan",
     "save_tp_checkpoint": "paddle_vha.parallel.checkpoint",
     "merge_tp_checkpoint": "paddle_vha.parallel.checkpoint",
-    "save_merged": "paddle_vha.parallel.checkpoint",
 }
 
 __all__ = list(_EXPORTS)

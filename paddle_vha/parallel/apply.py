@@ -44,7 +44,6 @@ __all__ = [
     "RowParallelLinear",
     "ColumnSliceLinear",
     "build_tensor_parallel_model",
-    "model_parallel_group",
     "full_state",
     "global_grad_norm",
     "parallelize_model",
@@ -283,20 +282,6 @@ def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_r
     model = model_cls(cfg)
     parallelize_model(model, group, sync_from_first_rank=sync_from_first_rank)
     return model
-
-
-def model_parallel_group():
-    """Fleet's model-parallel group when fleet runs hybrid parallelism with mp_degree > 1 (as PaddleFormers' Trainer
-    sets it up for tensor_parallel_degree > 1), else None (all ranks)."""
-    try:
-        from paddle.distributed import fleet
-
-        hcg = fleet.get_hybrid_communicate_group()
-    except Exception:  # fleet not initialised
-        return None
-    if hcg is None or hcg.get_model_parallel_world_size() <= 1:
-        return None
-    return hcg.get_model_parallel_group()
 
 
 # --- gathering -----------------------------------------------------------------------------------------------------

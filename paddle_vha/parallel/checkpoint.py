@@ -27,7 +27,7 @@ import numpy as np
 from .. import safetensors_io as st
 from ..checkpoint import CheckpointError, INDEX_FILE, SINGLE_FILE, validate_vha_checkpoint
 
-__all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "read_tp_plan", "save_merged"]
+__all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "read_tp_plan"]
 
 PLAN_FILE = "tp_plan.json"
 FORMAT = "paddle_vha.tp_shards.v1"
@@ -199,23 +199,3 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
         raise
     return {"tensor_parallel_size": t, "tensors": len(names), "bytes": total, "files": len(shards)}
 
-
-def save_merged(model, dest: str, shards_dir: Optional[str] = None, keep_shards: bool = True) -> None:
-    """Trainer-side save of a parallelized model as one single-device checkpoint (collective: every rank calls it).
-
-    Every rank writes its slices to `shards_dir` (default DEST.tp-shards); the group's first rank merges them into
-    DEST (replacing it) and validates it; all ranks wait for the merge. Use it where a trainer would call
-    save_pretrained / Trainer.save_model.
-    """
-    import paddle.distributed as dist
-
-    from .apply import tp_state
-
-    state = tp_state(model)
-    shards_dir = shards_dir or dest.rstrip("/") + ".tp-shards"
-    save_tp_checkpoint(model, shards_dir)
-    if state.rank == 0:
-        merge_tp_checkpoint(shards_dir, dest, force=True)
-        if not keep_shards:
-            shutil.rmtree(shards_dir, ignore_errors=True)
-    dist.barrier(group=state.group)
