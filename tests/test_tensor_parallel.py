@@ -320,3 +320,13 @@ def test_bench_bytes_at_article_shapes():
     text = b.table([2, 4], "bfloat16")
     print(text)
     assert "1.7B      2 |   R*d = 512 1.00 KiB   1.00 KiB | H_v*d = 2048  4.00 KiB   2.00 KiB" in text
+
+
+def test_parallelize_refuses_other_models():
+    from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from _utils import TINY
+    from paddle_vha.parallel import parallelize_model
+
+    with pytest.raises(TypeError, match="Qwen3-VHA attention only; this model has Qwen3Attention"):
+        parallelize_model(Qwen3ForCausalLM(Qwen3Config(**TINY)))

@@ -10,7 +10,8 @@ What changes, per decoder layer (the layer code itself is untouched and still re
 * the attention's head counts become the local ones, and its class becomes TensorParallelVHAAttention, which
   overrides only three steps: its input enters the TP region (`copy_to_tp`), Postmix becomes
   `Y_k + V_k allreduce(sum_k U_k^T Y_k)` (one all-reduce of R x d per token), and — when KV heads are
-  replicated — the prologue reads the rank's Premix group from the whole Premix parameter; `o_proj` becomes row-parallel (all-reduce of h);
+  replicated — the prologue reads the rank's Premix group from the whole Premix parameter; `o_proj` becomes
+  row-parallel (all-reduce of h);
 * the MLP's class becomes TensorParallelMLP (copy_to_tp on its input), down_proj row-parallel.
 
 All communication is the PyLayers of collectives.py on plain dist.all_reduce / all_gather (gloo and NCCL alike).
@@ -191,6 +192,12 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
     if getattr(config, "tensor_model_parallel_size", 1) > 1:
         raise RuntimeError("build the model at tensor_model_parallel_size=1 and let parallelize_model shard it "
                            "(see docs/tensor_parallel.md)")
+    from ..attention import Qwen3VHAAttention
+
+    others = sorted({type(layer.self_attn).__name__ for layer in _decoder_layers(model)
+                     if not isinstance(layer.self_attn, Qwen3VHAAttention)})
+    if others:
+        raise TypeError(f"paddle_vha.parallel shards Qwen3-VHA attention only; this model has {', '.join(others)}")
     t, rank = group_size(group), group_rank(group)
     check_plan(config, t)
     layout: AttentionLayout = attention_layout(config, t, rank)
