@@ -180,15 +180,25 @@ def test_bf16_forward_backward_vs_oracle_and_composed(op, shape):
         assert e_f <= 2 * e_c + BF16_ULP / 2, name
 
 
-def test_fp16_runs_and_matches_oracle(op):
+def test_fp16_forward_backward_match_oracle(op):
     cfg, attn, q_phys, k, cos, sin = make_case(SHAPES[2])
-    vals = [t.astype("float16") for t in (q_phys, k, *weights(attn), cos, sin)]
+    vals = [t.detach().astype("float16") for t in (q_phys, k, *weights(attn), cos, sin)]
+    for t in vals[:5]:
+        t.stop_gradient = False
     q, kk = pl.fused_prologue(*vals, cfg.rms_norm_eps)
-    ref_q, ref_k = po.forward(*[to_numpy(t) for t in vals], cfg.rms_norm_eps)
+    np_vals = [to_numpy(t) for t in vals]
+    ref_q, ref_k = po.forward(*np_vals, cfg.rms_norm_eps)
     assert q.dtype == paddle.float16
-    # one fp16 rounding of the output (2^-11 relative) plus fp32 arithmetic
+    # fp32 arithmetic and one fp16 rounding of each output (2^-11 relative)
     assert rel_err(to_numpy(q), bhsd(ref_q), "q fused fp16") <= 2.0**-10
     assert rel_err(to_numpy(kk), bhsd(ref_k), "k fused fp16") <= 2.0**-10
+    g_q = paddle.randn(q.shape).astype("float16")
+    g_k = paddle.randn(kk.shape).astype("float16")
+    grads = paddle.grad([q, kk], vals[:5], [g_q, g_k])
+    ref = po.vjp(*np_vals, cfg.rms_norm_eps, bhsd(to_numpy(g_q)), bhsd(to_numpy(g_k)))
+    for name, g, r in zip(["dq_phys", "dk", "dpremix", "dq_norm.w", "dk_norm.w"], grads, ref):
+        assert g.dtype == paddle.float16
+        assert rel_err(to_numpy(g), r, f"{name} fused fp16") <= 2.0**-10, name
 
 
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[2], SHAPES[4]], ids=[IDS[0], IDS[2], IDS[4]])
