@@ -409,3 +409,21 @@ def test_cuda_sources_compile_with_nvcc_for_sm80_and_sm90(tmp_path):
         n = text.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.f32")
         print(f"mma.sync m16n8k16 {kind} instructions in PTX: {n}")
         assert n > 0, kind
+
+    # The extern "C" launcher links as tools/gpu_check.py builds it, and its host-only entry point answers
+    # through ctypes here (the kernel entry points need a GPU: without one they return a CUDA error code).
+    import ctypes
+
+    so = tmp_path / "libvha_prologue.so"
+    res = subprocess.run([NVCC, "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+                          "-gencode=arch=compute_90,code=sm_90", f"-I{csrc}",
+                          os.path.join(csrc, "vha_prologue_launcher.cu"), "-o", str(so)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    lib = ctypes.CDLL(str(so))
+    lib.vha_prologue_backward_workspace.argtypes = [ctypes.c_int] + [ctypes.c_long] * 6
+    lib.vha_prologue_backward_workspace.restype = ctypes.c_size_t
+    B, S, h_p, h_kv, r, d = 1, 16384, 8, 2, 128, 128
+    want = 4 * (B * S * h_p * h_kv * d + h_kv * r * d + 2 * d)  # fp32 dL/du, dW sums, two norm-weight sums
+    assert lib.vha_prologue_backward_workspace(2, B, S, h_p, h_kv, r, d) == want
+    assert lib.vha_prologue_backward_workspace(1, B, S, h_p, h_kv, r, d) == 2 * want  # fp64 sums
