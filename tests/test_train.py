@@ -217,13 +217,13 @@ def test_paper_config_dry_runs(tmp_path):
 
 @pytest.mark.slow
 def test_tensor_parallel_training_matches_single_process(tmp_path):
-    """tools/train.py under Paddle's launcher with tensor_parallel_degree 2 (configs/tiny_vha_tp2.json, CPU / gloo):
+    """tools/train.py under Paddle's launcher with tensor_parallel_degree 2 (configs/tiny-vha-tp2.json, CPU / gloo):
     the same losses as one process, and a merged final model in the documented format with the same weights."""
     import signal
 
     from safetensors.numpy import load_file
 
-    cfg = os.path.join(CONFIGS, "tiny_vha_tp2.json")
+    cfg = os.path.join(CONFIGS, "tiny-vha-tp2.json")
     one, two = str(tmp_path / "tp1"), str(tmp_path / "tp2")
     res = train(cfg, "--tensor_parallel_degree", "1", "--output_dir", one)
     assert res.returncode == 0, res.stderr[-2000:]
