@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from . import safetensors_io as st
+from .fsutil import atomic_dir, linked_view
 from .checkpoint import (
     INDEX_FILE,
     CheckpointError,
@@ -340,10 +341,7 @@ def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 
     from tqdm import tqdm
 
     out_dir = os.path.abspath(plan.out_dir)
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
-    try:
+    with atomic_dir(out_dir) as tmp:  # --force: the old folder is replaced only by a complete new one
         bar = tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="fold", disable=not progress, leave=False)
         weight_map: Dict[str, str] = {}
         n = len(plan.shards)
@@ -369,31 +367,10 @@ def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 
             f.write("\n")
         for f in plan.copy_files:
             shutil.copy2(os.path.join(plan.in_dir, f), os.path.join(tmp, f))
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700
-        old = None
-        if os.path.isdir(out_dir):  # --force: swap in the complete new folder, then drop the old one
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
-            os.rename(out_dir, os.path.join(old, "x"))
-        os.rename(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 
 # --- verification in Paddle ------------------------------------------------------------------------------------
-
-def _linked_view(src: str, dst: str) -> str:
-    """A folder of symlinks to src's files, so loaders that write caches into the folder they load
-    (PaddleFormers' flex-ckpt metadata) write into dst, never into src."""
-    os.makedirs(dst)
-    for f in os.listdir(src):
-        if os.path.isfile(os.path.join(src, f)) and not f.endswith(".metadata"):
-            os.symlink(os.path.abspath(os.path.join(src, f)), os.path.join(dst, f))
-    return dst
-
 
 def _snapshot(path: str):
     return sorted((f, os.stat(os.path.join(path, f)).st_size, os.stat(os.path.join(path, f)).st_mtime_ns)
@@ -415,14 +392,14 @@ def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int 
 
     before = (_snapshot(in_dir), _snapshot(out_dir))
     with tempfile.TemporaryDirectory(prefix="vha-verify-") as tmp:
-        vha = Qwen3VHAForCausalLM.from_pretrained(_linked_view(in_dir, os.path.join(tmp, "in")), dtype=dtype)
+        vha = Qwen3VHAForCausalLM.from_pretrained(linked_view(in_dir, os.path.join(tmp, "in")), dtype=dtype)
         vha.eval()
         vocab = vha.config.vocab_size
         ids = np.random.default_rng(seed).integers(0, vocab, size=(num_sequences, seq_len))
         with paddle.no_grad():
             a = vha(paddle.to_tensor(ids), return_dict=True).logits.astype("float64").numpy()
         del vha
-        gqa = Qwen3ForCausalLM.from_pretrained(_linked_view(out_dir, os.path.join(tmp, "out")), dtype=dtype)
+        gqa = Qwen3ForCausalLM.from_pretrained(linked_view(out_dir, os.path.join(tmp, "out")), dtype=dtype)
         gqa.eval()
         with paddle.no_grad():
             b = gqa(paddle.to_tensor(ids), return_dict=True).logits.astype("float64").numpy()

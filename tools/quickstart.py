@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
@@ -71,17 +69,10 @@ def build_configs(args):
 
 
 def save_atomic(model, dest):
-    parent = os.path.dirname(os.path.abspath(dest))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
-    try:
+    from paddle_vha.fsutil import atomic_dir
+
+    with atomic_dir(dest) as tmp:
         model.save_pretrained(tmp)
-        if os.path.exists(dest):
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def main(argv=None):

@@ -20,9 +20,7 @@ import importlib
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -362,23 +360,13 @@ def describe(config, data_args, training_args) -> str:
 
 
 def save_model_atomic(model, dest: str):
-    parent = os.path.dirname(os.path.abspath(dest))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-model-", dir=parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700
+    from paddle_vha.fsutil import atomic_dir
+
+    with atomic_dir(dest) as tmp:
         model.save_pretrained(tmp)
         for name in os.listdir(tmp):  # PaddleFormers' save marker is not part of the checkpoint contract
             if name.startswith("saved_signal_"):
                 os.remove(os.path.join(tmp, name))
-        if os.path.exists(dest):
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def main(argv=None):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..fsutil import atomic_dir
 from .checkpoint_io import load_stock_qwen3, reference_model
 from .decoder import Qwen3KVDecoder, io_names
 
@@ -208,10 +209,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     cfg, tensors = load_stock_qwen3(ckpt_dir)
     log(f"loaded {ckpt_dir}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
         f"{cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}")
-    parent = os.path.dirname(os.path.abspath(out_dir)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
+    with atomic_dir(out_dir) as tmp:
         paddle.set_default_dtype("float32")
         decoder = Qwen3KVDecoder(cfg.to_dict(), tensors)
         decoder.eval()
@@ -255,10 +253,4 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
                                     decode_steps=val.steps, tolerance=tolerance), ops=val.ops)
         with open(os.path.join(tmp, "export_info.json"), "w") as f:
             json.dump(info, f, indent=2)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return val

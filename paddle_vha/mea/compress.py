@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import safetensors_io as st
 from ..checkpoint import INDEX_FILE, CheckpointError, compare_shapes, qwen3_tensor_shapes, read_config, read_tensor_shapes, weight_files
+from ..fsutil import atomic_dir, linked_view
 from .checkpoint import mea_tensor_shapes
 from .config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig, parse_layer_spec
 
@@ -224,10 +225,7 @@ def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_siz
     names = sorted(plan.out_shapes, key=_natural_key)
     shards = st.plan_shards([(n, plan.out_code, tuple(plan.out_shapes[n])) for n in names], max_bytes)
     out_dir = os.path.abspath(plan.out_dir)
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
-    try:
+    with atomic_dir(out_dir) as tmp:  # --force: the old folder is replaced only by a complete new one
         bar = tqdm(total=len(names), desc="write", disable=not progress, leave=False)
         weight_map: Dict[str, str] = {}
         for k, shard in enumerate(shards, 1):
@@ -252,27 +250,7 @@ def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_siz
             f.write("\n")
         for f in plan.copy_files:
             shutil.copy2(os.path.join(plan.in_dir, f), os.path.join(tmp, f))
-        os.chmod(tmp, 0o755)
-        old = None
-        if os.path.isdir(out_dir):  # --force: swap in the complete new folder, then drop the old one
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
-            os.rename(out_dir, os.path.join(old, "x"))
-        os.rename(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
-
-
-def _linked_view(src: str, dst: str) -> str:
-    """Symlinks to src's files, so a loader that writes caches into the folder it loads never touches src."""
-    os.makedirs(dst)
-    for f in os.listdir(src):
-        if os.path.isfile(os.path.join(src, f)) and not f.endswith(".metadata"):
-            os.symlink(os.path.abspath(os.path.join(src, f)), os.path.join(dst, f))
-    return dst
 
 
 def logit_kl(in_dir: str, out_dir: str, batches: int = 4, seq_len: int = 128, batch_size: int = 4,
@@ -294,7 +272,7 @@ def logit_kl(in_dir: str, out_dir: str, batches: int = 4, seq_len: int = 128, ba
     logits = {}
     with tempfile.TemporaryDirectory(prefix="mea-kl-") as tmp:
         for key, cls, path in (("orig", Qwen3ForCausalLM, in_dir), ("mea", Qwen3MEAForCausalLM, out_dir)):
-            model = cls.from_pretrained(_linked_view(path, os.path.join(tmp, key)), dtype="float32")
+            model = cls.from_pretrained(linked_view(path, os.path.join(tmp, key)), dtype="float32")
             model.eval()
             vocab = model.config.vocab_size
             outs = []

@@ -19,13 +19,13 @@ import math
 import os
 import re
 import shutil
-import tempfile
 from typing import Dict, List, Optional
 
 import numpy as np
 
 from .. import safetensors_io as st
 from ..checkpoint import CheckpointError, INDEX_FILE, SINGLE_FILE, validate_vha_checkpoint
+from ..fsutil import atomic_dir
 
 __all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "read_tp_plan"]
 
@@ -162,10 +162,7 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
                 raise CheckpointError(f"{in_dir}/{plan['files'][k]}: missing tensor {name}")
         specs.append((name, info["dtype"], tuple(info["shape"])))
 
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-merge-", dir=parent)
-    try:
+    with atomic_dir(out_dir) as tmp:
         shards = st.plan_shards(specs, st.parse_size(max_shard_size))
         weight_map, total = {}, 0
         for i, shard in enumerate(shards):
@@ -191,11 +188,5 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
             st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, total)
         shutil.copyfile(os.path.join(in_dir, "config.json"), os.path.join(tmp, "config.json"))
         validate_vha_checkpoint(tmp)
-        if os.path.lexists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"tensor_parallel_size": t, "tensors": len(names), "bytes": total, "files": len(shards)}
 
