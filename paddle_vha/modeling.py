@@ -26,7 +26,79 @@ from paddleformers.transformers.qwen3.modeling import (
 from .attention import Qwen3VHAAttention
 from .config import Qwen3VHAConfig
 
-__all__ = ["Qwen3VHADecoderLayer", "Qwen3VHAModel", "Qwen3VHAForCausalLM", "Qwen3VHAPretrainedModel"]
+__all__ = ["Qwen3VHADecoderLayer", "Qwen3VHAModel", "Qwen3VHAForCausalLM", "Qwen3VHAPretrainedModel",
+           "ContractCheckpointMixin", "init_qwen3_backbone", "init_qwen3_causal_lm", "cache_continuation_positions"]
+
+
+def init_qwen3_backbone(model, config, decoder_layer_cls) -> None:
+    """The body of Qwen3Model.__init__ with another decoder layer class.
+
+    PaddleFormers hard-codes Qwen3DecoderLayer there; building the stock layers first and replacing them would
+    hold two models in memory at once.
+    """
+    Qwen3PretrainedModel.__init__(model, config)
+    model.embed_tokens = GeneralEmbedding.create(
+        config=config, num_embeddings=config.vocab_size, embedding_dim=config.hidden_size
+    )
+    model.layers = nn.LayerList([decoder_layer_cls(config, i) for i in range(config.num_hidden_layers)])
+    model.norm = GeneralNorm.create(
+        config=config,
+        norm_type="rms_norm",
+        hidden_size=config.hidden_size,
+        norm_eps=config.rms_norm_eps,
+        input_is_parallel=config.sequence_parallel,
+    )
+    model.rotary_emb = Qwen3RotaryEmbedding(config=config)
+    model.has_sliding_layers = getattr(config, "sliding_window", None) is not None and "sliding_attention" in (
+        getattr(config, "layer_types", None) or []
+    )
+
+
+def init_qwen3_causal_lm(model, config, backbone_cls) -> None:
+    """The body of Qwen3ForCausalLM.__init__ with another backbone class."""
+    Qwen3PretrainedModel.__init__(model, config)
+    model.model = backbone_cls(config)
+    model.lm_head = GeneralLMHead(config)
+    model.criterion = CriterionLayer(config)
+    model.tie_weights()
+
+
+def cache_continuation_positions(past_key_values, input_ids=None, inputs_embeds=None):
+    """Positions (B, S) that continue a filled cache, or None when there is no filled cache.
+
+    Fix of a parent quirk: Qwen3Model numbers positions from 0 even when a filled cache is passed, which rotates
+    new tokens as if they were at the start.
+    """
+    if past_key_values is None or past_key_values.get_seq_length() == 0:
+        return None
+    batch, seq = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+    start = past_key_values.get_seq_length()
+    return paddle.arange(start, start + seq, dtype="int64").expand([batch, seq])
+
+
+class ContractCheckpointMixin:
+    """save_pretrained without PaddleFormers' save marker; from_pretrained validates the folder first.
+
+    Subclasses name their validator (one-line CheckpointError on a malformed folder) in `_validate_checkpoint`.
+    """
+
+    @staticmethod
+    def _validate_checkpoint(path: str) -> None:
+        raise NotImplementedError
+
+    def save_pretrained(self, save_dir, *args, **kwargs):
+        super().save_pretrained(save_dir, *args, **kwargs)
+        # PaddleFormers leaves a `saved_signal_<rank>` marker; it is not part of the checkpoint contract.
+        for name in os.listdir(save_dir):
+            if name.startswith("saved_signal_"):
+                os.remove(os.path.join(save_dir, name))
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        # Reject malformed checkpoints with one clear line before PaddleFormers reads them.
+        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(pretrained_model_name_or_path):
+            cls._validate_checkpoint(pretrained_model_name_or_path)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
 
 class Qwen3VHADecoderLayer(Qwen3DecoderLayer):
@@ -35,8 +107,14 @@ class Qwen3VHADecoderLayer(Qwen3DecoderLayer):
         self.self_attn = Qwen3VHAAttention(config, layer_idx)  # VHA: the only change to the decoder layer
 
 
-class Qwen3VHAPretrainedModel(Qwen3PretrainedModel):
+class Qwen3VHAPretrainedModel(ContractCheckpointMixin, Qwen3PretrainedModel):
     config_class = Qwen3VHAConfig
+
+    @staticmethod
+    def _validate_checkpoint(path: str) -> None:
+        from .checkpoint import validate_vha_checkpoint
+
+        validate_vha_checkpoint(path)
 
     @classmethod
     def _gen_aoa_config(cls, config: Qwen3VHAConfig):
@@ -57,68 +135,24 @@ class Qwen3VHAPretrainedModel(Qwen3PretrainedModel):
             aoa["aoa_statements"].append(f"{src}^T -> {dst}")
         return aoa
 
-    def save_pretrained(self, save_dir, *args, **kwargs):
-        super().save_pretrained(save_dir, *args, **kwargs)
-        # VHA: PaddleFormers leaves a `saved_signal_<rank>` marker; it is not part of the checkpoint contract.
-        for name in os.listdir(save_dir):
-            if name.startswith("saved_signal_"):
-                os.remove(os.path.join(save_dir, name))
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        # VHA: reject malformed checkpoints with one clear line before PaddleFormers reads them.
-        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(pretrained_model_name_or_path):
-            from .checkpoint import validate_vha_checkpoint
-
-            validate_vha_checkpoint(pretrained_model_name_or_path)
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-
 
 @register_base_model
 class Qwen3VHAModel(Qwen3VHAPretrainedModel, Qwen3Model):
     def __init__(self, config: Qwen3VHAConfig):
-        # Mirrors Qwen3Model.__init__, which hard-codes its decoder layer class; building the stock
-        # layers first and replacing them would hold two models in memory at once.
         config.check_runtime_support()  # VHA: refuse unsupported runtime options before building anything
-        Qwen3PretrainedModel.__init__(self, config)
-        self.embed_tokens = GeneralEmbedding.create(
-            config=config, num_embeddings=config.vocab_size, embedding_dim=config.hidden_size
-        )
-        self.layers = nn.LayerList(
-            [Qwen3VHADecoderLayer(config, i) for i in range(config.num_hidden_layers)]  # VHA: decoder layer
-        )
-        self.norm = GeneralNorm.create(
-            config=config,
-            norm_type="rms_norm",
-            hidden_size=config.hidden_size,
-            norm_eps=config.rms_norm_eps,
-            input_is_parallel=config.sequence_parallel,
-        )
-        self.rotary_emb = Qwen3RotaryEmbedding(config=config)
-        self.has_sliding_layers = getattr(config, "sliding_window", None) is not None and "sliding_attention" in (
-            getattr(config, "layer_types", None) or []
-        )
+        init_qwen3_backbone(self, config, Qwen3VHADecoderLayer)  # VHA: decoder layer
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, **kwargs):
-        # Fix of a parent quirk: Qwen3Model numbers positions from 0 even when a filled cache is passed,
-        # which rotates new tokens as if they were at the start; continue from the cache length instead.
-        if position_ids is None and past_key_values is not None and past_key_values.get_seq_length() > 0:
-            batch, seq = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-            start = past_key_values.get_seq_length()
-            position_ids = paddle.arange(start, start + seq, dtype="int64").expand([batch, seq])
+        if position_ids is None:  # positions continue a filled cache (stock Qwen3Model restarts them at 0)
+            position_ids = cache_continuation_positions(past_key_values, input_ids, inputs_embeds)
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
 
 
 class Qwen3VHAForCausalLM(Qwen3VHAPretrainedModel, Qwen3ForCausalLM):
     def __init__(self, config: Qwen3VHAConfig):
-        # Mirrors Qwen3ForCausalLM.__init__ with the VHA backbone.
-        Qwen3PretrainedModel.__init__(self, config)
-        self.model = Qwen3VHAModel(config)  # VHA: backbone
-        self.lm_head = GeneralLMHead(config)
-        self.criterion = CriterionLayer(config)
-        self.tie_weights()
+        init_qwen3_causal_lm(self, config, Qwen3VHAModel)  # VHA: backbone
 
 
 def _register_auto_classes() -> None:
