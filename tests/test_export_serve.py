@@ -181,3 +181,27 @@ def test_external_data_export(tmp_path):
     prompt = np.random.default_rng(2).integers(0, cfg.vocab_size, size=(1, 5))
     want, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=6, decode_strategy="greedy_search")
     assert np.array_equal(generate(OrtDecoder.from_dir(str(tmp_path / "onnx")), prompt, 6).tokens, want.numpy())
+
+
+def test_folded_vha_serves_like_paddleformers_generate(tmp_path):
+    """The real pipeline: a Qwen3-VHA checkpoint, folded, exported; both runtimes generate what PaddleFormers'
+    own generate does on the folded model (loaded through a symlink view, so the folder stays untouched)."""
+    from _utils import tiny_config
+
+    from paddle_vha import Qwen3VHAForCausalLM
+    from paddle_vha.fold import fold_checkpoint, plan_fold
+    from paddle_vha.fsutil import linked_view
+
+    paddle.seed(21)
+    cfg = tiny_config(num_attention_heads=6, num_key_value_heads=2, vha_q_head_dim=12, vha_postmix_v_init_std=0.3)
+    Qwen3VHAForCausalLM(cfg).save_pretrained(str(tmp_path / "vha"))
+    fold_checkpoint(plan_fold(str(tmp_path / "vha"), str(tmp_path / "folded")), progress=False)
+    export_onnx(str(tmp_path / "folded"), str(tmp_path / "onnx"))
+    folded = Qwen3ForCausalLM.from_pretrained(linked_view(str(tmp_path / "folded"), str(tmp_path / "view")))
+    folded.eval()
+    prompt = np.random.default_rng(8).integers(0, cfg.vocab_size, size=(2, 7))
+    want, _ = folded.generate(paddle.to_tensor(prompt), max_new_tokens=10, decode_strategy="greedy_search")
+    for sess in (OrtDecoder.from_dir(str(tmp_path / "onnx")), PaddleInferenceDecoder(str(tmp_path / "onnx"))):
+        got = generate(sess, prompt, 10).tokens
+        print(type(sess).__name__, got.tolist())
+        assert np.array_equal(got, want.numpy())
