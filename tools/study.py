@@ -156,6 +156,7 @@ def main(argv=None):
     fd, tmp = tempfile.mkstemp(dir=args.out, suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(payload, f, indent=1)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600
     os.replace(tmp, os.path.join(args.out, "study.json"))
     plot(runs, args.variants, os.path.join(args.out, "study.png"))
 
