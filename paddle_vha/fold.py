@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
@@ -341,32 +340,19 @@ def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 
     from tqdm import tqdm
 
     out_dir = os.path.abspath(plan.out_dir)
+    entries = {e.name: e for e in plan.entries}
+
+    def chunks(name, code, shape):
+        yield from _produce(entries[name], plan.inputs, chunk_bytes)
+        if on_tensor is not None:  # runs once the tensor's last rows are written
+            on_tensor(entries[name])
+
     with atomic_dir(out_dir) as tmp:  # --force: the old folder is replaced only by a complete new one
         bar = tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="fold", disable=not progress, leave=False)
-        weight_map: Dict[str, str] = {}
-        n = len(plan.shards)
-        for k, shard in enumerate(plan.shards, 1):
-            fname = st.shard_name(k, n)
-            writer = st.ShardWriter(os.path.join(tmp, fname), [(e.name, e.dtype, e.shape) for e in shard])
-            try:
-                for e in shard:
-                    for rows in _produce(e, plan.inputs, chunk_bytes):
-                        writer.write(e.name, rows)
-                        bar.update(rows.nbytes)
-                    weight_map[e.name] = fname
-                    if on_tensor is not None:
-                        on_tensor(e)
-                writer.close()
-            except BaseException:
-                writer.abort()
-                raise
+        shards = [[(e.name, e.dtype, e.shape) for e in shard] for shard in plan.shards]
+        st.write_checkpoint_folder(tmp, shards, chunks, plan.out_config, plan.bytes_out, plan.in_dir, plan.copy_files,
+                                   on_written=lambda name, nbytes: bar.update(nbytes))
         bar.close()
-        st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, plan.bytes_out)
-        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(plan.out_config, f, indent=2, sort_keys=True)
-            f.write("\n")
-        for f in plan.copy_files:
-            shutil.copy2(os.path.join(plan.in_dir, f), os.path.join(tmp, f))
     return out_dir
 
 

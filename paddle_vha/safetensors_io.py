@@ -305,3 +305,38 @@ def plan_shards(specs: Iterable[Tuple[str, str, Tuple[int, ...]]], max_shard_byt
 def shard_name(k: int, n: int) -> str:
     """Hugging Face's shard naming: model-00001-of-00003.safetensors (k counts from 1)."""
     return f"model-{k:05d}-of-{n:05d}.safetensors"
+
+
+def write_checkpoint_folder(folder: str, shards: List[list], chunks, config: dict, total_size: int,
+                            copy_from: Optional[str] = None, copy_files: Iterable[str] = (),
+                            on_written=None) -> Dict[str, str]:
+    """Write a whole checkpoint folder: shards, index json, config.json, and side files copied from `copy_from`.
+
+    shards: plan_shards' output, lists of (name, dtype code, shape). chunks(name, code, shape) yields the tensor's
+    rows in order, already in `code` (one array, or row blocks for streaming). on_written(name, nbytes) is called
+    per chunk (progress bars). Returns the weight map. Callers wrap this in fsutil.atomic_dir.
+    """
+    import shutil
+
+    weight_map: Dict[str, str] = {}
+    for k, shard in enumerate(shards, 1):
+        fname = shard_name(k, len(shards))
+        writer = ShardWriter(os.path.join(folder, fname), shard)
+        try:
+            for name, code, shape in shard:
+                for rows in chunks(name, code, shape):
+                    writer.write(name, rows)
+                    if on_written is not None:
+                        on_written(name, rows.nbytes)
+                weight_map[name] = fname
+            writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+    write_index(os.path.join(folder, "model.safetensors.index.json"), weight_map, total_size)  # checkpoint.INDEX_FILE
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    for name in copy_files:
+        shutil.copy2(os.path.join(copy_from, name), os.path.join(folder, name))
+    return weight_map

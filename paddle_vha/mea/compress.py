@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -225,31 +224,17 @@ def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_siz
     names = sorted(plan.out_shapes, key=_natural_key)
     shards = st.plan_shards([(n, plan.out_code, tuple(plan.out_shapes[n])) for n in names], max_bytes)
     out_dir = os.path.abspath(plan.out_dir)
+    def chunks(name, code, shape):
+        arr = out[name] if name in out else st.read_tensor(plan.inputs[name])
+        if tuple(arr.shape) != tuple(shape):
+            raise CompressError(f"{name}: produced shape {list(arr.shape)}, planned {list(shape)} (a bug)")
+        yield st.cast(np.asarray(arr), code)
+
     with atomic_dir(out_dir) as tmp:  # --force: the old folder is replaced only by a complete new one
         bar = tqdm(total=len(names), desc="write", disable=not progress, leave=False)
-        weight_map: Dict[str, str] = {}
-        for k, shard in enumerate(shards, 1):
-            fname = st.shard_name(k, len(shards))
-            writer = st.ShardWriter(os.path.join(tmp, fname), shard)
-            try:
-                for name, code, shape in shard:
-                    arr = out[name] if name in out else st.read_tensor(plan.inputs[name])
-                    if tuple(arr.shape) != tuple(shape):
-                        raise CompressError(f"{name}: produced shape {list(arr.shape)}, planned {list(shape)} (a bug)")
-                    writer.write(name, st.cast(np.asarray(arr), code))
-                    weight_map[name] = fname
-                    bar.update(1)
-                writer.close()
-            except BaseException:
-                writer.abort()
-                raise
+        st.write_checkpoint_folder(tmp, shards, chunks, plan.out_config, plan.bytes_out, plan.in_dir, plan.copy_files,
+                                   on_written=lambda name, nbytes: bar.update(1))
         bar.close()
-        st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, plan.bytes_out)
-        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(plan.out_config, f, indent=2, sort_keys=True)
-            f.write("\n")
-        for f in plan.copy_files:
-            shutil.copy2(os.path.join(plan.in_dir, f), os.path.join(tmp, f))
     return out_dir
 
 
