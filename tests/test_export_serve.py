@@ -205,3 +205,49 @@ def test_folded_vha_serves_like_paddleformers_generate(tmp_path):
         got = generate(sess, prompt, 10).tokens
         print(type(sess).__name__, got.tolist())
         assert np.array_equal(got, want.numpy())
+
+
+def _mea_checkpoint(path, **overrides):
+    from _utils import TINY
+
+    from paddle_vha import Qwen3MEAConfig, Qwen3MEAForCausalLM
+
+    cfg = Qwen3MEAConfig(**{**TINY, "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2,
+                            "mea_kv_heads": 3, "mea_layers": [0, 2], "mea_stock_kv_heads": 6,
+                            "mea_k_norm_position": "before_hlc", **overrides})
+    model = Qwen3MEAForCausalLM(cfg)
+    for name, p in model.named_parameters():  # HLC coefficients and head norm away from their initial values
+        if "mea_" in name:
+            p.set_value((1.0 if "mea_norm" in name else 0.0) + paddle.randn(p.shape) * 0.4)
+    model.eval()
+    model.save_pretrained(path)
+    return cfg, model
+
+
+def test_mea_exports_in_the_multiquery_serving_form(tmp_path):
+    """Qwen3-MEA (before_hlc) exports with one wide KV head per MEA layer; both runtimes match PaddleFormers."""
+    paddle.seed(13)
+    cfg, model = _mea_checkpoint(str(tmp_path / "mea"))
+    val = export_onnx(str(tmp_path / "mea"), str(tmp_path / "onnx"))
+    assert val.max_abs <= 1e-4 and val.tokens_match
+    m = onnx.load(str(tmp_path / "onnx" / "model.onnx"))
+    n_p, d = cfg.num_key_value_heads, cfg.head_dim
+    shapes = [(vi.type.tensor_type.shape.dim[1].dim_value, vi.type.tensor_type.shape.dim[3].dim_value)
+              for vi in m.graph.input[3::2]]  # keys of layers 0, 1, 2
+    assert shapes == [(1, n_p * d), (cfg.mea_stock_kv_heads, d), (1, n_p * d)]  # MEA, stock, MEA
+    prompt = np.random.default_rng(4).integers(0, cfg.vocab_size, size=(2, 6))
+    want, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=8, decode_strategy="greedy_search")
+    for sess in (OrtDecoder.from_dir(str(tmp_path / "onnx")), PaddleInferenceDecoder(str(tmp_path / "onnx"))):
+        res = generate(sess, prompt, 8)
+        assert np.array_equal(res.tokens, want.numpy()), type(sess).__name__
+    # cached bytes per token of an MEA layer: n_p heads of d, as the direct form stores
+    _, cache = OrtDecoder.from_dir(str(tmp_path / "onnx")).prefill(prompt)
+    assert cache[0].shape[1] * cache[0].shape[3] == n_p * d and cache[2].shape[1] * cache[2].shape[3] == 6 * d
+
+
+def test_mea_after_hlc_is_refused_for_export(tmp_path):
+    paddle.seed(14)
+    _mea_checkpoint(str(tmp_path / "mea"), mea_k_norm_position="after_hlc")
+    with pytest.raises(CheckpointError, match="needs 'before_hlc'"):
+        export_onnx(str(tmp_path / "mea"), str(tmp_path / "onnx"))
+    assert not os.path.exists(tmp_path / "onnx")

@@ -13,12 +13,14 @@ __all__ = ["load_stock_qwen3", "reference_model"]
 
 
 def load_stock_qwen3(ckpt_dir: str) -> Tuple[object, Dict[str, np.ndarray]]:
-    """(Qwen3Config, {name: float32 array}) of a stock Qwen3 checkpoint, validated against the contract."""
+    """(config, {name: float32 array}) of a stock Qwen3 (or Qwen3-MEA) checkpoint, validated against the contract."""
     from paddleformers.transformers import Qwen3Config
 
     raw = read_config(ckpt_dir)
     if raw.get("model_type") == "qwen3_vha":
         raise CheckpointError(f"{ckpt_dir}: is a Qwen3-VHA checkpoint; fold it first (python tools/fold.py IN OUT)")
+    if raw.get("model_type") == "qwen3_mea":
+        return _load_mea(ckpt_dir)
     if raw.get("model_type") != "qwen3":
         raise CheckpointError(f"{ckpt_dir}: not a Qwen3 checkpoint (config.json model_type={raw.get('model_type')!r})")
     try:
@@ -29,6 +31,22 @@ def load_stock_qwen3(ckpt_dir: str) -> Tuple[object, Dict[str, np.ndarray]]:
         raise CheckpointError(f"{ckpt_dir}/config.json: num_attention_heads {cfg.num_attention_heads} is not a "
                               f"multiple of num_key_value_heads {cfg.num_key_value_heads}")
     compare_shapes(ckpt_dir, read_tensor_shapes(ckpt_dir), qwen3_tensor_shapes(cfg))
+    return cfg, _read_all(ckpt_dir)
+
+
+def _load_mea(ckpt_dir: str):
+    """Qwen3-MEA exports in the multi-query serving form, which needs k_norm on the cached physical heads."""
+    from ..mea.checkpoint import validate_mea_checkpoint
+
+    cfg = validate_mea_checkpoint(ckpt_dir)
+    if cfg.mea_layer_indices and cfg.mea_k_norm_position != "before_hlc":
+        raise CheckpointError(
+            f"{ckpt_dir}: mea_k_norm_position={cfg.mea_k_norm_position!r}: the ONNX export uses the multi-query serving "
+            "form, which needs 'before_hlc' (compress with tools/compress_kv.py --k-norm before)")
+    return cfg, _read_all(ckpt_dir)
+
+
+def _read_all(ckpt_dir: str) -> Dict[str, np.ndarray]:
     tensors: Dict[str, np.ndarray] = {}
     by_file: Dict[str, list] = {}
     for name, fname in weight_files(ckpt_dir).items():
@@ -37,7 +55,7 @@ def load_stock_qwen3(ckpt_dir: str) -> Tuple[object, Dict[str, np.ndarray]]:
         with safe_open(os.path.join(ckpt_dir, fname), framework="numpy") as f:
             for n in names:
                 tensors[n] = f.get_tensor(n).astype(np.float32)  # bf16 arrives as ml_dtypes.bfloat16
-    return cfg, tensors
+    return tensors
 
 
 def reference_model(cfg, tensors: Dict[str, np.ndarray]):
@@ -45,7 +63,12 @@ def reference_model(cfg, tensors: Dict[str, np.ndarray]):
     import paddle
     from paddleformers.transformers import Qwen3ForCausalLM
 
-    model = Qwen3ForCausalLM(cfg)
+    if getattr(cfg, "model_type", "") == "qwen3_mea":
+        from ..mea.modeling import Qwen3MEAForCausalLM
+
+        model = Qwen3MEAForCausalLM(cfg)
+    else:
+        model = Qwen3ForCausalLM(cfg)
     state = {}
     for name, p in model.state_dict().items():
         src = tensors.get(name)

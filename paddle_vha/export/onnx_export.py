@@ -19,7 +19,7 @@ import numpy as np
 
 from ..fsutil import atomic_dir
 from .checkpoint_io import load_stock_qwen3, reference_model
-from .decoder import Qwen3KVDecoder, io_names
+from .decoder import Qwen3KVDecoder, cache_shapes, io_names
 
 __all__ = ["export_onnx", "ExportError", "validate_onnx"]
 
@@ -80,7 +80,8 @@ def _static_program(decoder, cfg, dest_prefix):
     from paddle.static import InputSpec
 
     ins, _ = io_names(cfg.num_hidden_layers)
-    kv = [InputSpec([None, cfg.num_key_value_heads, None, cfg.head_dim], "float32", n) for n in ins[3:]]
+    shapes = [s for s in cache_shapes(cfg) for _ in ("key", "value")]
+    kv = [InputSpec([None, h, None, w], "float32", n) for n, (h, w) in zip(ins[3:], shapes)]
     specs = [InputSpec([None, None], "int64", n) for n in ins[:3]] + [kv]
     static = paddle.jit.to_static(decoder, input_spec=specs, full_graph=True)
     paddle.jit.save(static, dest_prefix, input_spec=specs)
@@ -162,10 +163,11 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
     ins, outs = io_names(cfg.num_hidden_layers)
     if [i.name for i in model.graph.input] != ins or [o.name for o in model.graph.output] != outs:
         raise ExportError("graph inputs/outputs are not named by the KV-cache convention")
-    for vi in model.graph.input[3:]:
-        h = vi.type.tensor_type.shape.dim[1].dim_value
-        if h != cfg.num_key_value_heads:
-            raise ExportError(f"{vi.name} has {h} heads, expected H_kv={cfg.num_key_value_heads}")
+    want = [s for s in cache_shapes(cfg) for _ in ("key", "value")]
+    for vi, (h, w) in zip(model.graph.input[3:], want):
+        dims = vi.type.tensor_type.shape.dim
+        if (dims[1].dim_value, dims[3].dim_value) != (h, w):
+            raise ExportError(f"{vi.name} is [.., {dims[1].dim_value}, .., {dims[3].dim_value}], expected {h} heads of width {w}")
     val = Validation(ops=sorted({n.op_type for n in model.graph.node}))
 
     ref = reference_model(cfg, tensors)
@@ -211,7 +213,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         f"{cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}")
     with atomic_dir(out_dir) as tmp:
         paddle.set_default_dtype("float32")
-        decoder = Qwen3KVDecoder(cfg.to_dict(), tensors)
+        decoder = Qwen3KVDecoder(cfg, tensors)
         decoder.eval()
         _static_program(decoder, cfg, os.path.join(tmp, "paddle", "model"))
         raw_onnx = os.path.join(tmp, "raw.onnx")
@@ -249,6 +251,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
                     num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
                     num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
                     kv_layout="[batch, num_key_value_heads, past_sequence, head_dim]", dtype="float32",
+                    model_type=cfg.model_type, cache_shapes=[list(x) for x in cache_shapes(cfg)],
                     validation=dict(prefill_max_abs=val.prefill_max_abs, decode_max_abs=val.decode_max_abs,
                                     decode_steps=val.steps, tolerance=tolerance), ops=val.ops)
         with open(os.path.join(tmp, "export_info.json"), "w") as f:

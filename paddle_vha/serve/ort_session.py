@@ -20,8 +20,8 @@ class OrtDecoder(DecoderSession):
         self.session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
-        kv = self.session.get_inputs()[3].shape  # [batch, H_kv, past_sequence, d]
-        self.num_kv_heads, self.head_dim, self.num_cache = kv[1], kv[3], len(self.inputs) - 3
+        # [batch, heads, past_sequence, width] per cache input (MEA layers: one wide head)
+        self.cache_shapes = [(i.shape[1], i.shape[3]) for i in self.session.get_inputs()[3:]]
 
     @classmethod
     def from_dir(cls, export_dir: str, threads: int = 0):

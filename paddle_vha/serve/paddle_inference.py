@@ -29,8 +29,8 @@ class PaddleInferenceDecoder(DecoderSession):
         self.predictor = inference.create_predictor(config)
         self.inputs = self.predictor.get_input_names()
         self.outputs = self.predictor.get_output_names()
-        self.num_kv_heads, self.head_dim = info["num_key_value_heads"], info["head_dim"]
-        self.num_cache = len(self.inputs) - 3
+        per_layer = info.get("cache_shapes") or [[info["num_key_value_heads"], info["head_dim"]]] * info["num_hidden_layers"]
+        self.cache_shapes = [tuple(s) for s in per_layer for _ in ("key", "value")]
 
     def _run(self, arrays):
         for name, value in zip(self.inputs, arrays):

@@ -26,17 +26,16 @@ def decoder_feeds(ids, past_len: int, attention_mask=None):
 
 
 class DecoderSession:
-    """Subclasses set num_kv_heads, head_dim, num_cache and implement _run(list of input arrays) -> outputs."""
+    """Subclasses set cache_shapes ((heads, width) of every cache input, in order) and implement
+    _run(list of input arrays) -> outputs."""
 
-    num_kv_heads: int
-    head_dim: int
-    num_cache: int
+    cache_shapes: List[Tuple[int, int]]
 
     def _run(self, arrays: List[np.ndarray]) -> List[np.ndarray]:
         raise NotImplementedError
 
     def empty_cache(self, batch: int) -> List[np.ndarray]:
-        return [np.zeros((batch, self.num_kv_heads, 0, self.head_dim), np.float32) for _ in range(self.num_cache)]
+        return [np.zeros((batch, h, 0, w), np.float32) for h, w in self.cache_shapes]
 
     def run(self, ids, cache, attention_mask=None) -> Tuple[np.ndarray, list]:
         """logits (B, S, V) and the new cache (each (B, H_kv, past + S, d))."""
