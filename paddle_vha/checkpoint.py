@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Dict, Tuple
 
 from safetensors import safe_open
@@ -23,6 +24,8 @@ __all__ = [
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+# Files of a checkpoint folder that describe its weights: a converter rewrites or drops them, never copies them.
+WEIGHT_FILES = re.compile(r"(\.safetensors|\.safetensors\.index\.json|\.pdparams|\.bin|\.pt|\.pth|\.metadata)$|^saved_signal_")
 
 Shapes = Dict[str, Tuple[int, ...]]
 
@@ -164,20 +167,26 @@ def compare_shapes(ckpt_dir: str, found: Shapes, expected: Shapes) -> None:
         raise CheckpointError(f"{ckpt_dir}: mis-shaped tensors: {_few(bad)}")
 
 
+def load_typed_config(ckpt_dir: str, config_cls, label: str):
+    """`config_cls` of a checkpoint folder whose model_type must be config_cls.model_type; config errors become
+    one-line CheckpointErrors. `label` names the model family in the message."""
+    raw = read_config(ckpt_dir)
+    if raw.get("model_type") != config_cls.model_type:
+        raise CheckpointError(
+            f"{ckpt_dir}: not a {label} checkpoint (config.json model_type={raw.get('model_type')!r}, "
+            f"expected {config_cls.model_type!r})"
+        )
+    try:
+        return config_cls.from_dict(raw)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{ckpt_dir}/config.json: {e}") from None
+
+
 def load_vha_config(ckpt_dir: str):
     """Qwen3VHAConfig of a checkpoint folder, with config errors turned into one-line CheckpointErrors."""
     from .config import Qwen3VHAConfig  # local: keeps this module importable without PaddleFormers' models
 
-    raw = read_config(ckpt_dir)
-    if raw.get("model_type") != Qwen3VHAConfig.model_type:
-        raise CheckpointError(
-            f"{ckpt_dir}: not a Qwen3-VHA checkpoint (config.json model_type={raw.get('model_type')!r}, "
-            f"expected {Qwen3VHAConfig.model_type!r})"
-        )
-    try:
-        return Qwen3VHAConfig.from_dict(raw)
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{ckpt_dir}/config.json: {e}") from None
+    return load_typed_config(ckpt_dir, Qwen3VHAConfig, "Qwen3-VHA")
 
 
 def validate_vha_checkpoint(ckpt_dir: str):

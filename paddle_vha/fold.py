@@ -29,9 +29,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from . import safetensors_io as st
-from .fsutil import atomic_dir, linked_view
 from .checkpoint import (
     INDEX_FILE,
+    WEIGHT_FILES,
     CheckpointError,
     compare_shapes,
     load_vha_config,
@@ -41,6 +41,7 @@ from .checkpoint import (
     vha_tensor_shapes,
     weight_files,
 )
+from .fsutil import atomic_dir, check_output_dir, linked_view
 
 __all__ = [
     "FoldError",
@@ -61,8 +62,6 @@ DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16", "float16")
 # --verify: max |logit diff| / max |logit| allowed, by output dtype (storage rounding of the folded q/o weights).
 DEFAULT_VERIFY_TOL = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 GATE_REASON = "Postmix cannot cross the sigmoid gate"
-# Files of a checkpoint folder that describe its weights (rewritten or dropped, never copied).
-_NOT_COPIED = re.compile(r"(\.safetensors|\.safetensors\.index\.json|\.pdparams|\.bin|\.pt|\.pth|\.metadata)$|^saved_signal_")
 
 
 class FoldError(CheckpointError):
@@ -190,21 +189,6 @@ class FoldPlan:
         return sum(e.nbytes for e in self.entries)
 
 
-def _natural_key(name: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
-def _check_out_dir(in_dir: str, out_dir: str, force: bool) -> None:
-    a, b = os.path.realpath(in_dir), os.path.realpath(out_dir)
-    if a == b or b.startswith(a + os.sep) or a.startswith(b + os.sep):
-        raise FoldError(f"{out_dir}: OUT_DIR must be a different folder from IN_DIR {in_dir}, neither inside the other")
-    if os.path.lexists(out_dir):
-        if not os.path.isdir(out_dir) or os.path.islink(out_dir):
-            raise FoldError(f"{out_dir}: exists and is not a folder; refusing to replace it")
-        if not force:
-            raise FoldError(f"{out_dir}: already exists (pass --force to replace it)")
-
-
 def plan_fold(in_dir: str, out_dir: str, dtype: str = "auto", force: bool = False,
               max_shard_size="5GB") -> FoldPlan:
     """Validate IN_DIR (and OUT_DIR) from headers alone and describe every output tensor. Reads no tensor data."""
@@ -214,7 +198,7 @@ def plan_fold(in_dir: str, out_dir: str, dtype: str = "auto", force: bool = Fals
     cfg = load_vha_config(in_dir)  # not qwen3_vha, invalid VHA fields: one-line CheckpointError
     _check_foldable(cfg, in_dir)
     compare_shapes(in_dir, read_tensor_shapes(in_dir), vha_tensor_shapes(cfg))
-    _check_out_dir(in_dir, out_dir, force)
+    check_output_dir(in_dir, out_dir, force, FoldError)
 
     inputs: Dict[str, st.TensorRef] = {}
     wmap = weight_files(in_dir)
@@ -232,7 +216,7 @@ def plan_fold(in_dir: str, out_dir: str, dtype: str = "auto", force: bool = Fals
     out_code = inputs["model.embed_tokens.weight"].dtype if dtype == "auto" else st.dtype_code(dtype)
     out_shapes = qwen3_tensor_shapes(cfg)  # num_attention_heads = H_v, head_dim = d: the served GQA shapes
     entries: List[Entry] = []
-    for name in sorted(out_shapes, key=_natural_key):
+    for name in sorted(out_shapes, key=st.natural_key):
         m = _ATTN.match(name)
         p, leaf = m.groups() if m else ("", "")
         if leaf == "q_proj.weight":
@@ -259,7 +243,7 @@ def plan_fold(in_dir: str, out_dir: str, dtype: str = "auto", force: bool = Fals
     copy_files, skipped = [], []
     for f in sorted(os.listdir(in_dir)):
         full = os.path.join(in_dir, f)
-        if f in ("config.json", INDEX_FILE) or _NOT_COPIED.search(f):
+        if f in ("config.json", INDEX_FILE) or WEIGHT_FILES.search(f):
             continue
         (copy_files if os.path.isfile(full) else skipped).append(f)
     return FoldPlan(in_dir, out_dir, cfg, raw, fold_config(raw, st.dtype_name(out_code)), out_code, inputs, entries,

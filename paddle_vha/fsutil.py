@@ -6,7 +6,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 
-__all__ = ["atomic_dir", "linked_view"]
+__all__ = ["atomic_dir", "check_output_dir", "linked_view"]
 
 
 @contextmanager
@@ -45,3 +45,16 @@ def linked_view(src: str, dst: str) -> str:
         if os.path.isfile(os.path.join(src, f)) and not f.endswith(".metadata"):
             os.symlink(os.path.abspath(os.path.join(src, f)), os.path.join(dst, f))
     return dst
+
+
+def check_output_dir(in_dir: str, out_dir: str, force: bool, error=ValueError) -> None:
+    """Refuse (raising `error` with one line) an OUT_DIR that is IN_DIR, nests with it, is not a folder, or
+    already exists without `force`."""
+    a, b = os.path.realpath(in_dir), os.path.realpath(out_dir)
+    if a == b or b.startswith(a + os.sep) or a.startswith(b + os.sep):
+        raise error(f"{out_dir}: OUT_DIR must be a different folder from IN_DIR {in_dir}, neither inside the other")
+    if os.path.lexists(out_dir):
+        if not os.path.isdir(out_dir) or os.path.islink(out_dir):
+            raise error(f"{out_dir}: exists and is not a folder; refusing to replace it")
+        if not force:
+            raise error(f"{out_dir}: already exists (pass --force to replace it)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 import sys
 from dataclasses import dataclass
@@ -300,6 +301,11 @@ def plan_shards(specs: Iterable[Tuple[str, str, Tuple[int, ...]]], max_shard_byt
         shards[-1].append(spec)
         used += nbytes
     return shards
+
+
+def natural_key(name: str):
+    """Sort key that orders layers.2 before layers.10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def shard_name(k: int, n: int) -> str:

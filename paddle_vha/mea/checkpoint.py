@@ -1,7 +1,7 @@
 """The Qwen3-MEA checkpoint contract: tensor names and shapes, validated from safetensors headers only."""
 from __future__ import annotations
 
-from ..checkpoint import CheckpointError, Shapes, compare_shapes, qwen3_tensor_shapes, read_config, read_tensor_shapes
+from ..checkpoint import Shapes, compare_shapes, load_typed_config, qwen3_tensor_shapes, read_tensor_shapes
 
 __all__ = ["mea_tensor_shapes", "load_mea_config", "validate_mea_checkpoint"]
 
@@ -33,16 +33,7 @@ def load_mea_config(ckpt_dir: str):
     """Qwen3MEAConfig of a checkpoint folder, with config errors turned into one-line CheckpointErrors."""
     from .config import Qwen3MEAConfig
 
-    raw = read_config(ckpt_dir)
-    if raw.get("model_type") != Qwen3MEAConfig.model_type:
-        raise CheckpointError(
-            f"{ckpt_dir}: not a Qwen3-MEA checkpoint (config.json model_type={raw.get('model_type')!r}, "
-            f"expected {Qwen3MEAConfig.model_type!r})"
-        )
-    try:
-        return Qwen3MEAConfig.from_dict(raw)
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{ckpt_dir}/config.json: {e}") from None
+    return load_typed_config(ckpt_dir, Qwen3MEAConfig, "Qwen3-MEA")
 
 
 def validate_mea_checkpoint(ckpt_dir: str):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -30,15 +29,14 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import safetensors_io as st
-from ..checkpoint import INDEX_FILE, CheckpointError, compare_shapes, qwen3_tensor_shapes, read_config, read_tensor_shapes, weight_files
-from ..fsutil import atomic_dir, linked_view
+from ..checkpoint import INDEX_FILE, WEIGHT_FILES, CheckpointError, compare_shapes, qwen3_tensor_shapes, read_config, read_tensor_shapes, weight_files
+from ..fsutil import atomic_dir, check_output_dir, linked_view
 from .checkpoint import mea_tensor_shapes
 from .config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig, parse_layer_spec
 
 __all__ = ["CompressError", "CompressPlan", "svd_compress", "plan_compress", "compress_checkpoint", "format_plan",
            "logit_kl"]
 
-_NOT_COPIED = re.compile(r"(\.safetensors|\.safetensors\.index\.json|\.pdparams|\.bin|\.pt|\.pth|\.metadata)$|^saved_signal_")
 DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16", "float16")
 
 
@@ -69,10 +67,6 @@ def svd_compress(w: np.ndarray, bias: Optional[np.ndarray], n_heads: int, head_d
     return phys[:, :-1], phys[:, -1], lc, rel_err
 
 
-def _natural_key(name: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
 @dataclass
 class CompressPlan:
     in_dir: str
@@ -90,17 +84,6 @@ class CompressPlan:
     @property
     def bytes_out(self) -> int:
         return sum(int(np.prod(s)) * st.DTYPES[self.out_code].itemsize for s in self.out_shapes.values())
-
-
-def _check_out_dir(in_dir: str, out_dir: str, force: bool) -> None:
-    a, b = os.path.realpath(in_dir), os.path.realpath(out_dir)
-    if a == b or b.startswith(a + os.sep) or a.startswith(b + os.sep):
-        raise CompressError(f"{out_dir}: OUT_DIR must be a different folder from IN_DIR {in_dir}, neither inside the other")
-    if os.path.lexists(out_dir):
-        if not os.path.isdir(out_dir) or os.path.islink(out_dir):
-            raise CompressError(f"{out_dir}: exists and is not a folder; refusing to replace it")
-        if not force:
-            raise CompressError(f"{out_dir}: already exists (pass --force to replace it)")
 
 
 def plan_compress(in_dir: str, out_dir: str, kv_heads: int, layers: str = "all", k_norm: str = "after_hlc",
@@ -130,7 +113,7 @@ def plan_compress(in_dir: str, out_dir: str, kv_heads: int, layers: str = "all",
         layer_list = parse_layer_spec(layers, src.num_hidden_layers)
     except MEAConfigError as e:
         raise CompressError(f"--layers: {e}") from None
-    _check_out_dir(in_dir, out_dir, force)
+    check_output_dir(in_dir, out_dir, force, CompressError)
 
     inputs: Dict[str, st.TensorRef] = {}
     wmap = weight_files(in_dir)
@@ -155,7 +138,7 @@ def plan_compress(in_dir: str, out_dir: str, kv_heads: int, layers: str = "all",
     except (ValueError, TypeError) as e:
         raise CompressError(f"{in_dir}/config.json: cannot describe the compressed model ({e})") from None
     copy_files = sorted(f for f in os.listdir(in_dir) if f not in ("config.json", INDEX_FILE)
-                        and not _NOT_COPIED.search(f) and os.path.isfile(os.path.join(in_dir, f)))
+                        and not WEIGHT_FILES.search(f) and os.path.isfile(os.path.join(in_dir, f)))
     return CompressPlan(in_dir, out_dir, raw, out_raw, cfg, out_code, inputs, mea_tensor_shapes(cfg), layer_list,
                         copy_files)
 
@@ -221,7 +204,7 @@ def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_siz
         max_bytes = st.parse_size(max_shard_size)
     except ValueError as e:
         raise CompressError(f"--max-shard-size: {e}") from None
-    names = sorted(plan.out_shapes, key=_natural_key)
+    names = sorted(plan.out_shapes, key=st.natural_key)
     shards = st.plan_shards([(n, plan.out_code, tuple(plan.out_shapes[n])) for n in names], max_bytes)
     out_dir = os.path.abspath(plan.out_dir)
     def chunks(name, code, shape):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 from typing import Dict, List, Optional
 
@@ -129,10 +128,6 @@ def read_tp_plan(in_dir: str) -> dict:
     return plan
 
 
-def _natural_key(name: str):
-    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", name)]
-
-
 def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shard_size="5GB") -> dict:
     """Rebuild the single-device Qwen3-VHA checkpoint from a sharded save; returns a summary dict.
 
@@ -152,7 +147,7 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
     if os.path.lexists(out_dir) and not force:
         raise CheckpointError(f"{out_dir}: already exists (pass force=True / --force to replace it)")
 
-    names = sorted(plan["tensors"], key=_natural_key)
+    names = sorted(plan["tensors"], key=st.natural_key)
     specs = []
     for name in names:
         info = plan["tensors"][name]
