@@ -167,11 +167,13 @@ def test_bad_config_is_refused_with_one_line(case):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-def test_tensor_parallel_is_refused():
+def test_tensor_parallel_without_the_plan_is_refused():
     cfg = mea_config()
     cfg.tensor_model_parallel_size = 2
-    with pytest.raises(MEAConfigError, match="tensor_model_parallel_size=2: Qwen3-MEA supports tensor_model_parallel_size=1 only"):
+    with pytest.raises(MEAConfigError, match="tensor_model_parallel_size=2: Qwen3-MEA is tensor-parallel only through "
+                                             "paddle_vha.parallel .*build_tensor_parallel_model"):
         Qwen3MEAAttention(cfg, 0)
+    cfg.check_runtime_support(tensor_parallel_plan=True)  # the entry point's check passes
 
 
 def test_layer_specs():

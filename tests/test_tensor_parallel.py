@@ -1,10 +1,12 @@
-"""Tensor-parallel Qwen3-VHA on CPU (gloo) through paddle.distributed.launch, exact against TP = 1.
+"""Tensor-parallel Qwen3-VHA and Qwen3-MEA on CPU (gloo) through paddle.distributed.launch, exact against TP = 1.
 
 Each launch runs tests/tp/tp_worker.py on t = 2 ranks (KV heads split) and t = 4 ranks (H_kv = 2: KV heads
-replicated) for three tiny models (composed prologue; gate + biases + r < d; fused prologue + gate + r < d).
+replicated) for five tiny VHA models (composed prologue; gate + biases + r < d; H_kv 4; fused prologue + gate + r < d;
+float64) and three tiny MEA models (stock + MEA layers with virtual heads split; virtual and stock KV heads
+replicated at t = 4 with the serving form; float64).
 Every rank compares against the single-device model it built itself: logits, loss, every gradient (gathered),
 global gradient norm, 3 SGD-momentum steps (asserted <= 1e-5), 3 AdamW steps (asserted no worse than TP = 1 fp32
-itself against fp64), cached decode. This file then merges each sharded save, folds it and
+itself against fp64), cached decode. This file then merges each sharded save, folds it (VHA) and
 compares with the TP = 1 save / fold. Printed errors are max |diff| / max |ref| per tensor (worst tensor named).
 """
 from __future__ import annotations
@@ -99,9 +101,22 @@ def _launch(nproc: int, out_dir: str, cases: str, timeout: int) -> dict:
 def tp_run(request, tmp_path_factory):
     n = request.param
     out = str(tmp_path_factory.mktemp(f"tp{n}"))
-    cases = ["base", "gated-bias-r9", "kv4"] + (["fused"] if _fused_available() else []) + ["fp64"]
+    cases = (["base", "gated-bias-r9", "kv4"] + (["fused"] if _fused_available() else [])
+             + ["fp64", "mea", "mea-rep", "mea-fp64"])
     results = launch(n, out, ",".join(cases))
     return n, results.pop("out_dir", out), cases, results
+
+
+def expected_cache_heads(case: str, t: int) -> list:
+    """KV heads each rank caches per decoder layer, from the plan's rules (docs/tensor_parallel.md), not the code:
+    split KV heads -> n_kv / t (one replicated head when t > n_kv); an MEA layer caches all its n_p physical heads."""
+    if case.startswith("mea"):
+        stock = {"mea": 4, "mea-rep": 2, "mea-fp64": 4}[case]  # mea_stock_kv_heads (defaults to mea_kv_heads)
+        n_p = {"mea": 2, "mea-rep": 1, "mea-fp64": 2}[case]
+        mea_layers = {"mea": [1], "mea-rep": [0], "mea-fp64": [1]}[case]
+        return [n_p if i in mea_layers else max(stock // t, 1) for i in range(2)]
+    h_kv = 4 if case == "kv4" else 2
+    return [max(h_kv // t, 1)] * 2
 
 
 @pytest.mark.slow
@@ -116,10 +131,11 @@ def test_tp_equals_single_device(tp_run):
                 if isinstance(v, dict):
                     print(f"t={n} rank {k} {case:14s} {key:22s} max abs {v['max_abs']:.2e}  mean abs {v['mean_abs']:.2e}  "
                           f"rel {v['rel']:.2e}" + (f"  (worst of {v['count']}: {v['name']})" if "name" in v else ""))
-            tol = 1e-12 if case == "fp64" else TOL  # float64: only rounding may differ
+            fp64 = case.endswith("fp64")
+            tol = 1e-12 if fp64 else TOL  # float64: only rounding may differ
             for key, v in r.items():
                 if isinstance(v, dict) and key.split(".")[0] not in ("info", "adamw"):
-                    worst = max(worst, v["rel"]) if case != "fp64" else worst
+                    worst = max(worst, v["rel"]) if not fp64 else worst
                     assert v["rel"] <= tol, f"t={n} rank {k} {case} {key}: {v}"
             # the 3 SGD-momentum steps really moved the weights (else "equal after 3 steps" would say little)
             assert r["info.param_change"]["max_abs"] > 1e-2
@@ -127,7 +143,7 @@ def test_tp_equals_single_device(tp_run):
             # TP deviation must be of the size fp32 itself shows against float64, not larger
             for what in ("params", "logits"):
                 tp_err, fp32_err = r[f"adamw.tp_vs_ref32.{what}"]["rel"], r[f"adamw.ref32_vs_ref64.{what}"]["rel"]
-                if case == "fp64":  # the whole run in float64: AdamW's amplification has nothing to amplify
+                if fp64:  # the whole run in float64: AdamW's amplification has nothing to amplify
                     print(f"t={n} rank {k} fp64: AdamW x3 {what}: TP vs TP=1, both float64: {tp_err:.2e}")
                     assert tp_err <= 1e-10, (case, what, tp_err)
                     continue
@@ -137,12 +153,14 @@ def test_tp_equals_single_device(tp_run):
             print(f"t={n} rank {k} {case}: cached decode rel {r['decode.rel']:.2e}; replicated grads/params identical "
                   f"across ranks: {r['step0.replica_grad_divergence']}, {r['after.replica_param_divergence']}")
             assert r["decode.rel"] <= tol
+            if "decode_serving.rel" in r:  # MEA 'before_hlc': the multi-query serving form under TP as well
+                print(f"t={n} rank {k} {case}: cached decode in the multi-query serving form rel {r['decode_serving.rel']:.2e}")
+                assert r["decode_serving.rel"] <= tol
             for key in [f"step{s}.replica_grad_divergence" for s in range(3)] + ["after.replica_param_divergence"]:
                 assert r[key] == 0.0, (case, key, r[key])
-            h_kv = 4 if case == "kv4" else 2
-            assert r["decode.cache_heads"] == max(h_kv // n, 1)  # H_kv split over t (t > H_kv: one replicated head)
+            assert r["decode.cache_heads"] == expected_cache_heads(case, n), (case, r["decode.cache_heads"])
             # every parameter was compared: 2 layers x (attention + MLP + norms) + embedding, norm, lm_head
-            assert r["step0.grads"]["count"] == r["after.params"]["count"] >= 29
+            assert r["step0.grads"]["count"] == r["after.params"]["count"] >= 27
     print(f"t={n}: worst relative error over {len(cases)} models x {n} ranks: {worst:.2e}")
 
 
@@ -168,6 +186,9 @@ def test_tp_sharded_save_merge_fold(tp_run):
     from _utils import TINY
     from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM, fold
     from paddle_vha.checkpoint import validate_vha_checkpoint
+    from paddle_vha.mea.checkpoint import validate_mea_checkpoint
+    from paddle_vha.mea.config import Qwen3MEAConfig
+    from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
 
     n, out, cases, _ = tp_run
     for i, case in enumerate(cases):
@@ -175,10 +196,12 @@ def test_tp_sharded_save_merge_fold(tp_run):
         with open(os.path.join(d, "overrides.json")) as f:
             overrides = json.load(f)
         dtype = overrides.pop("dtype")
+        mea = overrides.pop("model") == "mea"
+        config_cls, model_cls = (Qwen3MEAConfig, Qwen3MEAForCausalLM) if mea else (Qwen3VHAConfig, Qwen3VHAForCausalLM)
         tol = 1e-12 if dtype == "float64" else TOL
         paddle.set_default_dtype(dtype)
-        cfg = Qwen3VHAConfig(**{**TINY, **overrides})
-        ref = Qwen3VHAForCausalLM(cfg)  # the TP = 1 model after its 3 steps, saved the ordinary way
+        cfg = config_cls(**{**TINY, **overrides})
+        ref = model_cls(cfg)  # the TP = 1 model after its 3 steps, saved the ordinary way
         state = dict(np.load(os.path.join(d, "ref_state.npz")))
         ref.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
         ref.save_pretrained(os.path.join(d, "ref"))
@@ -193,7 +216,7 @@ def test_tp_sharded_save_merge_fold(tp_run):
             from paddle_vha.parallel import merge_tp_checkpoint
 
             merge_tp_checkpoint(os.path.join(d, "shards"), merged)
-        validate_vha_checkpoint(merged)
+        (validate_mea_checkpoint if mea else validate_vha_checkpoint)(merged)
         if i == 0:  # refusals: one line each, nothing written
             import shutil
 
@@ -224,7 +247,7 @@ def test_tp_sharded_save_merge_fold(tp_run):
         assert not diff, {k: (mc.get(k), rc.get(k)) for k in diff}
 
         if dtype != "float64":  # PaddleFormers 1.0.0's from_pretrained refuses float64 ("Unsupported cast dtype")
-            loaded = Qwen3VHAForCausalLM.from_pretrained(merged)
+            loaded = model_cls.from_pretrained(merged)
             loaded.eval()
             ids = paddle.to_tensor(np.load(os.path.join(d, "ids.npy")))
             with paddle.no_grad():
@@ -233,6 +256,8 @@ def test_tp_sharded_save_merge_fold(tp_run):
             print(f"t={n} {case}: merged checkpoint reloaded, logits vs the TP model's: rel {e:.2e}")
             assert e <= tol
 
+        if mea:  # nothing to fold: the merged Qwen3-MEA checkpoint is what export / serving read
+            continue
         if cfg.vha_gated_attention:
             with pytest.raises(fold.FoldError):
                 fold.plan_fold(merged, os.path.join(d, "merged-folded"))
@@ -328,5 +353,46 @@ def test_parallelize_refuses_other_models():
     from _utils import TINY
     from paddle_vha.parallel import parallelize_model
 
-    with pytest.raises(TypeError, match="Qwen3-VHA attention only; this model has Qwen3Attention"):
+    with pytest.raises(TypeError, match="Qwen3-VHA and Qwen3-MEA attention only; this model has Qwen3Attention"):
         parallelize_model(Qwen3ForCausalLM(Qwen3Config(**TINY)))
+
+
+def test_mea_plan_layout():
+    """Query heads in contiguous rank blocks; each rank's virtual (MEA) or KV (stock) heads are exactly the ones its
+    query heads read (query head i reads KV head i // (H / n_kv)); split when t <= n_kv, else replicated."""
+    from paddle_vha.parallel.mea_plan import mea_layer_layout, mea_layer_shards
+
+    cfg = dict(num_attention_heads=16, num_key_value_heads=1, mea_kv_heads=4, mea_stock_kv_heads=8,
+               mea_layers=[1, 2], num_hidden_layers=3, intermediate_size=64, fuse_attention_ffn=False)
+    for layer, n_kv in ((0, 8), (1, 4)):
+        for t in (1, 2, 4, 8, 16):
+            lays = [mea_layer_layout(cfg, t, k, layer) for k in range(t)]
+            assert [j for lay in lays for j in range(*lay.heads)] == list(range(16))
+            for lay in lays:
+                assert {i // (16 // n_kv) for i in range(*lay.heads)} == set(range(*lay.kv))
+                assert lay.kv_sharded == (t <= n_kv)
+            if t <= n_kv:
+                assert [j for lay in lays for j in range(*lay.kv)] == list(range(n_kv))
+    mea, stock = mea_layer_shards(cfg, 8, 1), mea_layer_shards(cfg, 8, 0)
+    a = "self_attn."
+    assert mea[a + "k_proj.weight"].axis is None and mea[a + "k_proj.weight"].grad_sum  # physical heads: whole
+    assert mea[a + "mea_k_lc"].axis is None and mea[a + "mea_k_lc"].grad_sum  # t = 8 > n_v = 4: replicated
+    assert mea_layer_shards(cfg, 4, 1)[a + "mea_k_lc"].axis == 1  # t = n_v: columns split
+    assert stock[a + "k_proj.weight"].axis == 1 and mea[a + "q_proj.weight"].axis == 1
+    assert mea[a + "mea_norm.weight"].axis == 0 and mea[a + "o_proj.weight"].axis == 0
+
+
+def test_mea_plan_refusals():
+    from paddle_vha.parallel.plan import TPPlanError, check_plan
+
+    ok = dict(num_attention_heads=12, num_key_value_heads=1, mea_kv_heads=4, mea_stock_kv_heads=6, mea_layers=[1],
+              num_hidden_layers=2, intermediate_size=64, fuse_attention_ffn=False)
+    check_plan(ok, 2)
+    for bad, t, msg in [(dict(), 8, "num_attention_heads=12 must be divisible by the tensor-parallel size t=8"),
+                        (dict(), 3, "mea_kv_heads=4 must be divisible by t=3"),
+                        (dict(mea_kv_heads=3, mea_stock_kv_heads=4, num_attention_heads=24), 3, "mea_stock_kv_heads=4 must be"),
+                        (dict(mea_layers=None), 6, "t=6 > mea_kv_heads=4: t must be a multiple"),
+                        (dict(intermediate_size=65), 2, "intermediate_size=65")]:
+        with pytest.raises(TPPlanError, match=msg):
+            check_plan({**ok, **bad}, t)
+    check_plan({**ok, "mea_layers": None, "mea_stock_kv_heads": 5}, 4)  # no stock layer: n_s does not matter

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""Merge a tensor-parallel sharded save into one Qwen3-VHA checkpoint (the format tools/fold.py reads).
+"""Merge a tensor-parallel sharded save into one Qwen3-VHA or Qwen3-MEA checkpoint (what from_pretrained and fold.py read).
 
     bash tools/env.sh python tools/merge_tp_checkpoint.py SHARDS_DIR OUT_DIR [--force] [--max-shard-size 5GB]
 
 SHARDS_DIR is what paddle_vha.parallel.save_tp_checkpoint wrote (tp_plan.json, config.json,
 tp-rank-KK-of-TT.safetensors). Split tensors are concatenated in rank order along their split axis; whole
-tensors come from rank 0. The result is validated against the checkpoint contract (docs/checkpoint.md) before
-it replaces OUT_DIR. Then:  python tools/fold.py OUT_DIR FOLDED_DIR.  See docs/tensor_parallel.md.
+tensors come from rank 0. The result is validated against its checkpoint contract (docs/checkpoint.md, docs/mea.md)
+before it replaces OUT_DIR. Then, for Qwen3-VHA:  python tools/fold.py OUT_DIR FOLDED_DIR.  See docs/tensor_parallel.md.
 """
 from __future__ import annotations
 

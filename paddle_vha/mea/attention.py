@@ -43,10 +43,12 @@ def hlc(t: paddle.Tensor, lc: paddle.Tensor) -> paddle.Tensor:
 
 
 def head_rms_norm(y: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
-    """RMSNorm of each head's d channels, then the per-channel weight. y (B, S, H, d), weight [H*d]."""
-    y32 = y.astype("float32")
-    y32 = y32 * paddle.rsqrt(y32.pow(2).mean(-1, keepdim=True) + eps)
-    return y32.astype(y.dtype) * weight.reshape(y.shape[2:])
+    """RMSNorm of each head's d channels, then the per-channel weight. y (B, S, H, d), weight [H*d].
+
+    Computed in float32 for 16-bit inputs (as Qwen3's RMSNorm), in the input dtype for float32 / float64."""
+    yc = y if y.dtype in (paddle.float32, paddle.float64) else y.astype("float32")
+    yc = yc * paddle.rsqrt(yc.pow(2).mean(-1, keepdim=True) + eps)
+    return yc.astype(y.dtype) * weight.reshape(y.shape[2:])
 
 
 def _kv_linear(config, n_heads: int, head_dim: int):
@@ -99,9 +101,14 @@ class Qwen3MEAAttention(Qwen3Attention):
             self._rotary = (Qwen3RotaryEmbedding(config),)
         self.serving_form = False  # MEA: set by paddle_vha.mea.serving.use_multiquery_form
 
+    def hlc_coefficients(self):
+        """(mea_k_lc, mea_v_lc) [n_p, n_v] as this layer reads them (tensor parallelism overrides it: a column slice)."""
+        return self.mea_k_lc, self.mea_v_lc
+
     def compose_kv(self, k_p, v_p, cos_keys=None, sin_keys=None):
         """Virtual heads from the physical cache: (B, n_p, T, d) -> (B, n_v, T, d) each."""
-        k_v, v_v = hlc(k_p, self.mea_k_lc), hlc(v_p, self.mea_v_lc)
+        k_lc, v_lc = self.hlc_coefficients()
+        k_v, v_v = hlc(k_p, k_lc), hlc(v_p, v_lc)
         if self.k_norm_after_hlc:
             k_v = self.k_norm(k_v)  # RMSNorm over d, the last axis: no transpose needed
             # RoPE with cos/sin expanded over the heads (broadcasting them is ~3x slower on CPU)

@@ -134,12 +134,18 @@ class Qwen3MEAConfig(Qwen3Config):
                 raise MEAConfigError(f"mea_layers {bad} outside 0..{L - 1} (num_hidden_layers={L})")
             self.mea_layers = sorted(layers)
 
-    def check_runtime_support(self) -> None:
-        """Raise MEAConfigError for runtime options (set by trainers after construction) MEA does not support."""
-        if self.tensor_model_parallel_size > 1:
+    def check_runtime_support(self, tensor_parallel_plan: bool = False) -> None:
+        """Raise MEAConfigError for runtime options (set by trainers after construction) MEA does not support.
+
+        tensor_parallel_plan: the caller builds the model through paddle_vha.parallel (build_tensor_parallel_model),
+        which accepts tensor_model_parallel_size > 1; the model classes alone build single-device layers only.
+        """
+        if self.tensor_model_parallel_size > 1 and not tensor_parallel_plan:
             raise MEAConfigError(
-                f"tensor_model_parallel_size={self.tensor_model_parallel_size}: Qwen3-MEA supports "
-                "tensor_model_parallel_size=1 only (MEA tensor parallelism is a separate issue)")
+                f"tensor_model_parallel_size={self.tensor_model_parallel_size}: Qwen3-MEA is tensor-parallel only "
+                "through paddle_vha.parallel (fleet's mp layers would split the HLC matrices' physical heads): build "
+                "with paddle_vha.parallel.build_tensor_parallel_model(Qwen3MEAForCausalLM, config, group), see "
+                "docs/tensor_parallel.md")
         if self.sequence_parallel:
             raise MEAConfigError("sequence_parallel=True is not supported by Qwen3-MEA")
         if self.fuse_attention_qkv:

@@ -39,7 +39,8 @@ def multiquery_attention(attn, q, k_p, v_p, attention_mask=None) -> paddle.Tenso
     B, H, S, d = q.shape
     n_p, T = k_p.shape[1], k_p.shape[2]
     groups = attn.num_key_value_groups  # H / n_v
-    q_wide = widen_queries(q, attn.mea_k_lc, groups).reshape([B, H * S, n_p * d])  # all heads share the KV head
+    k_lc, v_lc = attn.hlc_coefficients()  # [n_p, n_v] (under tensor parallelism: this rank's virtual heads)
+    q_wide = widen_queries(q, k_lc, groups).reshape([B, H * S, n_p * d])  # all heads share the KV head
     k_wide = k_p.transpose([0, 2, 1, 3]).reshape([B, T, n_p * d])  # one KV head of width n_p*d
     v_wide = v_p.transpose([0, 2, 1, 3]).reshape([B, T, n_p * d])
     scores = paddle.matmul(q_wide, k_wide, transpose_y=True) * (1.0 / math.sqrt(d))  # (B, H*S, T)
@@ -52,7 +53,7 @@ def multiquery_attention(attn, q, k_p, v_p, attention_mask=None) -> paddle.Tenso
         scores = paddle.where(allowed, scores, paddle.full_like(scores, float("-inf")))
     probs = paddle.nn.functional.softmax(scores.astype("float32"), axis=-1).astype(q.dtype).reshape([B, H * S, T])
     out = paddle.matmul(probs, v_wide).reshape([B, H, S, n_p, d])  # sum_t a_i(t) V_p(t), every p
-    coef_v = paddle.repeat_interleave(attn.mea_v_lc, groups, axis=1).transpose([1, 0])  # (H, n_p)
+    coef_v = paddle.repeat_interleave(v_lc, groups, axis=1).transpose([1, 0])  # (H, n_p)
     c = (out * coef_v.reshape([1, H, 1, n_p, 1]).astype(out.dtype)).sum(axis=3)  # (B, H, S, d): V-side HLC
     return c.transpose([0, 2, 1, 3]).reshape([B, S, H * d])
 

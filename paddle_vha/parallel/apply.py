@@ -52,7 +52,7 @@ __all__ = [
     "tp_state",
 ]
 
-_LAYER = re.compile(r"^(.*layers\.\d+\.)(.+)$")
+_LAYER = re.compile(r"^(.*layers\.(\d+)\.)(.+)$")
 
 
 @dataclass
@@ -140,7 +140,8 @@ class ColumnSliceLinear(nn.Linear):
 _MIXED: Dict[tuple, type] = {}
 
 
-def _swap_class(layer, mixin):
+def swap_class(layer, mixin):
+    """Put `mixin` in front of the layer's class (one cached subclass per pair), so it overrides a few steps."""
     base = type(layer)
     if issubclass(base, mixin):
         return
@@ -180,7 +181,7 @@ def _sync_from_first_rank(model, group):
 
 
 def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> TPState:
-    """Shard a built Qwen3-VHA causal LM (or backbone) over `group` in place; returns its TPState.
+    """Shard a built Qwen3-VHA or Qwen3-MEA causal LM (or backbone) over `group` in place; returns its TPState.
 
     Build the model at tensor_model_parallel_size=1 on every rank first. With sync_from_first_rank (default) the
     whole model is broadcast from the group's first rank before slicing, so every rank starts from the same
@@ -192,16 +193,14 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
     if getattr(config, "tensor_model_parallel_size", 1) > 1:
         raise RuntimeError("build the model at tensor_model_parallel_size=1 and let parallelize_model shard it "
                            "(see docs/tensor_parallel.md)")
-    from ..attention import Qwen3VHAAttention
-
-    others = sorted({type(layer.self_attn).__name__ for layer in _decoder_layers(model)
-                     if not isinstance(layer.self_attn, Qwen3VHAAttention)})
-    if others:
-        raise TypeError(f"paddle_vha.parallel shards Qwen3-VHA attention only; this model has {', '.join(others)}")
     t, rank = group_size(group), group_rank(group)
+    layers = _decoder_layers(model)
+    others = sorted({type(layer.self_attn).__name__ for layer in layers if _attention_kind(layer.self_attn) is None})
+    if others:
+        raise TypeError("paddle_vha.parallel shards Qwen3-VHA and Qwen3-MEA attention only; this model has "
+                        f"{', '.join(others)}")
     check_plan(config, t)
-    layout: AttentionLayout = attention_layout(config, t, rank)
-    rules = tensor_shards(config, t)
+    plans = [_layer_plan(layer.self_attn, config, t, rank, i) for i, layer in enumerate(layers)]
     if t > 1 and sync_from_first_rank:
         _sync_from_first_rank(model, group)
 
@@ -209,7 +208,7 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
     params = dict(model.named_parameters())
     for name, p in params.items():
         m = _LAYER.match(name)
-        rule = rules.get(m.group(2)) if m else None
+        rule = plans[int(m.group(2))][1].get(m.group(3)) if m else None
         if rule is None or t == 1:
             continue
         owner, attr = _owner(model, name)
@@ -227,12 +226,38 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
         shards[name] = rule
 
     if t > 1:
-        for layer in _decoder_layers(model):
-            _parallelize_attention(layer.self_attn, layout, config, group)
+        for layer, (apply_attention, _) in zip(layers, plans):
+            apply_attention(layer.self_attn, group)
             _parallelize_mlp(layer.mlp, group)
     state = TPState(t=t, rank=rank, group=group, shards=shards)
     model._vha_tp_state = state
     return state
+
+
+def _attention_kind(attn) -> Optional[str]:
+    """'vha', 'mea' (an MEA layer), 'stock' (a stock layer of an MEA model) or None (not shardable here)."""
+    from ..attention import Qwen3VHAAttention
+    from ..mea.attention import Qwen3MEAAttention, Qwen3StockKVAttention
+
+    for cls, kind in ((Qwen3VHAAttention, "vha"), (Qwen3MEAAttention, "mea"), (Qwen3StockKVAttention, "stock")):
+        if isinstance(attn, cls):
+            return kind
+    return None
+
+
+def _layer_plan(attn, config, t: int, rank: int, layer_idx: int):
+    """(apply(attn, group), {name relative to the decoder layer: TensorShard}) for one decoder layer."""
+    kind = _attention_kind(attn)
+    if kind == "vha":
+        lay = attention_layout(config, t, rank)
+        return (lambda a, g: _parallelize_attention(a, lay, config, g)), tensor_shards(config, t)
+    from .mea_apply import parallelize_mea_attention, parallelize_stock_attention
+    from .mea_plan import mea_layer_kind, mea_layer_layout, mea_layer_shards
+
+    assert mea_layer_kind(config, layer_idx) == kind, f"layer {layer_idx}: {kind} attention, config says otherwise"
+    lay = mea_layer_layout(config, t, rank, layer_idx)
+    apply = parallelize_mea_attention if kind == "mea" else parallelize_stock_attention
+    return (lambda a, g: apply(a, lay, g)), mea_layer_shards(config, t, layer_idx)
 
 
 def _decoder_layers(model):
@@ -257,7 +282,7 @@ def _parallelize_attention(attn, lay: AttentionLayout, config, group):
         attn._tp_premix_group = lay.groups[0]
     attn.o_proj.__class__ = RowParallelLinear
     attn.o_proj._tp_group = group
-    _swap_class(attn, TensorParallelVHAAttention)
+    swap_class(attn, TensorParallelVHAAttention)
     attn._tp_group = group
 
 
@@ -266,7 +291,7 @@ def _parallelize_mlp(mlp, group):
         raise RuntimeError("fused up|gate MLP is not supported by the tensor-parallel plan")
     mlp.down_proj.__class__ = RowParallelLinear
     mlp.down_proj._tp_group = group
-    _swap_class(mlp, TensorParallelMLP)
+    swap_class(mlp, TensorParallelMLP)
     mlp._tp_group = group
 
 

@@ -7,10 +7,10 @@ A sharded save is a folder with
                                       dtype and split axis (null: whole, stored once, by rank 0)
     tp-rank-00-of-02.safetensors ...  rank k's slices of the split tensors (and, for rank 0, the whole ones)
 
-Tensor names and the on-disk layout are the Qwen3-VHA checkpoint contract's (docs/checkpoint.md: Linear weights
-[out, in]), so a split tensor is the global tensor cut along one on-disk axis into t equal, rank-ordered parts.
-`merge_tp_checkpoint` concatenates them into a folder that `validate_vha_checkpoint`, `from_pretrained` and
-tools/fold.py read like any `save_pretrained` output.
+Tensor names and the on-disk layout are the Qwen3-VHA / Qwen3-MEA checkpoint contracts' (docs/checkpoint.md,
+docs/mea.md: Linear weights [out, in]), so a split tensor is the global tensor cut along one on-disk axis into t
+equal, rank-ordered parts. `merge_tp_checkpoint` concatenates them into a folder that the contract validators,
+`from_pretrained` and tools/fold.py (VHA) read like any `save_pretrained` output.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .. import safetensors_io as st
-from ..checkpoint import CheckpointError, INDEX_FILE, SINGLE_FILE, validate_vha_checkpoint
+from ..checkpoint import CheckpointError, INDEX_FILE, SINGLE_FILE, read_config, validate_vha_checkpoint
 from ..fsutil import atomic_dir
 
 __all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "read_tp_plan"]
@@ -128,8 +128,18 @@ def read_tp_plan(in_dir: str) -> dict:
     return plan
 
 
+def _validate_merged(ckpt_dir: str) -> None:
+    """The merged folder against its model's checkpoint contract (Qwen3-VHA or Qwen3-MEA)."""
+    if read_config(ckpt_dir).get("model_type") == "qwen3_mea":
+        from ..mea.checkpoint import validate_mea_checkpoint
+
+        validate_mea_checkpoint(ckpt_dir)
+    else:
+        validate_vha_checkpoint(ckpt_dir)
+
+
 def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shard_size="5GB") -> dict:
-    """Rebuild the single-device Qwen3-VHA checkpoint from a sharded save; returns a summary dict.
+    """Rebuild the single-device Qwen3-VHA / Qwen3-MEA checkpoint from a sharded save; returns a summary dict.
 
     Reads one global tensor's parts at a time; writes atomically (a temporary sibling folder, renamed at the end)
     and validates the result against the checkpoint contract.
@@ -182,6 +192,6 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
         if len(shards) > 1:
             st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, total)
         shutil.copyfile(os.path.join(in_dir, "config.json"), os.path.join(tmp, "config.json"))
-        validate_vha_checkpoint(tmp)
+        _validate_merged(tmp)
     return {"tensor_parallel_size": t, "tensors": len(names), "bytes": total, "files": len(shards)}
 

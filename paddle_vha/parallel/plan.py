@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-__all__ = ["TPPlanError", "TensorShard", "AttentionLayout", "attention_layout", "tensor_shards", "check_plan"]
+__all__ = ["TPPlanError", "TensorShard", "AttentionLayout", "attention_layout", "tensor_shards", "check_plan",
+           "mlp_shards"]
 
 
 class TPPlanError(ValueError):
@@ -77,11 +78,14 @@ def _cfg(cfg, key):
 
 
 def check_plan(cfg, t: int) -> None:
-    """TPPlanError (one line) if config `cfg` cannot be sharded over t ranks."""
+    """TPPlanError (one line) if config `cfg` cannot be sharded over t ranks (Qwen3-MEA configs: mea_plan.py)."""
+    if (cfg.get("mea_kv_heads") if isinstance(cfg, dict) else getattr(cfg, "mea_kv_heads", None)) is not None:
+        from .mea_plan import check_mea_plan
+
+        return check_mea_plan(cfg, t)
     if not (isinstance(t, int) and t >= 1):
         raise TPPlanError(f"tensor-parallel size must be an int >= 1, got {t!r}")
     h_v, h_kv = _cfg(cfg, "num_attention_heads"), _cfg(cfg, "num_key_value_heads")
-    inter = _cfg(cfg, "intermediate_size")
     if h_v % t:
         raise TPPlanError(f"num_attention_heads (virtual heads H_v={h_v}) must be divisible by the tensor-parallel "
                           f"size t={t}")
@@ -91,11 +95,25 @@ def check_plan(cfg, t: int) -> None:
     if t > h_kv and t % h_kv:
         raise TPPlanError(f"t={t} > H_kv={h_kv}: t must be a multiple of H_kv (each KV head is replicated on t/H_kv "
                           "ranks)")
+    mlp_shards(cfg, t)
+
+
+def mlp_shards(cfg, t: int) -> Dict[str, TensorShard]:
+    """The Qwen3 MLP's shards (names relative to a decoder layer), or TPPlanError if it cannot be split over t."""
+    inter = _cfg(cfg, "intermediate_size")
     if inter % t:
         raise TPPlanError(f"intermediate_size={inter} must be divisible by t={t} (column/row-parallel MLP)")
     if _cfg(cfg, "fuse_attention_ffn") if not isinstance(cfg, dict) else cfg.get("fuse_attention_ffn"):
         raise TPPlanError("fuse_attention_ffn=True is not supported by the tensor-parallel plan (fused up|gate "
                           "columns would need interleaved sharding); set fuse_attention_ffn=False")
+    return {
+        "mlp.gate_proj.weight": TensorShard(1),
+        "mlp.gate_proj.bias": TensorShard(0),
+        "mlp.up_proj.weight": TensorShard(1),
+        "mlp.up_proj.bias": TensorShard(0),
+        "mlp.down_proj.weight": TensorShard(0),
+        "mlp.down_proj.bias": TensorShard(None),
+    }
 
 
 def attention_layout(cfg, t: int, rank: int) -> AttentionLayout:
@@ -139,11 +157,6 @@ def tensor_shards(cfg, t: int) -> Dict[str, TensorShard]:
         a + "gate_proj.weight": TensorShard(1),
         a + "o_proj.weight": TensorShard(0),
         a + "o_proj.bias": TensorShard(None),  # added after the all-reduce: full gradient on every rank
-        "mlp.gate_proj.weight": TensorShard(1),
-        "mlp.gate_proj.bias": TensorShard(0),
-        "mlp.up_proj.weight": TensorShard(1),
-        "mlp.up_proj.bias": TensorShard(0),
-        "mlp.down_proj.weight": TensorShard(0),
-        "mlp.down_proj.bias": TensorShard(None),
     }
+    shards.update(mlp_shards(cfg, t))
     return shards

@@ -46,7 +46,30 @@ CASES = {
     # and those CPU kernels round differently for 8 heads than for 4 (k_norm over 2 KV heads vs 1 differed by 1e-7);
     # in this case only, both the TP = 1 and the TP model use float64 for them (_float64_everywhere).
     "fp64": dict(num_attention_heads=8, vha_fused_prologue=False, dtype="float64", attn="eager_fp64"),
+    # Qwen3-MEA (paddle_vha/parallel/mea_plan.py). Layer 0 stock (n_s = 4 KV heads), layer 1 MEA: H 8 over n_v 4
+    # virtual heads composed from n_p 2 physical ones, k_norm after HLC, head norm, biases. t = 2 and 4: HLC columns
+    # and stock KV heads split.
+    "mea": dict(model="mea", num_attention_heads=8, num_key_value_heads=2, mea_kv_heads=4, mea_layers=[1],
+                attention_bias=True),
+    # layer 0 MEA (n_p 1, n_v 2, k_norm before HLC, no head norm), layer 1 stock with n_s 2: at t = 4 both the HLC
+    # columns and the stock KV heads are replicated (2 ranks per virtual / KV head). Also decodes in the multi-query
+    # serving form under TP.
+    "mea-rep": dict(model="mea", num_attention_heads=8, num_key_value_heads=1, mea_kv_heads=2, mea_layers=[0],
+                    mea_k_norm_position="before_hlc", mea_group_norm=False),
+    "mea-fp64": dict(model="mea", num_attention_heads=8, num_key_value_heads=2, mea_kv_heads=4, mea_layers=[1],
+                     attention_bias=True, dtype="float64", attn="eager_fp64"),
 }
+
+
+def model_classes(kind: str):
+    if kind == "mea":
+        from paddle_vha.mea.config import Qwen3MEAConfig
+        from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
+
+        return Qwen3MEAConfig, Qwen3MEAForCausalLM
+    from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM
+
+    return Qwen3VHAConfig, Qwen3VHAForCausalLM
 
 
 def eager_fp64(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, **kwargs):
@@ -107,7 +130,6 @@ def named_grads(model):
 
 
 def run_case(name, overrides, out_dir, rank, t):
-    from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM
     from paddle_vha.parallel import full_state, global_grad_norm, parallelize_model, replica_divergence
     from paddle_vha.parallel.checkpoint import save_tp_checkpoint
     from paddleformers.transformers.cache_utils import DynamicCache
@@ -116,22 +138,25 @@ def run_case(name, overrides, out_dir, rank, t):
     overrides = dict(overrides)
     dtype = overrides.pop("dtype", "float32")
     attn = overrides.pop("attn", None)
+    config_cls, model_cls = model_classes(overrides.pop("model", "vha"))
     paddle.set_default_dtype(dtype)
     paddle.seed(1234)
     np.random.seed(1234)
-    cfg = Qwen3VHAConfig(**{**TINY, **overrides})
+    cfg = config_cls(**{**TINY, **overrides})
     restore = None
     if attn:
         restore = _float64_everywhere()
         cfg._attn_implementation = attn
-    ref = Qwen3VHAForCausalLM(cfg)
-    for n, p in ref.named_parameters():  # V = 0 and zero biases at init: give Postmix and biases an effect
+    ref = model_cls(cfg)
+    for n, p in ref.named_parameters():  # V = 0, zero biases, unit head norm at init: give them an effect
         if n.endswith("vha_postmix_V") or n.endswith(".bias"):
             p.set_value(paddle.randn(p.shape) * 0.3)
+        if n.endswith("mea_norm.weight"):
+            p.set_value(1 + paddle.randn(p.shape) * 0.3)
     init = {k: v.clone() for k, v in ref.state_dict().items()}
 
     def tp_copy():
-        m = Qwen3VHAForCausalLM(cfg)
+        m = model_cls(cfg)
         m.set_state_dict(init)
         parallelize_model(m, sync_from_first_rank=True)
         return m
@@ -191,15 +216,28 @@ def run_case(name, overrides, out_dir, rank, t):
             cache = o.past_key_values
             errs.append(rel(np_(o.logits), full[:, a:b])["rel"])
         res["decode.rel"] = max(errs)
-        res["decode.cache_heads"] = int(cache.layers[0].keys.shape[1])
+        res["decode.cache_heads"] = [int(layer.keys.shape[1]) for layer in cache.layers]  # per decoder layer
+        if getattr(cfg, "mea_k_norm_position", None) == "before_hlc":
+            # the multi-query serving form (one wide KV head, HLC moved to the queries) on the TP model
+            from paddle_vha.mea.serving import use_multiquery_form
+
+            use_multiquery_form(tp)
+            cache, errs = DynamicCache(config=cfg), []
+            for a, b in [(0, 7)] + [(i, i + 1) for i in range(7, 11)]:
+                pos = paddle.arange(a, b, dtype="int64").expand([2, b - a])
+                o = tp(ids[:, a:b], position_ids=pos, past_key_values=cache, use_cache=True, return_dict=True)
+                cache = o.past_key_values
+                errs.append(rel(np_(o.logits), full[:, a:b])["rel"])
+            use_multiquery_form(tp, False)
+            res["decode_serving.rel"] = max(errs)
 
     # AdamW, reported (not asserted against 1e-5): TP fp32 vs TP = 1 fp32, and TP = 1 fp32 vs TP = 1 fp64
     adam = {}
     paddle.set_default_dtype("float64")
-    ref64 = Qwen3VHAForCausalLM(cfg)
+    ref64 = model_cls(cfg)
     ref64.set_state_dict({k: v.astype("float64") for k, v in init.items()})
     paddle.set_default_dtype(dtype)
-    ref32 = Qwen3VHAForCausalLM(cfg)  # the case's dtype (float32 but for the fp64 case)
+    ref32 = model_cls(cfg)  # the case's dtype (float32 but for the fp64 case)
     ref32.set_state_dict(init)
     tp32 = tp_copy()
     models = {"tp": tp32, "ref32": ref32, "ref64": ref64}
@@ -229,7 +267,7 @@ def run_case(name, overrides, out_dir, rank, t):
         np.save(os.path.join(case_dir, "tp_logits.npy"), np_(o_tp.logits))
         np.save(os.path.join(case_dir, "ids.npy"), ids.numpy())
         with open(os.path.join(case_dir, "overrides.json"), "w") as f:
-            json.dump({**overrides, "dtype": dtype}, f)
+            json.dump({**overrides, "dtype": dtype, "model": CASES[name].get("model", "vha")}, f)
     dist.barrier()
     paddle.set_default_dtype("float32")
     if restore is not None:
