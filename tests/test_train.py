@@ -215,29 +215,34 @@ def test_paper_config_dry_runs(tmp_path):
     assert not os.path.exists(tmp_path / "o" / "model")
 
 
+def launch_train(log_dir, *args, nproc: int = 2, timeout: int = 300) -> None:
+    """tools/train.py under paddle.distributed.launch on nproc CPU ranks; asserts it succeeded."""
+    import signal
+
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir",
+           str(log_dir), TOOL, *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher can leave rank processes behind
+    logs = "".join(open(p).read()[-2000:] for p in sorted(glob.glob(os.path.join(str(log_dir), "workerlog.*"))))
+    assert proc.returncode == 0, out[-2000:] + logs
+
+
 @pytest.mark.slow
 def test_tensor_parallel_training_matches_single_process(tmp_path):
     """tools/train.py under Paddle's launcher with tensor_parallel_degree 2 (configs/tiny-vha-tp2.json, CPU / gloo):
     the same losses as one process, and a merged final model in the documented format with the same weights."""
-    import signal
-
     from safetensors.numpy import load_file
 
     cfg = os.path.join(CONFIGS, "tiny-vha-tp2.json")
     one, two = str(tmp_path / "tp1"), str(tmp_path / "tp2")
     res = train(cfg, "--tensor_parallel_degree", "1", "--output_dir", one)
     assert res.returncode == 0, res.stderr[-2000:]
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
-           str(tmp_path / "logs"), TOOL, cfg, "--output_dir", two]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher can leave rank processes behind
-    logs = "".join(open(p).read()[-2000:] for p in sorted(glob.glob(str(tmp_path / "logs" / "workerlog.*"))))
-    assert proc.returncode == 0, out[-2000:] + logs
+    launch_train(tmp_path / "logs", cfg, "--output_dir", two)
     l1, l2 = read_log(one), read_log(two)
     assert [r["step"] for r in l1] == [r["step"] for r in l2] and len(l1) >= 6
     for a, b in zip(l1, l2):
@@ -248,6 +253,50 @@ def test_tensor_parallel_training_matches_single_process(tmp_path):
     w2 = load_file(glob.glob(os.path.join(two, "model", "*.safetensors"))[0])
     assert sorted(w1) == sorted(w2)
     assert max(float(np.abs(w1[k] - w2[k]).max()) for k in w1) < 1e-5
+
+
+@pytest.mark.slow
+def test_mea_uptraining_under_tensor_parallelism(tmp_path):
+    """The MEA pipeline under TP: a stock Qwen3 checkpoint -> tools/compress_kv.py (layer 1 to 2 of 4 KV heads) ->
+    tools/train.py from that checkpoint with tensor_parallel_degree 2 (configs/tiny-mea-tp2.json, CPU / gloo).
+    The ranks load the checkpoint with paddle_vha.weights; the single-process run loads it with PaddleFormers'
+    from_pretrained: same losses, same merged weights, and not the losses of a random initialisation."""
+    from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
+    from safetensors.numpy import load_file
+
+    from paddle_vha.mea.checkpoint import validate_mea_checkpoint
+
+    paddle.seed(3)
+    stock, mea = str(tmp_path / "stock"), str(tmp_path / "mea")
+    Qwen3ForCausalLM(Qwen3Config(hidden_size=64, num_hidden_layers=2, intermediate_size=176, head_dim=16,
+                                 num_attention_heads=8, num_key_value_heads=4, vocab_size=256,
+                                 max_position_embeddings=512, tie_word_embeddings=False)).save_pretrained(stock)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "compress_kv.py"), stock, mea, "--kv-heads", "2",
+                        "--layers", "1", "--no-progress"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cfg = os.path.join(CONFIGS, "tiny-mea-tp2.json")
+    src = ["--model_config", mea]
+    runs = {k: str(tmp_path / k) for k in ("tp1", "tp2", "random")}
+    res = train(cfg, *src, "--model_name_or_path", mea, "--tensor_parallel_degree", "1", "--output_dir", runs["tp1"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = train(cfg, *src, "--tensor_parallel_degree", "1", "--output_dir", runs["random"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    launch_train(tmp_path / "logs", cfg, *src, "--model_name_or_path", mea, "--output_dir", runs["tp2"])
+    l1, l2, l0 = (losses(read_log(runs[k])) for k in ("tp1", "tp2", "random"))
+    print("step  loss TP=1 (from_pretrained)  TP=2 (paddle_vha.weights)  random init")
+    for step in sorted(l1):
+        print(f"{step:4d}  {l1[step]:.6f}  {l2[step]:.6f}  {l0[step]:.6f}")
+    assert sorted(l1) == sorted(l2) and len(l1) >= 6
+    assert max(abs(l1[k] - l2[k]) for k in l1) < 1e-5
+    first = min(l1)
+    assert abs(l1[first] - l0[first]) > 1e-2, "the TP ranks must have started from the compressed checkpoint"
+    validate_mea_checkpoint(os.path.join(runs["tp2"], "model"))
+    w1 = load_file(glob.glob(os.path.join(runs["tp1"], "model", "*.safetensors"))[0])
+    w2 = load_file(glob.glob(os.path.join(runs["tp2"], "model", "*.safetensors"))[0])
+    assert sorted(w1) == sorted(w2) and any("mea_k_lc" in k for k in w1)
+    err = max(float(np.abs(w1[k] - w2[k]).max()) for k in w1)
+    print(f"merged TP=2 model vs TP=1 model: max |diff| {err:.2e} over {len(w1)} tensors")
+    assert err < 1e-5
 
 
 def _tool_module():

@@ -291,7 +291,7 @@ def build_config(model_args, data_args, training_args, requested: dict):
     if check is not None:  # the model's own refusals, judged on the degrees the config asks for
         saved, config.tensor_model_parallel_size = config.tensor_model_parallel_size, tp
         try:
-            if uses_vha_tensor_parallel(model_args, tp):
+            if uses_plan_tensor_parallel(model_args, tp):
                 from paddle_vha.parallel import check_plan
 
                 check(tensor_parallel_plan=True)  # sharded by paddle_vha.parallel, not by fleet's layers
@@ -307,9 +307,9 @@ def build_config(model_args, data_args, training_args, requested: dict):
     return config, model_cls
 
 
-def uses_vha_tensor_parallel(model_args, tp: int) -> bool:
-    """Qwen3-VHA with t > 1 is built and saved through paddle_vha.parallel (docs/tensor_parallel.md)."""
-    return model_args.model_type == "qwen3_vha" and tp > 1
+def uses_plan_tensor_parallel(model_args, tp: int) -> bool:
+    """Qwen3-VHA and Qwen3-MEA with t > 1 are built and saved through paddle_vha.parallel (docs/tensor_parallel.md)."""
+    return model_args.model_type in ("qwen3_vha", "qwen3_mea") and tp > 1
 
 
 def build_data(data_args, training_args):
@@ -382,7 +382,7 @@ def main(argv=None):
           f"{len(val):,} validation samples")
     tp_asked = max(1, requested.get("tensor_model_parallel_size", 1), training_args.tensor_model_parallel_size)
     if tp_asked > 1:
-        how = " (Qwen3-VHA: sharded by paddle_vha.parallel)" if uses_vha_tensor_parallel(model_args, tp_asked) else ""
+        how = " (sharded by paddle_vha.parallel)" if uses_plan_tensor_parallel(model_args, tp_asked) else ""
         print(f"parallel: tensor_model_parallel_size={tp_asked}{how}; launch with python -m paddle.distributed.launch "
               f"--nproc_per_node N tools/train.py ..., N a multiple of {tp_asked}")
     if training_args.dry_run:
@@ -412,22 +412,23 @@ def main(argv=None):
     resume = training_args.resume_from_checkpoint or last
 
     tp = max(1, requested.get("tensor_model_parallel_size", 1), training_args.tensor_model_parallel_size)
-    vha_tp = uses_vha_tensor_parallel(model_args, tp)
+    plan_tp = uses_plan_tensor_parallel(model_args, tp)
     set_seed(training_args.seed)
-    if vha_tp:
+    if plan_tp:
         from paddle.distributed import fleet
 
+        from paddle_vha.checkpoint import CheckpointError
         from paddle_vha.parallel import build_tensor_parallel_model
 
-        if model_args.model_name_or_path:
-            fail("model_name_or_path with tensor_model_parallel_size > 1 is not supported for Qwen3-VHA yet; "
-                 "start from a random initialisation or train at tensor_model_parallel_size 1")
         if training_args.device == "cpu":
             # fleet's TensorParallel wrapper broadcasts each batch from mp rank 0, which asserts a GPU / XPU. Every
             # mp rank reads the same deterministic batches here, so fleet's own switch turns the broadcast off.
             fleet.fleet._user_defined_strategy.hybrid_configs["mp_configs"].need_broadcast_data = False
         group = fleet.get_hybrid_communicate_group().get_model_parallel_group()
-        model = build_tensor_parallel_model(model_cls, config, group)  # single-device layers, sharded by the plan
+        try:  # single-device layers (loaded from model_name_or_path, if given), sharded by the plan
+            model = build_tensor_parallel_model(model_cls, config, group, weights_from=model_args.model_name_or_path)
+        except CheckpointError as e:
+            fail(str(e))
     elif model_args.model_name_or_path:
         model = model_cls.from_pretrained(model_args.model_name_or_path, config=config)
     else:
@@ -457,7 +458,7 @@ def main(argv=None):
                   f"at step {trainer.state.global_step}")
     if training_args.do_train:
         dest = os.path.join(training_args.output_dir, "model")
-        if vha_tp:  # every rank writes its slices; rank 0 merges them into the single-device format and validates
+        if plan_tp:  # every rank writes its slices; rank 0 merges them into the single-device format and validates
             import paddle.distributed as dist
 
             from paddle_vha.parallel import merge_tp_checkpoint, save_tp_checkpoint

@@ -1,13 +1,12 @@
 """Read a stock Qwen3 (folded) checkpoint without touching its folder, and build Paddle models from it."""
 from __future__ import annotations
 
-import os
 from typing import Dict, Tuple
 
 import numpy as np
-from safetensors import safe_open
 
-from ..checkpoint import CheckpointError, compare_shapes, qwen3_tensor_shapes, read_config, read_tensor_shapes, weight_files
+from ..checkpoint import CheckpointError, compare_shapes, qwen3_tensor_shapes, read_config, read_tensor_shapes
+from ..weights import load_tensors_into, read_checkpoint_tensors
 
 __all__ = ["load_stock_qwen3", "reference_model"]
 
@@ -31,7 +30,7 @@ def load_stock_qwen3(ckpt_dir: str) -> Tuple[object, Dict[str, np.ndarray]]:
         raise CheckpointError(f"{ckpt_dir}/config.json: num_attention_heads {cfg.num_attention_heads} is not a "
                               f"multiple of num_key_value_heads {cfg.num_key_value_heads}")
     compare_shapes(ckpt_dir, read_tensor_shapes(ckpt_dir), qwen3_tensor_shapes(cfg))
-    return cfg, _read_all(ckpt_dir)
+    return cfg, read_checkpoint_tensors(ckpt_dir)
 
 
 def _load_mea(ckpt_dir: str):
@@ -43,24 +42,11 @@ def _load_mea(ckpt_dir: str):
         raise CheckpointError(
             f"{ckpt_dir}: mea_k_norm_position={cfg.mea_k_norm_position!r}: the ONNX export uses the multi-query serving "
             "form, which needs 'before_hlc' (compress with tools/compress_kv.py --k-norm before)")
-    return cfg, _read_all(ckpt_dir)
-
-
-def _read_all(ckpt_dir: str) -> Dict[str, np.ndarray]:
-    tensors: Dict[str, np.ndarray] = {}
-    by_file: Dict[str, list] = {}
-    for name, fname in weight_files(ckpt_dir).items():
-        by_file.setdefault(fname, []).append(name)
-    for fname, names in sorted(by_file.items()):
-        with safe_open(os.path.join(ckpt_dir, fname), framework="numpy") as f:
-            for n in names:
-                tensors[n] = f.get_tensor(n).astype(np.float32)  # bf16 arrives as ml_dtypes.bfloat16
-    return tensors
+    return cfg, read_checkpoint_tensors(ckpt_dir)
 
 
 def reference_model(cfg, tensors: Dict[str, np.ndarray]):
     """PaddleFormers' stock Qwen3ForCausalLM holding `tensors` (disk layout -> Paddle's [in, out] Linears)."""
-    import paddle
     from paddleformers.transformers import Qwen3ForCausalLM
 
     if getattr(cfg, "model_type", "") == "qwen3_mea":
@@ -69,16 +55,6 @@ def reference_model(cfg, tensors: Dict[str, np.ndarray]):
         model = Qwen3MEAForCausalLM(cfg)
     else:
         model = Qwen3ForCausalLM(cfg)
-    state = {}
-    for name, p in model.state_dict().items():
-        src = tensors.get(name)
-        if src is None and name == "lm_head.weight":
-            src = tensors["model.embed_tokens.weight"]
-        if src is None:
-            raise CheckpointError(f"reference model needs {name}, absent from the checkpoint")
-        if name.endswith("_proj.weight"):
-            src = src.T
-        state[name] = paddle.to_tensor(np.ascontiguousarray(src)).astype(p.dtype)
-    model.set_state_dict(state)
+    load_tensors_into(model, tensors, source="reference model")
     model.eval()
     return model

@@ -295,11 +295,14 @@ def _parallelize_mlp(mlp, group):
     mlp._tp_group = group
 
 
-def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_rank: bool = True):
+def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_rank: bool = True,
+                                weights_from: Optional[str] = None):
     """The entry point for trainers: build `model_cls(config)` single-device, then shard it over `group`.
 
     `config.tensor_model_parallel_size` may say t (as PaddleFormers' Trainer sets it); the model is built with a
-    copy at 1 (the plan, not fleet's layers, does the sharding) and must equal the group size.
+    copy at 1 (the plan, not fleet's layers, does the sharding) and must equal the group size. `weights_from`: a
+    checkpoint folder (the single-device contract, e.g. tools/compress_kv.py's output or a merged TP save) whose
+    weights every rank loads before slicing (paddle_vha.weights: no PaddleFormers loader inside the ranks).
     """
     import copy
 
@@ -312,6 +315,10 @@ def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_r
     cfg.tensor_model_parallel_size = 1
     cfg.tensor_parallel_output = False  # the LM head is replicated: full logits, ordinary cross-entropy
     model = model_cls(cfg)
+    if weights_from is not None:
+        from ..weights import load_checkpoint_into
+
+        load_checkpoint_into(model, weights_from)
     parallelize_model(model, group, sync_from_first_rank=sync_from_first_rank)
     return model
 
