@@ -1,11 +1,14 @@
-"""Tensor parallelism for Qwen3-VHA, applied from outside the model (docs/tensor_parallel.md).
+"""Tensor parallelism for Qwen3-VHA and Qwen3-MEA, applied from outside the model (docs/tensor_parallel.md).
 
     from paddle_vha.parallel import parallelize_model, build_tensor_parallel_model
     model = build_tensor_parallel_model(Qwen3VHAForCausalLM, config, group)   # or parallelize_model(model, group)
 
 collectives.py  PyLayers on plain dist.all_reduce / all_gather (gloo on CPU, NCCL on GPU, same code)
-plan.py         which rank holds which slice (pure arithmetic on the config)
-apply.py        shards a built model in place; gathers full parameters / gradients; exact global grad norm
+plan.py         which rank holds which slice of a Qwen3-VHA layer (pure arithmetic on the config)
+mea_plan.py     the same for Qwen3-MEA: MEA layers and the stock layers of an MEA model
+apply.py        shards a built model in place (a plan per decoder layer); gathers full parameters / gradients;
+                exact global grad norm
+mea_apply.py    the MEA / stock attention steps under TP
 checkpoint.py   sharded save and the merge into the single-device checkpoint format (tools/merge_tp_checkpoint.py)
 """
 import importlib
