@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import NoReturn
 import warnings
 
 __all__ = ["quiet", "fail"]
@@ -36,7 +37,7 @@ def quiet() -> None:
         logging.getLogger(name).addFilter(_DropNoise())
 
 
-def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print one line naming the problem and exit non-zero."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)

@@ -19,7 +19,6 @@ Three levels of API, each used by the next:
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile

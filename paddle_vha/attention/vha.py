@@ -23,7 +23,7 @@ from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
 from paddleformers.nn.linear import Linear as GeneralLinear
 from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rotary_pos_emb
 
-from ..config import Qwen3VHAConfig, VHAConfigError
+from ..config import Qwen3VHAConfig
 from ..prologue import fused_prologue, should_use_fused  # issue 4
 
 __all__ = ["Qwen3VHAAttention", "init_premix", "postmix", "premix"]

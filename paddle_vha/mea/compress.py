@@ -20,7 +20,6 @@ folder of symlinks); OUT_DIR appears only when complete (temporary folder, then 
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -151,7 +150,7 @@ def _fmt_bytes(n: float) -> str:
 
 
 def format_plan(plan: CompressPlan) -> str:
-    c, src = plan.cfg, plan.in_config
+    c = plan.cfg
     H_kv, n_p, L, d = c.mea_kv_heads, c.num_key_value_heads, c.num_hidden_layers, c.head_dim
     elem = st.DTYPES[plan.out_code].itemsize
     before = 2 * H_kv * d * elem * L

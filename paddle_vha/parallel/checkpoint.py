@@ -15,10 +15,9 @@ equal, rank-ordered parts. `merge_tp_checkpoint` concatenates them into a folder
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 

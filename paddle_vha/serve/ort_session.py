@@ -1,7 +1,6 @@
 """onnxruntime session over an exported decoder (OUT_DIR/model.onnx)."""
 from __future__ import annotations
 
-import json
 import os
 
 from .session import DecoderSession

@@ -11,7 +11,6 @@ cached decode; replicated parameters identical on every rank; and writes the sha
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys
@@ -232,7 +231,6 @@ def run_case(name, overrides, out_dir, rank, t):
             res["decode_serving.rel"] = max(errs)
 
     # AdamW, reported (not asserted against 1e-5): TP fp32 vs TP = 1 fp32, and TP = 1 fp32 vs TP = 1 fp64
-    adam = {}
     paddle.set_default_dtype("float64")
     ref64 = model_cls(cfg)
     ref64.set_state_dict({k: v.astype("float64") for k, v in init.items()})
