@@ -1,4 +1,4 @@
-"""Apply the tensor-parallel plan to a built Qwen3-VHA model, from outside its math (torchtitan style).
+"""Apply the tensor-parallel plans to a built Qwen3-VHA or Qwen3-MEA model, from outside its math (torchtitan style).
 
     model = Qwen3VHAForCausalLM(config)             # single-device model, same seed on every rank
     parallelize_model(model, group)                 # now rank k holds its slices; forward/backward are TP
@@ -13,6 +13,9 @@ What changes, per decoder layer (the layer code itself is untouched and still re
   replicated — the prologue reads the rank's Premix group from the whole Premix parameter; `o_proj` becomes
   row-parallel (all-reduce of h);
 * the MLP's class becomes TensorParallelMLP (copy_to_tp on its input), down_proj row-parallel.
+
+Qwen3-MEA layers (and the stock layers of an MEA model) take their rules from mea_plan.py and their attention
+steps from mea_apply.py; the plan is chosen per decoder layer from its attention class.
 
 All communication is the PyLayers of collectives.py on plain dist.all_reduce / all_gather (gloo and NCCL alike).
 """

@@ -3,9 +3,11 @@
     python -m paddle.distributed.launch --nproc_per_node N --log_dir DIR tests/tp/tp_worker.py --out OUT [--cases a,b]
 
 Every rank builds the single-device (TP = 1) reference model itself (same seed, tiny), copies its weights into a
-second model and shards that one with paddle_vha.parallel. For each case it compares, in fp32:
-logits, loss, every parameter gradient (gathered), the global gradient norm, then the same after 3 AdamW steps;
-cached decode; replicated parameters identical on every rank; and writes the sharded save plus the TP = 1 weights
+second model and shards that one with paddle_vha.parallel (Qwen3-VHA cases, and Qwen3-MEA cases "mea*"). For each
+case it compares, in fp32 (float64 in the "*fp64" cases):
+logits, loss, every parameter gradient (gathered), the global gradient norm, then the same after 3 SGD-momentum
+steps (3 AdamW steps: reported next to fp32's own error); cached decode (MEA 'before_hlc': also in the multi-query
+serving form); replicated parameters identical on every rank; and writes the sharded save plus the TP = 1 weights
 (OUT/CASE-tT/) for the test's merge -> fold check. Results go to OUT/rank{k}.json; the test asserts on them.
 """
 from __future__ import annotations
