@@ -20,6 +20,8 @@ __all__ = [
     "read_config",
     "read_tensor_shapes",
     "validate_vha_checkpoint",
+    "validate_trainable_checkpoint",
+    "is_linear_weight",
 ]
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -32,6 +34,11 @@ Shapes = Dict[str, Tuple[int, ...]]
 
 class CheckpointError(ValueError):
     """A checkpoint folder that does not match the contract; the message is one line naming the problem."""
+
+
+def is_linear_weight(name: str, ndim: int) -> bool:
+    """A Linear weight: [out, in] on disk, [in, out] in Paddle's memory (transposed on every load and save)."""
+    return ndim == 2 and name.endswith("_proj.weight")
 
 
 def qwen3_tensor_shapes(cfg) -> Shapes:
@@ -194,3 +201,12 @@ def validate_vha_checkpoint(ckpt_dir: str):
     cfg = load_vha_config(ckpt_dir)
     compare_shapes(ckpt_dir, read_tensor_shapes(ckpt_dir), vha_tensor_shapes(cfg))
     return cfg
+
+
+def validate_trainable_checkpoint(ckpt_dir: str):
+    """A Qwen3-MEA folder against the MEA contract, anything else against the Qwen3-VHA one; returns its config."""
+    if read_config(ckpt_dir).get("model_type") == "qwen3_mea":
+        from .mea.checkpoint import validate_mea_checkpoint
+
+        return validate_mea_checkpoint(ckpt_dir)
+    return validate_vha_checkpoint(ckpt_dir)

@@ -12,7 +12,7 @@ from typing import Dict
 
 import numpy as np
 
-from .checkpoint import CheckpointError, weight_files
+from .checkpoint import CheckpointError, is_linear_weight, weight_files
 
 __all__ = ["read_checkpoint_tensors", "load_tensors_into", "load_checkpoint_into"]
 
@@ -34,10 +34,6 @@ def read_checkpoint_tensors(ckpt_dir: str, float32: bool = True) -> Dict[str, np
     return tensors
 
 
-def _is_linear_weight(name: str, ndim: int) -> bool:
-    return ndim == 2 and name.endswith("_proj.weight")
-
-
 def load_tensors_into(model, tensors: Dict[str, np.ndarray], source: str = "checkpoint") -> None:
     """Set every parameter of `model` from `tensors` (disk layout, names as the model's state_dict); CheckpointError
     naming the first missing, extra or mis-shaped tensor. A tied LM head may be absent (taken from the embedding)."""
@@ -54,7 +50,7 @@ def load_tensors_into(model, tensors: Dict[str, np.ndarray], source: str = "chec
             src = tensors["model.embed_tokens.weight"]  # tie_word_embeddings: the head is the embedding
         if src is None:
             raise CheckpointError(f"{source}: missing tensor {name}")
-        if _is_linear_weight(name, src.ndim):
+        if is_linear_weight(name, src.ndim):
             src = src.T
         if list(src.shape) != list(p.shape):
             raise CheckpointError(f"{source}: {name} has shape {list(src.shape)} on disk (after the Linear transpose), "
@@ -65,17 +61,11 @@ def load_tensors_into(model, tensors: Dict[str, np.ndarray], source: str = "chec
 
 def load_checkpoint_into(model, ckpt_dir: str) -> None:
     """Validate `ckpt_dir` against its contract (by config.json model_type) and load its weights into `model`."""
-    from .checkpoint import read_config, validate_vha_checkpoint
+    from .checkpoint import read_config, validate_trainable_checkpoint
 
-    kind = read_config(ckpt_dir).get("model_type")
-    if kind == "qwen3_mea":
-        from .mea.checkpoint import validate_mea_checkpoint
-
-        validate_mea_checkpoint(ckpt_dir)
-    elif kind == "qwen3_vha":
-        validate_vha_checkpoint(ckpt_dir)
-    want = getattr(model.config, "model_type", None)
+    kind, want = read_config(ckpt_dir).get("model_type"), getattr(model.config, "model_type", None)
     if kind != want:
         raise CheckpointError(f"{ckpt_dir}: config.json model_type {kind!r}, the model is {want!r}")
+    validate_trainable_checkpoint(ckpt_dir)
     dtype_is_64 = str(next(iter(model.parameters())).dtype).endswith("float64")
     load_tensors_into(model, read_checkpoint_tensors(ckpt_dir, float32=not dtype_is_64), source=ckpt_dir)

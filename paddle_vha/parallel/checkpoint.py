@@ -22,7 +22,7 @@ from typing import Dict, List
 import numpy as np
 
 from .. import safetensors_io as st
-from ..checkpoint import CheckpointError, INDEX_FILE, SINGLE_FILE, read_config, validate_vha_checkpoint
+from ..checkpoint import CheckpointError, INDEX_FILE, SINGLE_FILE, is_linear_weight, validate_trainable_checkpoint
 from ..fsutil import atomic_dir
 
 __all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "read_tp_plan"]
@@ -36,13 +36,8 @@ def _rank_file(k: int, t: int) -> str:
     return f"tp-rank-{k:02d}-of-{t:02d}.safetensors"
 
 
-def _is_linear_weight(name: str, ndim: int) -> bool:
-    # Paddle Linear keeps [in, out]; the checkpoint contract stores [out, in] (the model's aoa rules do the same).
-    return ndim == 2 and name.endswith("_proj.weight")
-
-
 def _disk(name: str, x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x.T) if _is_linear_weight(name, x.ndim) else x
+    return np.ascontiguousarray(x.T) if is_linear_weight(name, x.ndim) else x
 
 
 def _to_numpy(p):
@@ -85,7 +80,7 @@ def save_tp_checkpoint(model, out_dir: str) -> None:
         shard = state.shard(name)
         a = _disk(name, _to_numpy(p))
         axis = shard.axis
-        if axis is not None and _is_linear_weight(name, a.ndim):
+        if axis is not None and is_linear_weight(name, a.ndim):
             axis = 1 - axis
         shape = list(a.shape)
         if axis is not None:
@@ -125,16 +120,6 @@ def read_tp_plan(in_dir: str) -> dict:
         if not os.path.isfile(os.path.join(in_dir, fname)):
             raise CheckpointError(f"{path}: lists shard {fname!r}, which is missing")
     return plan
-
-
-def _validate_merged(ckpt_dir: str) -> None:
-    """The merged folder against its model's checkpoint contract (Qwen3-VHA or Qwen3-MEA)."""
-    if read_config(ckpt_dir).get("model_type") == "qwen3_mea":
-        from ..mea.checkpoint import validate_mea_checkpoint
-
-        validate_mea_checkpoint(ckpt_dir)
-    else:
-        validate_vha_checkpoint(ckpt_dir)
 
 
 def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shard_size="5GB") -> dict:
@@ -191,6 +176,6 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
         if len(shards) > 1:
             st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, total)
         shutil.copyfile(os.path.join(in_dir, "config.json"), os.path.join(tmp, "config.json"))
-        _validate_merged(tmp)
+        validate_trainable_checkpoint(tmp)
     return {"tensor_parallel_size": t, "tensors": len(names), "bytes": total, "files": len(shards)}
 
