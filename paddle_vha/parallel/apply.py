@@ -43,6 +43,7 @@ from .plan import AttentionLayout, TensorShard, attention_layout, check_plan, te
 
 __all__ = [
     "TPState",
+    "EntersTPRegion",
     "TensorParallelVHAAttention",
     "TensorParallelMLP",
     "RowParallelLinear",
@@ -78,15 +79,20 @@ def tp_state(model) -> Optional[TPState]:
 
 # --- the three overridden steps ----------------------------------------------------------------------------------
 
-class TensorParallelVHAAttention:
-    """Mixin placed in front of the model's attention class: Qwen3VHAAttention math on this rank's heads."""
+class EntersTPRegion:
+    """Mixin base: the layer's input enters the TP region. Every rank reads the whole x (identity forward); the
+    gradient of x is the sum of the ranks' parts (all-reduce backward, `copy_to_tp`)."""
 
     _tp_group = None
-    _tp_premix_group = None  # KV replicated: the one Premix group (= KV head) this rank uses, else None
 
-    def forward(self, hidden_states, *args, **kwargs):
-        # Enter the TP region: every rank reads the whole x; the gradient of x is the sum of the ranks' parts.
+    def forward(self, hidden_states, *args, **kwargs):  # the decoder layer passes the attention's input by this name
         return super().forward(copy_to_tp(hidden_states, self._tp_group), *args, **kwargs)
+
+
+class TensorParallelVHAAttention(EntersTPRegion):
+    """Mixin placed in front of the model's attention class: Qwen3VHAAttention math on this rank's heads."""
+
+    _tp_premix_group = None  # KV replicated: the one Premix group (= KV head) this rank uses, else None
 
     def prologue(self, q_phys, k, cos, sin):
         if self._tp_premix_group is None:  # KV split: this rank's Premix parameter holds exactly its groups
@@ -111,13 +117,8 @@ class TensorParallelVHAAttention:
         return y + paddle.matmul(self.vha_postmix_V, z)
 
 
-class TensorParallelMLP:
+class TensorParallelMLP(EntersTPRegion):
     """Mixin for the Qwen3 MLP: column-parallel gate/up (local), row-parallel down_proj (RowParallelLinear)."""
-
-    _tp_group = None
-
-    def forward(self, x):
-        return super().forward(copy_to_tp(x, self._tp_group))
 
 
 class RowParallelLinear(nn.Linear):
@@ -138,6 +139,18 @@ class ColumnSliceLinear(nn.Linear):
     def forward(self, x):
         a, b = self._tp_cols
         return F.linear(x, self.weight[:, a:b], None if self.bias is None else self.bias[a:b])
+
+
+def make_row_parallel(linear, group) -> None:
+    """Turn a Linear holding this rank's input rows into a RowParallelLinear over `group` (in place)."""
+    linear.__class__ = RowParallelLinear
+    linear._tp_group = group
+
+
+def make_column_slice(linear, cols) -> None:
+    """Let a Linear with a whole (replicated) weight compute only output columns cols = (a, b) (in place)."""
+    linear.__class__ = ColumnSliceLinear
+    linear._tp_cols = cols
 
 
 _MIXED: Dict[tuple, type] = {}
@@ -280,11 +293,9 @@ def _parallelize_attention(attn, lay: AttentionLayout, config, group):
         for proj, cols in ((attn.q_proj, (lay.physical[0] * r, lay.physical[1] * r)),
                            (attn.k_proj, (lay.groups[0] * d, lay.groups[1] * d)),
                            (attn.v_proj, (lay.groups[0] * d, lay.groups[1] * d))):
-            proj.__class__ = ColumnSliceLinear
-            proj._tp_cols = cols
+            make_column_slice(proj, cols)
         attn._tp_premix_group = lay.groups[0]
-    attn.o_proj.__class__ = RowParallelLinear
-    attn.o_proj._tp_group = group
+    make_row_parallel(attn.o_proj, group)
     swap_class(attn, TensorParallelVHAAttention)
     attn._tp_group = group
 
@@ -292,8 +303,7 @@ def _parallelize_attention(attn, lay: AttentionLayout, config, group):
 def _parallelize_mlp(mlp, group):
     if getattr(mlp, "fuse_up_gate", False):
         raise RuntimeError("fused up|gate MLP is not supported by the tensor-parallel plan")
-    mlp.down_proj.__class__ = RowParallelLinear
-    mlp.down_proj._tp_group = group
+    make_row_parallel(mlp.down_proj, group)
     swap_class(mlp, TensorParallelMLP)
     mlp._tp_group = group
 

@@ -15,23 +15,17 @@ and o_proj's all-reduce), plus the gradient all-reduce of the replicated k_proj 
 """
 from __future__ import annotations
 
-from .apply import ColumnSliceLinear, RowParallelLinear, swap_class
-from .collectives import copy_to_tp
-from .mea_plan import HeadLayout
+from .apply import EntersTPRegion, make_column_slice, make_row_parallel, swap_class
+from .plan import HeadLayout
 
 __all__ = ["TensorParallelMEAAttention", "TensorParallelGQAAttention", "parallelize_mea_attention",
            "parallelize_stock_attention"]
 
 
-class TensorParallelMEAAttention:
+class TensorParallelMEAAttention(EntersTPRegion):
     """Mixin placed in front of Qwen3MEAAttention: the MEA math on this rank's query and virtual KV heads."""
 
-    _tp_group = None
     _tp_virtual_head = None  # t > n_v: the one virtual head this rank reads from the whole HLC matrices, else None
-
-    def forward(self, hidden_states, *args, **kwargs):
-        # Enter the TP region: every rank reads the whole x; the gradient of x is the sum of the ranks' parts.
-        return super().forward(copy_to_tp(hidden_states, self._tp_group), *args, **kwargs)
 
     def hlc_coefficients(self):
         k_lc, v_lc = super().hlc_coefficients()
@@ -41,18 +35,8 @@ class TensorParallelMEAAttention:
         return k_lc[:, g:g + 1], v_lc[:, g:g + 1]
 
 
-class TensorParallelGQAAttention:
-    """Mixin placed in front of a stock Qwen3 attention (an MEA model's non-MEA layers)."""
-
-    _tp_group = None
-
-    def forward(self, hidden_states, *args, **kwargs):
-        return super().forward(copy_to_tp(hidden_states, self._tp_group), *args, **kwargs)
-
-
-def _row_parallel_o_proj(attn, group):
-    attn.o_proj.__class__ = RowParallelLinear
-    attn.o_proj._tp_group = group
+class TensorParallelGQAAttention(EntersTPRegion):
+    """Mixin placed in front of a stock Qwen3 attention (an MEA model's non-MEA layers): only the input changes."""
 
 
 def parallelize_mea_attention(attn, lay: HeadLayout, group) -> None:
@@ -62,7 +46,7 @@ def parallelize_mea_attention(attn, lay: HeadLayout, group) -> None:
     attn.gqa_or_mqa = attn.num_key_value_groups != 1
     if not lay.kv_sharded:
         attn._tp_virtual_head = lay.kv[0]
-    _row_parallel_o_proj(attn, group)
+    make_row_parallel(attn.o_proj, group)
     swap_class(attn, TensorParallelMEAAttention)
     attn._tp_group = group
 
@@ -75,8 +59,7 @@ def parallelize_stock_attention(attn, lay: HeadLayout, group) -> None:
     attn.gqa_or_mqa = attn.num_key_value_groups != 1
     if not lay.kv_sharded:  # K/V stay whole; this rank computes its KV head only
         for proj in (attn.k_proj, attn.v_proj):
-            proj.__class__ = ColumnSliceLinear
-            proj._tp_cols = (lay.kv[0] * d, lay.kv[1] * d)
-    _row_parallel_o_proj(attn, group)
+            make_column_slice(proj, (lay.kv[0] * d, lay.kv[1] * d))
+    make_row_parallel(attn.o_proj, group)
     swap_class(attn, TensorParallelGQAAttention)
     attn._tp_group = group

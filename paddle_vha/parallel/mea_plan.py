@@ -25,53 +25,11 @@ t ranks along one axis or whole on every rank: the sharded save / merge of check
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, Tuple
 
-from .plan import TPPlanError, TensorShard, _cfg, mlp_shards
+from .plan import HeadLayout, TensorShard, _cfg, check_head_split, check_size, gqa_layout, mlp_shards
 
-__all__ = ["HeadLayout", "gqa_layout", "check_mea_plan", "mea_layer_layout", "mea_layer_shards", "mea_layer_kind"]
-
-
-@dataclass(frozen=True)
-class HeadLayout:
-    """What rank `rank` of `t` computes in one GQA-shaped attention layer (MEA: the KV heads are the virtual ones)."""
-
-    t: int
-    rank: int
-    heads: Tuple[int, int]  # query heads [a, b)
-    kv: Tuple[int, int]  # KV heads [a, b) this rank reads (MEA: virtual heads, i.e. columns of the HLC matrices)
-    kv_sharded: bool  # t <= n_kv: KV heads split; else replicated (whole tensors, rank-local slice)
-
-    @property
-    def num_heads(self) -> int:
-        return self.heads[1] - self.heads[0]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.kv[1] - self.kv[0]
-
-
-def _check_gqa(h: int, n_kv: int, t: int, what: str) -> None:
-    if h % t:
-        raise TPPlanError(f"num_attention_heads={h} must be divisible by the tensor-parallel size t={t}")
-    if t <= n_kv and n_kv % t:
-        raise TPPlanError(f"{what}={n_kv} must be divisible by t={t} (KV heads are split when t <= {what})")
-    if t > n_kv and t % n_kv:
-        raise TPPlanError(f"t={t} > {what}={n_kv}: t must be a multiple of {what} (each KV head is replicated on "
-                          f"t/{what} ranks)")
-
-
-def gqa_layout(h: int, n_kv: int, t: int, rank: int) -> HeadLayout:
-    """Query heads [rank*h/t, ...) and the KV heads they read (query head i reads KV head i // (h/n_kv))."""
-    _check_gqa(h, n_kv, t, "KV heads")
-    per = h // t
-    heads = (rank * per, (rank + 1) * per)
-    if t <= n_kv:
-        g = n_kv // t
-        return HeadLayout(t, rank, heads, (rank * g, (rank + 1) * g), kv_sharded=True)
-    g = rank // (t // n_kv)
-    return HeadLayout(t, rank, heads, (g, g + 1), kv_sharded=False)
+__all__ = ["check_mea_plan", "mea_layer_layout", "mea_layer_shards", "mea_layer_kind"]
 
 
 def mea_layer_kind(cfg, layer_idx: int) -> str:
@@ -88,13 +46,12 @@ def _kv_heads(cfg, kind: str) -> Tuple[int, str]:
 
 def check_mea_plan(cfg, t: int) -> None:
     """TPPlanError (one line) if the Qwen3-MEA config cannot be sharded over t ranks."""
-    if not (isinstance(t, int) and t >= 1):
-        raise TPPlanError(f"tensor-parallel size must be an int >= 1, got {t!r}")
+    check_size(t)
     h = _cfg(cfg, "num_attention_heads")
     kinds = {mea_layer_kind(cfg, i) for i in range(_cfg(cfg, "num_hidden_layers"))}
     for kind in sorted(kinds):
         n_kv, what = _kv_heads(cfg, kind)
-        _check_gqa(h, n_kv, t, what)
+        check_head_split(h, n_kv, t, f"num_attention_heads={h}", f"{what}={n_kv}", what)
     mlp_shards(cfg, t)  # the MLP's own conditions
 
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-__all__ = ["TPPlanError", "TensorShard", "AttentionLayout", "attention_layout", "tensor_shards", "check_plan",
-           "mlp_shards"]
+__all__ = ["TPPlanError", "TensorShard", "AttentionLayout", "HeadLayout", "attention_layout", "gqa_layout",
+           "tensor_shards", "check_plan", "check_head_split", "mlp_shards"]
 
 
 class TPPlanError(ValueError):
@@ -62,6 +62,25 @@ class AttentionLayout:
 
 
 @dataclass(frozen=True)
+class HeadLayout:
+    """What rank `rank` of `t` computes in one GQA-shaped attention layer (MEA: the KV heads are the virtual ones)."""
+
+    t: int
+    rank: int
+    heads: Tuple[int, int]  # query heads [a, b)
+    kv: Tuple[int, int]  # KV heads [a, b) this rank reads
+    kv_sharded: bool  # t <= n_kv: KV heads split; else replicated (whole tensors, rank-local slice)
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads[1] - self.heads[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv[1] - self.kv[0]
+
+
+@dataclass(frozen=True)
 class TensorShard:
     """How one in-memory (Paddle layout) tensor is distributed.
 
@@ -83,19 +102,43 @@ def check_plan(cfg, t: int) -> None:
         from .mea_plan import check_mea_plan
 
         return check_mea_plan(cfg, t)
+    check_size(t)
+    h_v, h_kv = _cfg(cfg, "num_attention_heads"), _cfg(cfg, "num_key_value_heads")
+    check_head_split(h_v, h_kv, t, f"num_attention_heads (virtual heads H_v={h_v})", f"num_key_value_heads H_kv={h_kv}",
+                     "H_kv")
+    mlp_shards(cfg, t)
+
+
+def check_size(t) -> None:
     if not (isinstance(t, int) and t >= 1):
         raise TPPlanError(f"tensor-parallel size must be an int >= 1, got {t!r}")
-    h_v, h_kv = _cfg(cfg, "num_attention_heads"), _cfg(cfg, "num_key_value_heads")
-    if h_v % t:
-        raise TPPlanError(f"num_attention_heads (virtual heads H_v={h_v}) must be divisible by the tensor-parallel "
-                          f"size t={t}")
-    if t <= h_kv and h_kv % t:
-        raise TPPlanError(f"num_key_value_heads H_kv={h_kv} must be divisible by t={t} (KV heads are split when "
-                          f"t <= H_kv)")
-    if t > h_kv and t % h_kv:
-        raise TPPlanError(f"t={t} > H_kv={h_kv}: t must be a multiple of H_kv (each KV head is replicated on t/H_kv "
-                          "ranks)")
-    mlp_shards(cfg, t)
+
+
+def check_head_split(h: int, n_kv: int, t: int, h_desc: str, kv_desc: str, kv_short: str) -> None:
+    """TPPlanError unless h query heads over n_kv KV heads split over t ranks: t divides h, and t divides n_kv
+    (KV heads split) or is a multiple of it (each KV head replicated on t / n_kv ranks). The descriptions name the
+    fields in the message (h_desc e.g. 'num_attention_heads=12', kv_desc 'mea_kv_heads=4', kv_short 'mea_kv_heads')."""
+    if h % t:
+        raise TPPlanError(f"{h_desc} must be divisible by the tensor-parallel size t={t}")
+    if t <= n_kv and n_kv % t:
+        raise TPPlanError(f"{kv_desc} must be divisible by t={t} (KV heads are split when t <= {kv_short})")
+    if t > n_kv and t % n_kv:
+        raise TPPlanError(f"t={t} > {kv_short}={n_kv}: t must be a multiple of {kv_short} (each KV head is replicated "
+                          f"on t/{kv_short} ranks)")
+
+
+def gqa_layout(h: int, n_kv: int, t: int, rank: int) -> HeadLayout:
+    """Query heads [rank*h/t, ...) and the KV heads they read (query head i reads KV head i // (h/n_kv)).
+
+    For a split that check_head_split accepts."""
+    assert h % t == 0 and (n_kv % t == 0 if t <= n_kv else t % n_kv == 0), (h, n_kv, t)
+    per = h // t
+    heads = (rank * per, (rank + 1) * per)
+    if t <= n_kv:
+        g = n_kv // t
+        return HeadLayout(t, rank, heads, (rank * g, (rank + 1) * g), kv_sharded=True)
+    g = rank // (t // n_kv)
+    return HeadLayout(t, rank, heads, (g, g + 1), kv_sharded=False)
 
 
 def mlp_shards(cfg, t: int) -> Dict[str, TensorShard]:
@@ -120,16 +163,14 @@ def attention_layout(cfg, t: int, rank: int) -> AttentionLayout:
     check_plan(cfg, t)
     h_v, h_kv = _cfg(cfg, "num_attention_heads"), _cfg(cfg, "num_key_value_heads")
     h_p = h_v // h_kv
-    per = h_v // t
-    heads = (rank * per, (rank + 1) * per)
-    if t <= h_kv:
-        g = h_kv // t
-        return AttentionLayout(t, rank, heads, (rank * g, (rank + 1) * g), (0, h_p), kv_sharded=True)
-    c = t // h_kv
-    g = rank // c
-    n = h_p // c  # = per
-    s = rank % c
-    return AttentionLayout(t, rank, heads, (g, g + 1), (s * n, (s + 1) * n), kv_sharded=False)
+    lay = gqa_layout(h_v, h_kv, t, rank)  # virtual heads over KV groups, as any GQA layer
+    if lay.kv_sharded:  # whole groups: all H_p physical heads
+        physical = (0, h_p)
+    else:  # c = t/H_kv ranks share a group; each uses its H_p/c physical heads
+        c = t // h_kv
+        n, s = h_p // c, rank % c
+        physical = (s * n, (s + 1) * n)
+    return AttentionLayout(t, rank, lay.heads, lay.kv, physical, lay.kv_sharded)
 
 
 def tensor_shards(cfg, t: int) -> Dict[str, TensorShard]:
