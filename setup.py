@@ -1,9 +1,20 @@
-"""paddle-vha: Virtual Head Attention for PaddleFormers' Qwen3. Install with tools/env.sh (pinned venv)."""
-import os
+"""paddle-vha's build: metadata and console scripts are in pyproject.toml; this file adds what a declaration cannot.
 
-from setuptools import find_packages, setup
+* dependencies: requirements.txt's pins (test-only packages left out);
+* the fused operator's sources (ops/build.py, ops/csrc/*) are copied into the wheel as package data
+  (paddle_vha/_ops), so an installed paddle_vha builds the op on first use or with `paddle-vha-build-ops`
+  (paddle_vha/vha/prologue.py finds them there, or in a checkout's ops/).
+
+Install for development with tools/env.sh (pinned venv, editable); `pip wheel .` builds the distributable wheel.
+"""
+import os
+import shutil
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+OPS_FILES = ["build.py"] + [os.path.join("csrc", f) for f in sorted(os.listdir(os.path.join(HERE, "ops", "csrc")))]
 
 
 def requirements():
@@ -12,11 +23,15 @@ def requirements():
     return [ln for ln in lines if ln and not ln.startswith("pytest")]
 
 
-setup(
-    name="paddle-vha",
-    version="0.1.0",
-    description="Virtual Head Attention (VHA) for PaddleFormers Qwen3: train, fold to stock GQA, export, serve",
-    packages=find_packages(include=["paddle_vha", "paddle_vha.*"]),
-    python_requires=">=3.10",
-    install_requires=requirements(),
-)
+class BuildPyWithOps(build_py):
+    """build_py, plus the operator's sources under paddle_vha/_ops in the build tree."""
+
+    def run(self):
+        super().run()
+        for rel in OPS_FILES:
+            dest = os.path.join(self.build_lib, "paddle_vha", "_ops", rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy2(os.path.join(HERE, "ops", rel), dest)
+
+
+setup(install_requires=requirements(), cmdclass={"build_py": BuildPyWithOps})

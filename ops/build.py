@@ -4,11 +4,13 @@
     python ops/build.py --force    # rebuild from scratch
 
 `tools/env.sh` runs this whenever a file under ops/csrc or this script changes (its own stamp), and
-`paddle_vha.prologue` calls `build()` on first use. The CUDA kernels are compiled in only when Paddle itself
+`paddle_vha.vha.prologue` calls `build()` on first use. An installed wheel carries this folder as package data
+(paddle_vha/_ops) and builds the op the same way on first use, or with `paddle-vha-build-ops`. The CUDA kernels are compiled in only when Paddle itself
 is compiled with CUDA (`paddle.is_compiled_with_cuda()`); a CPU wheel gets the CPU kernels.
 
 Environment:
-    VHA_OPS_BUILD_DIR     build folder (default ops/build)
+    VHA_OPS_BUILD_DIR     build folder (default: build/ beside this script when that folder is writable, else
+                          $XDG_CACHE_HOME/paddle_vha/ops-build, i.e. ~/.cache/paddle_vha/ops-build)
     VHA_OPS_MARCH         -march value for the CPU kernels (default native: the op is built on the machine
                           that runs it; set e.g. x86-64-v3 to build for other machines)
     CUDA_HOME             CUDA toolkit root (the folder with bin/nvcc and lib64/libcudart*); see docs/prologue.md
@@ -29,7 +31,13 @@ CUDA_SOURCES = ["vha_prologue_cuda.cu"]
 
 
 def build_dir() -> Path:
-    return Path(os.environ.get("VHA_OPS_BUILD_DIR", OPS_DIR / "build"))
+    if os.environ.get("VHA_OPS_BUILD_DIR"):
+        return Path(os.environ["VHA_OPS_BUILD_DIR"])
+    local = OPS_DIR / "build"
+    if os.access(local if local.exists() else OPS_DIR, os.W_OK):
+        return local
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "paddle_vha" / "ops-build"
 
 
 def source_files(with_cuda: bool) -> list[Path]:

@@ -1,15 +1,13 @@
 """Bytes, weights and FLOPs that say what VHA buys: KV cache per token, attention weights, training / serving FLOPs.
 
-Two layers of API:
-
-* The original helpers over a live config (`kv_cache_bytes_per_token`, `attention_params_per_layer`,
-  `count_parameters`), used by tools/quickstart.py.
-* `Arch`: a plain description of one decoder-only model with one attention variant — MHA, GQA-n, MLA, VHA (as
-  trained), VHA folded (the stock GQA model it is served as) and MEA — and pure functions over it:
-  `kv_bytes_per_token`, `attention_weights_per_layer`, `query_weights_per_layer`, `forward_flops_per_token`,
-  `training_flops_per_token`. `paper_variants("1.7b")` builds the VHA paper's comparison set at a named shape;
-  `arch_from_config(dict)` reads any Qwen3 / Qwen3-VHA / Qwen3-MEA / Qwen3-MoE / DeepSeek-V2-style config.json.
-  tools/kv_calc.py and tools/flops.py are thin command lines over these.
+`Arch` is a plain description of one decoder-only model with one attention variant — MHA, GQA-n, MLA, VHA (as
+trained), VHA folded (the stock GQA model it is served as) and MEA — and everything here is a pure function over it:
+`kv_bytes_per_token`, `attention_weights_per_layer`, `attention_parameters_per_layer`, `query_weights_per_layer`,
+`forward_flops_per_token`, `training_flops_per_token`, `model_weights`. `paper_variants("1.7b")` builds the VHA paper's
+comparison set at a named shape; `arch_from_config(dict)` reads a config.json: the family registry
+(paddle_vha/families.py) gives each family's attention fields, and any other Qwen3 / Qwen3-MoE / DeepSeek-V2-style
+config is read as GQA / MHA / MLA. tools/kv_calc.py and tools/flops.py are thin command lines over these; the quick-
+start, the trainer's summary and compress_kv use them too, so every KV-bytes number comes from one function.
 
 FLOP convention (the one the VHA article uses to re-derive the paper's Table 5, docs/calculators.md):
 matmul FLOPs only, 2 per multiply-add; per token, summed over layers; attention scores and the weighted sum
@@ -19,14 +17,13 @@ training = 3 × forward. Norms, RoPE, softmax and residual adds are not counted.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from .families import DEFAULT_MODEL_TYPE, FAMILIES
+from .units import fmt_bytes
+
 __all__ = [
-    "kv_cache_bytes_per_token",
-    "attention_params_per_layer",
-    "count_parameters",
     "Arch",
     "ArchError",
     "KINDS",
@@ -37,47 +34,14 @@ __all__ = [
     "arch_from_config",
     "kv_bytes_per_token",
     "attention_weights_per_layer",
+    "attention_parameters_per_layer",
     "query_weights_per_layer",
     "forward_flops_per_token",
     "training_flops_per_token",
+    "model_weights",
+    "fmt_bytes",
     "DTYPE_BYTES",
 ]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Original helpers over a live config (behaviour kept: tools/quickstart.py and its test use them).
-
-
-def kv_cache_bytes_per_token(cfg, bytes_per_elem: int = 2, all_layers: bool = False) -> int:
-    """K and V for one token: 2 * H_kv * d elements per layer (times L with all_layers)."""
-    per_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * bytes_per_elem
-    return per_layer * (cfg.num_hidden_layers if all_layers else 1)
-
-
-def attention_params_per_layer(cfg) -> dict:
-    """Weights of one attention layer by part (biases and norms included), as trained."""
-    h, d, h_q, h_kv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    bias = bool(cfg.attention_bias)
-    vha = getattr(cfg, "model_type", "") == "qwen3_vha"
-    q_out = (h_q // h_kv) * cfg.vha_q_head_dim if vha else h_q * d
-    parts = {
-        "q_proj": h * q_out + bias * q_out,
-        "k_proj": h * h_kv * d + bias * h_kv * d,
-        "v_proj": h * h_kv * d + bias * h_kv * d,
-        "o_proj": h_q * d * h + bias * h,
-        "qk_norm": 2 * d,
-    }
-    if vha:
-        parts["premix"] = h_kv * cfg.vha_q_head_dim * d
-        parts["postmix"] = 2 * h_q * cfg.vha_postmix_rank
-        if cfg.vha_gated_attention:
-            parts["gate_proj"] = h * h_q * d
-    parts["total"] = sum(parts.values())
-    return parts
-
-
-def count_parameters(model) -> int:
-    return int(sum(p.size for p in model.parameters()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,28 +223,12 @@ def _need(cfg: dict, key: str, where: str):
     return cfg[key]
 
 
-def _mea_layer_count(value, num_layers: int, where: str) -> Optional[int]:
-    if value is None or value == "all":
-        return None
-    if isinstance(value, (list, tuple)):
-        return len(set(value))
-    if isinstance(value, str):  # "A-B" inclusive, or comma list
-        try:
-            if "-" in value:
-                a, b = (int(x) for x in value.split("-"))
-                return b - a + 1
-            return len({int(x) for x in value.split(",")})
-        except ValueError:
-            pass
-    raise ArchError(f"{where}: cannot read mea_layers={value!r}")
-
-
 def arch_from_config(cfg: dict, label: str = "config") -> Arch:
-    """An Arch from a config.json dict: qwen3 (GQA / MHA), qwen3_vha, qwen3_mea, qwen3_moe, or a DeepSeek-V2/V3 MLA
-    config (anything with kv_lora_rank)."""
+    """An Arch from a config.json dict: a registered family (paddle_vha/families.py: its own attention fields), a
+    DeepSeek-V2/V3 MLA config (anything with kv_lora_rank), or any other Qwen3-style config (GQA / MHA, MoE MLPs)."""
     if not isinstance(cfg, dict):
         raise ArchError(f"{label}: expected a JSON object")
-    mt = str(cfg.get("model_type", ""))
+    fam = FAMILIES.get(cfg.get("model_type"))
     h = _need(cfg, "hidden_size", label)
     L = _need(cfg, "num_hidden_layers", label)
     n_heads = _need(cfg, "num_attention_heads", label)
@@ -306,17 +254,12 @@ def arch_from_config(cfg: dict, label: str = "config") -> Arch:
                         qk_nope_head_dim=cfg.get("qk_nope_head_dim") or head_dim,
                         v_head_dim=cfg.get("v_head_dim") or head_dim, q_lora_rank=cfg.get("q_lora_rank") or 0,
                         **common)
-        if mt == "qwen3_vha":
-            return Arch(kind="vha", num_kv_heads=n_kv, vha_q_head_dim=cfg.get("vha_q_head_dim") or head_dim,
-                        vha_postmix_rank=cfg.get("vha_postmix_rank", 4),
-                        vha_gated=bool(cfg.get("vha_gated_attention", False)), **common)
-        if mt == "qwen3_mea":
-            return Arch(kind="mea", num_kv_heads=n_kv, mea_kv_heads=cfg.get("mea_kv_heads") or n_kv,
-                        mea_num_layers=_mea_layer_count(cfg.get("mea_layers"), L, label),
-                        mea_group_norm=bool(cfg.get("mea_group_norm", True)),
-                        mea_stock_kv_heads=cfg.get("mea_stock_kv_heads"), **common)
+        if fam is not None and fam.arch_fields is not None:
+            return Arch(**fam.arch_fields(cfg, dict(common, num_layers=L)), **common)
         return Arch(kind="mha" if n_kv == n_heads else "gqa", num_kv_heads=n_kv, **common)
-    except TypeError as e:  # a field of the wrong JSON type
+    except (TypeError, ValueError) as e:  # a field of the wrong JSON type, an unreadable layer list
+        if isinstance(e, ArchError):
+            raise
         raise ArchError(f"{label}: {e}") from None
 
 
@@ -384,6 +327,25 @@ def _attn_weights(a: Arch, mea_layer: bool = True) -> Dict[str, int]:
 def attention_weights_per_layer(a: Arch) -> Dict[str, int]:
     """Weights of one attention layer by part (matmul weights; biases and norms excluded), plus 'total'."""
     parts = _attn_weights(a)
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def attention_parameters_per_layer(a: Arch) -> Dict[str, int]:
+    """Every parameter of one attention layer as built (an MEA layer for MEA), by part: the matmul weights, their
+    biases (attention_bias) and the norm weights (q_norm, k_norm; MEA's head norm), plus 'total'."""
+    if a.kind == "mla":
+        raise ArchError(f"{a.label}: parameter counts with biases and norms are not modelled for MLA")
+    parts = _attn_weights(a)
+    h, d = a.hidden_size, a.head_dim
+    if a.attention_bias:
+        parts["q_proj"] += a.physical_heads * a.q_head_dim
+        parts["k_proj"] += a.num_kv_heads * d
+        parts["v_proj"] += a.num_kv_heads * d
+        parts["o_proj"] += h
+    parts["qk_norm"] = 2 * d
+    if a.kind == "mea" and a.mea_group_norm:
+        parts["mea_norm"] = a.num_heads * d
     parts["total"] = sum(parts.values())
     return parts
 
@@ -465,15 +427,6 @@ def model_weights(a: Arch) -> Dict[str, int]:
     return {"attention": attn, "mlp": mlp, "embeddings": emb, "total": attn + mlp + emb}
 
 
-def fmt_bytes(n: float) -> str:
-    """1024-based: 4096 -> '4 KB', 1152 -> '1.12 KB' (the article's units)."""
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.0f} {unit}" if math.isclose(v, round(v)) else f"{v:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
 def variants_for_config(a: Arch) -> List[Arch]:
     """What a config.json shows: itself, plus its folded form for VHA."""
     if a.kind == "vha" and not a.vha_gated:
@@ -499,7 +452,7 @@ def resolve_models(spec: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArchError(f"{path}: not valid JSON ({e})") from None
     if isinstance(cfg, dict) and isinstance(cfg.get("model_config"), dict):  # a tools/train.py trainer config
-        cfg = {**cfg["model_config"], "model_type": cfg.get("model_type", "qwen3_vha")}
+        cfg = {**cfg["model_config"], "model_type": cfg.get("model_type", DEFAULT_MODEL_TYPE)}
         cfg.setdefault("vocab_size", 256)  # the byte corpus, train.py's default
     label = spec.rstrip("/")
     if label.endswith("/config.json"):

@@ -54,3 +54,34 @@ def config_dict(cfg) -> dict:
     d = cfg.to_dict()
     d.setdefault("rope_theta", cfg.rope_theta)
     return d
+
+
+# The checkpoint contracts through the public API (the family registry and CheckpointFolder), named as the tests use them.
+def validate_vha_checkpoint(path):
+    from paddle_vha.families import family
+
+    return family("qwen3_vha").validate(path)
+
+
+def validate_mea_checkpoint(path):
+    from paddle_vha.families import family
+
+    return family("qwen3_mea").validate(path)
+
+
+def read_tensor_shapes(path):
+    from paddle_vha.checkpoint.folder import CheckpointFolder
+
+    return CheckpointFolder(path).shapes
+
+
+def vha_tensor_shapes(cfg):
+    from paddle_vha.vha.contract import tensor_shapes
+
+    return tensor_shapes(cfg)
+
+
+def mea_tensor_shapes(cfg):
+    from paddle_vha.mea.contract import tensor_shapes
+
+    return tensor_shapes(cfg)

@@ -17,9 +17,8 @@ from paddle_vha.accounting import (
     Arch,
     ArchError,
     arch_from_config,
-    attention_params_per_layer,
     attention_weights_per_layer,
-    count_parameters,
+    attention_parameters_per_layer,
     fmt_bytes,
     fold_vha,
     forward_flops_per_token,
@@ -113,11 +112,13 @@ def test_counts_match_a_built_model_and_its_cache():
     assert arch.kind == "vha" and arch.physical_heads == 4 and arch.q_head_dim == 12
     model = Qwen3VHAForCausalLM(cfg)
     norms = cfg.num_hidden_layers * (2 * cfg.hidden_size + 2 * cfg.head_dim) + cfg.hidden_size
-    assert model_weights(arch)["total"] + norms == count_parameters(model)
+    assert model_weights(arch)["total"] + norms == sum(p.size for p in model.parameters())
     layer = dict(model.model.layers[0].self_attn.named_parameters())
     assert attention_weights_per_layer(arch)["total"] == sum(p.size for n, p in layer.items() if "norm" not in n)
-    # the older helper (used by tools/quickstart.py) agrees, norms aside
-    assert attention_params_per_layer(cfg)["total"] - 2 * cfg.head_dim == attention_weights_per_layer(arch)["total"]
+    # with biases and norms (what tools/quickstart.py prints): every parameter of the built layer, and the weights
+    # alone once the norms are taken out
+    assert attention_parameters_per_layer(arch)["total"] == sum(p.size for p in layer.values())
+    assert attention_parameters_per_layer(arch)["total"] - 2 * cfg.head_dim == attention_weights_per_layer(arch)["total"]
     # KV bytes: what the real cache holds after 5 tokens, in fp32 here
     ids = paddle.to_tensor(np.arange(5).reshape(1, 5))
     cache = model(ids, use_cache=True, return_dict=True).past_key_values

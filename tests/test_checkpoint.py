@@ -10,7 +10,8 @@ from safetensors.numpy import load_file, save_file
 
 from _utils import tiny_config, to_numpy
 from paddle_vha import Qwen3VHAForCausalLM
-from paddle_vha.checkpoint import CheckpointError, read_tensor_shapes, validate_vha_checkpoint, vha_tensor_shapes
+from _utils import read_tensor_shapes, validate_vha_checkpoint, vha_tensor_shapes
+from paddle_vha.checkpoint.contract import CheckpointError
 
 VARIANTS = {
     "base": dict(),
@@ -149,3 +150,43 @@ def test_malformed_checkpoint_is_rejected(tmp_path, case):
 def test_not_a_directory(tmp_path):
     with pytest.raises(CheckpointError, match="not a directory"):
         validate_vha_checkpoint(str(tmp_path / "nope"))
+
+
+def _raw_safetensors(path, header: dict, data: bytes, header_text: str = None):
+    import struct
+
+    text = (header_text or json.dumps(header)).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+@pytest.mark.parametrize("case", ["overlap", "gap", "trailing", "duplicate"])
+def test_header_reader_is_as_strict_as_the_safetensors_library(tmp_path, case):
+    """The project's one header reader (every validator, fold, compress, merge) refuses what the safetensors library
+    refuses: overlapping or gapped data offsets, bytes after the data, duplicate tensor names."""
+    from safetensors import safe_open
+
+    from paddle_vha.checkpoint.safetensors_io import SafetensorsFormatError, read_header
+
+    t = lambda a, b: {"dtype": "F32", "shape": [(b - a) // 4], "data_offsets": [a, b]}  # noqa: E731
+    path, data, text = str(tmp_path / "x.safetensors"), bytes(16), None
+    header = {"a": t(0, 8), "b": t(8, 16)}
+    if case == "overlap":
+        header = {"a": t(0, 8), "b": t(4, 12)}
+        data = bytes(12)
+    elif case == "gap":
+        header = {"a": t(0, 4), "b": t(8, 16)}
+    elif case == "trailing":
+        data = bytes(20)
+    else:
+        text = '{"a": %s, "a": %s}' % (json.dumps(t(0, 8)), json.dumps(t(8, 16)))
+    _raw_safetensors(path, header, data, text)
+    with pytest.raises(Exception):  # the reference reader
+        with safe_open(path, framework="numpy") as f:
+            [f.get_tensor(k) for k in f.keys()]
+    with pytest.raises(SafetensorsFormatError) as e:
+        read_header(path)
+    print(e.value)
+    assert "\n" not in str(e.value)
+    _raw_safetensors(path, {"a": t(0, 8), "b": t(8, 16)}, bytes(16))  # the well-formed file reads
+    assert sorted(read_header(path)[1]) == ["a", "b"]

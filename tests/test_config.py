@@ -70,7 +70,7 @@ def test_unsupported_runtime_options_are_refused(field, value, needle):
 
 
 def test_auto_classes(tmp_path):
-    import paddle_vha.modeling  # noqa: F401  (registers qwen3_vha)
+    import paddle_vha.vha.modeling  # noqa: F401  (registers qwen3_vha)
     from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = tiny_config()

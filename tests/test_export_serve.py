@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 
 import oracle
 from _utils import TINY, rel_err
-from paddle_vha.checkpoint import CheckpointError
+from paddle_vha.checkpoint.contract import CheckpointError
 from paddle_vha.export.decoder import io_names
 from paddle_vha.export.onnx_export import ExportError, export_onnx
 from paddle_vha.serve.generate import generate
@@ -189,8 +189,8 @@ def test_folded_vha_serves_like_paddleformers_generate(tmp_path):
     from _utils import tiny_config
 
     from paddle_vha import Qwen3VHAForCausalLM
-    from paddle_vha.fold import fold_checkpoint, plan_fold
-    from paddle_vha.fsutil import linked_view
+    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+    from paddle_vha.checkpoint.fsutil import linked_view
 
     paddle.seed(21)
     cfg = tiny_config(num_attention_heads=6, num_key_value_heads=2, vha_q_head_dim=12, vha_postmix_v_init_std=0.3)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from fractions import Fraction
 
 import ml_dtypes
@@ -19,9 +20,9 @@ from safetensors import safe_open
 import oracle
 from _utils import config_dict, rel_err, tiny_config, to_numpy
 from paddle_vha import Qwen3VHAForCausalLM
-from paddle_vha.checkpoint import CheckpointError
-from paddle_vha.fold import fold_checkpoint, fold_state_dict, plan_fold
-from paddle_vha.safetensors_io import read_header, read_tensor
+from paddle_vha.checkpoint.contract import CheckpointError
+from paddle_vha.vha.fold import fold_checkpoint, fold_state_dict, plan_fold
+from paddle_vha.checkpoint.safetensors_io import read_header, read_tensor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLD_PY = os.path.join(ROOT, "tools", "fold.py")
@@ -155,7 +156,7 @@ def test_state_dict_api_matches_checkpoint_fold(tmp_path):
 
 def test_fold_math_blocks_by_hand():
     """Block j = g*H_p + i of q_proj is P[g]^T W_Q^(i); o_proj block k is sum_j M[j,k] W_O[:, j]; q bias b^(i) P[g]."""
-    from paddle_vha.fold import fold_o_proj, fold_q_bias, fold_q_proj
+    from paddle_vha.vha.fold import fold_o_proj, fold_q_bias, fold_q_proj
 
     rng = np.random.default_rng(0)
     Hkv, Hp, r, d, h, R = 2, 3, 4, 5, 7, 2
@@ -217,7 +218,7 @@ def exact_bf16(x: float) -> float:
 
 
 def test_float64_to_bfloat16_rounds_once():
-    from paddle_vha.safetensors_io import cast
+    from paddle_vha.checkpoint.safetensors_io import cast
 
     rng = np.random.default_rng(0)
     xs = np.concatenate([rng.normal(size=3000) * 10.0 ** rng.integers(-30, 30, size=3000),
@@ -411,7 +412,7 @@ def test_failure_midway_leaves_nothing(tmp_path):
 
 def test_state_dict_api_refuses_gated():
     with pytest.raises(CheckpointError, match="Postmix cannot cross the sigmoid gate"):
-        fold_state_dict({}, {"vha_gated_attention": True})
+        fold_state_dict({}, types.SimpleNamespace(vha_gated_attention=True))
 
 
 def test_cli_fold_and_verify_leave_in_dir_unchanged(tmp_path):
@@ -452,7 +453,7 @@ def test_small_chunks_and_float16_output(tmp_path):
 
 
 def test_bfloat16_widening_is_exact():
-    from paddle_vha.safetensors_io import to_float64
+    from paddle_vha.checkpoint.safetensors_io import to_float64
 
     x = np.random.default_rng(1).normal(size=20000) * 10.0 ** np.random.default_rng(2).integers(-35, 35, size=20000)
     b = np.concatenate([x, [np.inf, -np.inf, 0.0, -0.0, 1e-40]]).astype(np.float32).astype(ml_dtypes.bfloat16)

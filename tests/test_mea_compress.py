@@ -19,8 +19,7 @@ from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "compress_kv.py")
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import compress_kv  # noqa: E402
+from paddle_vha.cli import compress_kv  # the tool's command line (tools/compress_kv.py runs it)
 
 # Qwen3's proportions shrunk: GQA (16 query heads, 4 KV heads), head_dim 16, byte vocabulary.
 SHAPE = dict(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=16,
@@ -241,7 +240,7 @@ def test_bf16_sharded_input_and_force(tmp_path, capsys):
     assert not os.path.exists(os.path.join(out, "stale.txt"))
     shards = glob.glob(os.path.join(out, "*.safetensors"))
     assert len(shards) > 1
-    from paddle_vha.safetensors_io import read_header
+    from paddle_vha.checkpoint.safetensors_io import read_header
     dtypes = {r.dtype for f in shards for r in read_header(f)[1].values()}
     assert dtypes == {"BF16"}, dtypes
     assert json.load(open(os.path.join(out, "config.json")))["dtype"] == "bfloat16"

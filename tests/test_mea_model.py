@@ -13,9 +13,9 @@ from paddleformers.transformers.cache_utils import DynamicCache
 from safetensors.numpy import load_file, save_file
 
 import mea_oracle
-from _utils import TINY, config_dict, rel_err, to_numpy
-from paddle_vha.checkpoint import CheckpointError, read_tensor_shapes
-from paddle_vha.mea.checkpoint import mea_tensor_shapes, validate_mea_checkpoint
+from _utils import TINY, config_dict, mea_tensor_shapes, read_tensor_shapes, rel_err, to_numpy, validate_mea_checkpoint
+from paddle_vha.accounting import arch_from_config, kv_bytes_per_token
+from paddle_vha.checkpoint.contract import CheckpointError
 from paddle_vha.mea.config import Qwen3MEAConfig
 from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
 
@@ -113,8 +113,9 @@ def test_cache_bytes_per_token_is_np_over_nv_of_stock(n_p, n_v):
     print(f"n_p={n_p} n_v={n_v}: MEA layer {mea_b:.0f} B/token, stock layer {stock_b:.0f} B/token")
     assert mea_b / stock_b == n_p / n_v
     assert mea_b == 2 * n_p * TINY["head_dim"] * 4  # K and V, fp32
-    assert mea.config.kv_cache_bytes_per_token(4, layer=1) == mea_b
-    assert mea.config.kv_cache_bytes_per_token(4) == mea_b + stock_b
+    arch = arch_from_config(mea.config.to_dict())  # the cost model's bytes (paddle_vha/accounting.py)
+    assert kv_bytes_per_token(arch, 4) == mea_b  # per MEA layer
+    assert kv_bytes_per_token(arch, 4, all_layers=True) == mea_b + stock_b
     # the stock layer of the MEA model (mea_stock_kv_heads = n_v by default) caches what stock Qwen3 does
     assert _cache_bytes_per_token(c_mea, 0, 9) == _cache_bytes_per_token(c_stock, 0, 9)
 

@@ -8,7 +8,8 @@ import mea_oracle
 from _utils import TINY, config_dict, rel_err, to_numpy
 from paddle_vha.mea.config import MEAConfigError, Qwen3MEAConfig
 from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
-from paddle_vha.mea.serving import use_multiquery_form, widen_queries
+from paddle_vha.mea.attention import use_multiquery_form
+from paddle_vha.mea.functional import query_coefficients, widen_queries
 from test_mea_layer import make_layer, oracle_layer, run_layer
 from test_mea_model import build, load_numpy
 
@@ -35,7 +36,7 @@ def test_widened_query_dot_wide_key_is_the_virtual_score():
     G = H // n_v
     q, k = paddle.randn([B, H, S, d]), paddle.randn([B, n_p, T, d])
     lc = paddle.randn([n_p, n_v])
-    wide = to_numpy(widen_queries(q, lc, G))  # (B, H, S, n_p*d)
+    wide = to_numpy(widen_queries(q, query_coefficients(lc, G)))  # (B, H, S, n_p*d)
     k_wide = to_numpy(k).transpose(0, 2, 1, 3).reshape(B, T, n_p * d)
     got = np.einsum("bhsw,btw->bhst", wide, k_wide)
     k_v = np.einsum("bptd,pv->bvtd", to_numpy(k), to_numpy(lc))

@@ -15,8 +15,8 @@ import oracle
 import prologue_oracle as po
 from _utils import rel_err, tiny_config, to_numpy
 from paddle_vha import Qwen3VHAAttention, VHAConfigError
-from paddle_vha import prologue as pl
-from paddle_vha.attention.vha import premix as premix_ref
+from paddle_vha.vha import prologue as pl
+from paddle_vha.vha.attention import premix as premix_ref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FP32_ULP = 2.0**-23
@@ -341,11 +341,11 @@ def test_fallback_logs_one_line_and_true_requires_op(monkeypatch, caplog):
     monkeypatch.setitem(pl._state, "mod", None)
     monkeypatch.setitem(pl._state, "error", "OSError: simulated build failure")
     monkeypatch.setitem(pl._state, "warned", set())
-    with caplog.at_level(logging.WARNING, logger="paddle_vha.prologue"):
+    with caplog.at_level(logging.WARNING, logger="paddle_vha.vha.prologue"):
         out1 = [to_numpy(t) for t in run(attn, q_phys, k, cos, sin, fused=None)]
         out2 = [to_numpy(t) for t in run(attn, q_phys, k, cos, sin, fused=None)]
         run(attn, q_phys, k, cos, sin, fused=False)
-    lines = [r.getMessage() for r in caplog.records if r.name == "paddle_vha.prologue"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "paddle_vha.vha.prologue"]
     print(lines)
     assert len(lines) == 1 and "simulated build failure" in lines[0] and "composed path" in lines[0]
     np.testing.assert_array_equal(out1[0], ref[0])

@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from paddle_vha.checkpoint import validate_vha_checkpoint
+from _utils import validate_vha_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "quickstart.py")

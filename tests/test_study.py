@@ -8,7 +8,6 @@ import types
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 
 def test_study_smoke(tmp_path):
@@ -29,9 +28,9 @@ def test_study_smoke(tmp_path):
 
 
 def test_ablations_freeze_the_right_map():
-    import study
-    from paddle_vha.data import load_stdlib_corpus
-    from paddle_vha.simple_train import TrainSettings, train_lm
+    from paddle_vha.cli import study
+    from paddle_vha.train.corpus import load_stdlib_corpus
+    from paddle_vha.train.loop import TrainSettings, train_lm
 
     args = types.SimpleNamespace(hidden=32, layers=1, head_dim=8, seq_len=16, rank=2)
     corpus = load_stdlib_corpus(max_bytes=1 << 20)

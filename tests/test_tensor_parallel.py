@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -24,8 +25,18 @@ WORKER = os.path.join(ROOT, "tests", "tp", "tp_worker.py")
 TOL = 1e-5
 
 
+def _load_tool(name: str):
+    """A script of tools/ as a module (benchmarks are scripts, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _fused_available() -> bool:
-    from paddle_vha.prologue import fused_unavailable_reason
+    from paddle_vha.vha.prologue import fused_unavailable_reason
 
     return fused_unavailable_reason() is None  # also builds the op once here, before the ranks start
 
@@ -159,6 +170,8 @@ def test_tp_equals_single_device(tp_run):
             for key in [f"step{s}.replica_grad_divergence" for s in range(3)] + ["after.replica_param_divergence"]:
                 assert r[key] == 0.0, (case, key, r[key])
             assert r["decode.cache_heads"] == expected_cache_heads(case, n), (case, r["decode.cache_heads"])
+            # applied from outside: no layer changed class (only Linears became the parallel Linears), same names
+            assert r["classes_unchanged"] is True and r["names_unchanged"] is True, (case, r["classes_unchanged"])
             # every parameter was compared: 2 layers x (attention + MLP + norms) + embedding, norm, lm_head
             assert r["step0.grads"]["count"] == r["after.params"]["count"] >= 27
     print(f"t={n}: worst relative error over {len(cases)} models x {n} ranks: {worst:.2e}")
@@ -184,9 +197,10 @@ def test_tp_sharded_save_merge_fold(tp_run):
     import paddle
 
     from _utils import TINY
-    from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM, fold
-    from paddle_vha.checkpoint import validate_vha_checkpoint
-    from paddle_vha.mea.checkpoint import validate_mea_checkpoint
+    from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM
+    from paddle_vha.vha import fold
+    from _utils import validate_vha_checkpoint
+    from _utils import validate_mea_checkpoint
     from paddle_vha.mea.config import Qwen3MEAConfig
     from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
 
@@ -220,7 +234,7 @@ def test_tp_sharded_save_merge_fold(tp_run):
         if i == 0:  # refusals: one line each, nothing written
             import shutil
 
-            from paddle_vha.checkpoint import CheckpointError
+            from paddle_vha.checkpoint.contract import CheckpointError
             from paddle_vha.parallel import merge_tp_checkpoint
 
             with pytest.raises(CheckpointError, match="already exists"):
@@ -283,10 +297,19 @@ def test_tp_sharded_save_merge_fold(tp_run):
 
 # --- fast checks, no processes -------------------------------------------------------------------------------------
 
-def test_plan_layout_group_major():
-    from paddle_vha.parallel.plan import attention_layout
+def _vha_cfg(**fields):
+    """The fields a Qwen3-VHA plan reads (plans are pure arithmetic on any object with the config's attributes)."""
+    return types.SimpleNamespace(model_type="qwen3_vha", **fields)
 
-    cfg = dict(num_attention_heads=16, num_key_value_heads=2, intermediate_size=64, fuse_attention_ffn=False)
+
+def _mea_cfg(**fields):
+    return types.SimpleNamespace(model_type="qwen3_mea", **fields)
+
+
+def test_plan_layout_group_major():
+    from paddle_vha.vha.tp_plan import attention_layout
+
+    cfg = _vha_cfg(num_attention_heads=16, num_key_value_heads=2, intermediate_size=64, fuse_attention_ffn=False)
     h_p = 8
     for t in (1, 2, 4, 8):
         lays = [attention_layout(cfg, t, k) for k in range(t)]
@@ -306,7 +329,7 @@ def test_plan_layout_group_major():
 
 
 def test_plan_refusals():
-    from paddle_vha.parallel.plan import TPPlanError, check_plan
+    from paddle_vha.parallel import TPPlanError, check_plan
 
     ok = dict(num_attention_heads=16, num_key_value_heads=2, intermediate_size=64, fuse_attention_ffn=False)
     for bad, t, msg in [(dict(num_attention_heads=12), 8, "divisible by the tensor-parallel size"),
@@ -315,7 +338,7 @@ def test_plan_refusals():
                         (dict(intermediate_size=66), 4, "intermediate_size=66"),
                         (dict(fuse_attention_ffn=True), 2, "fuse_attention_ffn")]:
         with pytest.raises(TPPlanError, match=msg):
-            check_plan({**ok, **bad}, t)
+            check_plan(_vha_cfg(**{**ok, **bad}), t)
 
 
 def test_vha_refuses_tp_without_the_plan():
@@ -333,8 +356,7 @@ def test_vha_refuses_tp_without_the_plan():
 
 
 def test_bench_bytes_at_article_shapes():
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import bench_tp_comm as b
+    b = _load_tool("bench_tp_comm")
 
     c = b.per_token(b.SHAPES["1.7B"], 2, 2)  # bf16
     assert c["lowrank_payload"] == 4 * 128 * 2 == 1024 and c["gather_payload"] == 16 * 128 * 2 == 4096
@@ -360,10 +382,11 @@ def test_parallelize_refuses_other_models():
 def test_mea_plan_layout():
     """Query heads in contiguous rank blocks; each rank's virtual (MEA) or KV (stock) heads are exactly the ones its
     query heads read (query head i reads KV head i // (H / n_kv)); split when t <= n_kv, else replicated."""
-    from paddle_vha.parallel.mea_plan import mea_layer_layout, mea_layer_shards
+    from paddle_vha.mea.tp_plan import layer_layout as mea_layer_layout
+    from paddle_vha.mea.tp_plan import layer_shards as mea_layer_shards
 
-    cfg = dict(num_attention_heads=16, num_key_value_heads=1, mea_kv_heads=4, mea_stock_kv_heads=8,
-               mea_layers=[1, 2], num_hidden_layers=3, intermediate_size=64, fuse_attention_ffn=False)
+    cfg = _mea_cfg(num_attention_heads=16, num_key_value_heads=1, mea_kv_heads=4, mea_stock_kv_heads=8,
+                   mea_layers=[1, 2], num_hidden_layers=3, intermediate_size=64, fuse_attention_ffn=False)
     for layer, n_kv in ((0, 8), (1, 4)):
         for t in (1, 2, 4, 8, 16):
             lays = [mea_layer_layout(cfg, t, k, layer) for k in range(t)]
@@ -383,16 +406,16 @@ def test_mea_plan_layout():
 
 
 def test_mea_plan_refusals():
-    from paddle_vha.parallel.plan import TPPlanError, check_plan
+    from paddle_vha.parallel import TPPlanError, check_plan
 
     ok = dict(num_attention_heads=12, num_key_value_heads=1, mea_kv_heads=4, mea_stock_kv_heads=6, mea_layers=[1],
               num_hidden_layers=2, intermediate_size=64, fuse_attention_ffn=False)
-    check_plan(ok, 2)
+    check_plan(_mea_cfg(**ok), 2)
     for bad, t, msg in [(dict(), 8, "num_attention_heads=12 must be divisible by the tensor-parallel size t=8"),
                         (dict(), 3, "mea_kv_heads=4 must be divisible by t=3"),
                         (dict(mea_kv_heads=3, mea_stock_kv_heads=4, num_attention_heads=24), 3, "mea_stock_kv_heads=4 must be"),
                         (dict(mea_layers=None), 6, "t=6 > mea_kv_heads=4: t must be a multiple"),
                         (dict(intermediate_size=65), 2, "intermediate_size=65")]:
         with pytest.raises(TPPlanError, match=msg):
-            check_plan({**ok, **bad}, t)
-    check_plan({**ok, "mea_layers": None, "mea_stock_kv_heads": 5}, 4)  # no stock layer: n_s does not matter
+            check_plan(_mea_cfg(**{**ok, **bad}), t)
+    check_plan(_mea_cfg(**{**ok, "mea_layers": None, "mea_stock_kv_heads": 5}), 4)  # no stock layer: n_s does not matter

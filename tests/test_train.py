@@ -10,8 +10,8 @@ import paddle
 import pytest
 
 from paddle_vha.accounting import arch_from_config, kv_bytes_per_token
-from paddle_vha.checkpoint import validate_vha_checkpoint
-from paddle_vha.train_data import ByteWindows
+from _utils import validate_vha_checkpoint
+from paddle_vha.train.datasets import ByteWindows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "train.py")
@@ -96,7 +96,7 @@ def test_tiny_vha_trains_resumes_and_saves(tmp_path):
         assert cfg.num_key_value_heads == 2 and cfg.num_attention_heads == 8 and cfg.vha_postmix_rank == 4
         assert not any(n.startswith("saved_signal") for n in os.listdir(folder))
     from paddle_vha import Qwen3VHAForCausalLM
-    from paddle_vha.train_data import stdlib_datasets
+    from paddle_vha.train.datasets import stdlib_datasets
 
     model = Qwen3VHAForCausalLM.from_pretrained(os.path.join(a, "model"))
     _, val, _ = stdlib_datasets(64, corpus_mb=2, max_eval_samples=32)
@@ -129,7 +129,7 @@ def test_tiny_vha_trains_resumes_and_saves(tmp_path):
 def test_tiny_qwen3_on_paddleformers_pretraining_data(tmp_path):
     """The stock-Qwen3 baseline, on data in PaddleFormers' pretraining format (PREFIX.bin / PREFIX.idx) made by
     tools/make_pretrain_data.py from a .jsonl file plus the byte corpus."""
-    from paddle_vha.data import load_stdlib_corpus
+    from paddle_vha.train.corpus import load_stdlib_corpus
 
     jsonl = tmp_path / "docs.jsonl"
     jsonl.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n"}) + "\n" for i in range(50)))
@@ -199,8 +199,8 @@ def test_paper_shape_configs():
 def test_paper_config_dry_runs(tmp_path):
     """The 1.7B and 4B VHA configs ask for tensor_model_parallel_size 2 (through paddle_vha.parallel); with (tiny) data
     in place they check out without building the model."""
-    from paddle_vha.data import load_stdlib_corpus
-    from paddle_vha.train_data import stdlib_documents, write_pretrain_data
+    from paddle_vha.train.corpus import load_stdlib_corpus
+    from paddle_vha.train.datasets import stdlib_documents, write_pretrain_data
 
     prefix = str(tmp_path / "d" / "stdlib")
     write_pretrain_data(prefix, stdlib_documents(load_stdlib_corpus(max_bytes=256 << 10).train))
@@ -264,7 +264,7 @@ def test_mea_uptraining_under_tensor_parallelism(tmp_path):
     from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
     from safetensors.numpy import load_file
 
-    from paddle_vha.mea.checkpoint import validate_mea_checkpoint
+    from _utils import validate_mea_checkpoint
 
     paddle.seed(3)
     stock, mea = str(tmp_path / "stock"), str(tmp_path / "mea")
@@ -300,13 +300,10 @@ def test_mea_uptraining_under_tensor_parallelism(tmp_path):
 
 
 def _tool_module():
-    import importlib.util
+    """The command line tools/train.py runs (paddle_vha/cli/train.py), in-process."""
+    from paddle_vha.cli import train
 
-    spec = importlib.util.spec_from_file_location("paddle_vha_train_tool", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return train
 
 
 def test_bad_inputs(tmp_path, capsys, monkeypatch):
@@ -353,7 +350,7 @@ def test_bad_inputs(tmp_path, capsys, monkeypatch):
 @pytest.mark.slow
 def test_tiny_mea_through_the_model_type_table(tmp_path):
     """qwen3_mea (paddle_vha/mea, issue 6) trains through the same entry point and saves a valid MEA checkpoint."""
-    from paddle_vha.mea.checkpoint import validate_mea_checkpoint
+    from _utils import validate_mea_checkpoint
 
     out = str(tmp_path / "mea")
     res = train(os.path.join(CONFIGS, "tiny-mea.json"), "--output_dir", out, "--max_steps", "4", "--logging_steps", "2",

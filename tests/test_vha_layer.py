@@ -7,7 +7,7 @@ from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding
 import oracle
 from _utils import attention_tensors, config_dict, rel_err, tiny_config, to_numpy
 from paddle_vha import Qwen3VHAAttention
-from paddle_vha.attention import postmix
+from paddle_vha.vha.attention import postmix
 
 # (B, S, H_v, H_kv, d, r, gated, bias): S = 1, prime S, batch > 1, r < d, odd head counts, H_kv = 1 and 3.
 GRID = [
@@ -127,7 +127,7 @@ def test_virtual_heads_are_group_major():
     cfg = tiny_config(num_attention_heads=6, num_key_value_heads=2)
     attn = Qwen3VHAAttention(cfg, 0)
     h_p = cfg.num_physical_heads
-    from paddle_vha.attention import premix
+    from paddle_vha.vha.attention import premix
     q_phys = paddle.randn([1, 3, h_p, cfg.head_dim])
     w = paddle.zeros_like(attn.vha_premix_weight)
     w[1] = attn.vha_premix_weight[1]

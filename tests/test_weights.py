@@ -1,12 +1,13 @@
-"""paddle_vha.weights: checkpoint tensors into a built model without PaddleFormers' loader (used by TP ranks)."""
+"""paddle_vha.checkpoint.load: checkpoint tensors into a built model without PaddleFormers' loader (used by TP ranks)."""
 import numpy as np
 import paddle
 import pytest
 
 from _utils import tiny_config
 from paddle_vha import Qwen3VHAForCausalLM
-from paddle_vha.checkpoint import CheckpointError
-from paddle_vha.weights import load_checkpoint_into, load_tensors_into, read_checkpoint_tensors
+from paddle_vha.checkpoint.contract import CheckpointError
+from paddle_vha.checkpoint.folder import CheckpointFolder
+from paddle_vha.checkpoint.load import load_checkpoint_into, load_tensors_into
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def test_loaded_model_equals_the_saved_one(saved):
 
 def test_refusals_name_the_tensor(saved):
     cfg, model, path = saved
-    tensors = read_checkpoint_tensors(path)
+    tensors = CheckpointFolder(path).read_all()
     fresh = Qwen3VHAForCausalLM(cfg)
     name = "model.layers.1.self_attn.vha_premix_weight"
     cases = [({**tensors, "model.layers.9.mlp.up_proj.weight": tensors["model.norm.weight"]},

@@ -23,9 +23,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from paddle_vha.cli import quiet  # noqa: E402
+from paddle_vha.cli import quiet
 
 
 def build_export(root, name, h_kv, args, log):

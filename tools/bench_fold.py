@@ -23,18 +23,13 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from paddle_vha.cli import quiet  # noqa: E402
+from paddle_vha.cli import quiet
 
 CHILD = r"""
 import json, os, sys, time
-sys.path.insert(0, {root!r})
 from paddle_vha.cli import quiet
 quiet()
-from paddle_vha.fold import fold_checkpoint, plan_fold
-import paddle_vha.config  # PaddleFormers' config classes: imported before timing, as tools/fold.py does first
+from paddle_vha.vha.fold import fold_checkpoint, plan_fold  # imports PaddleFormers' config classes before timing, as tools/fold.py does
 
 def status_mb(key):  # VmRSS (current) or VmHWM (peak so far) from /proc, in MB
     with open("/proc/self/status") as f:
@@ -79,15 +74,16 @@ def parse_args(argv=None):
 def write_random_vha(path, args):
     """A Qwen3-VHA checkpoint with random weights, written tensor by tensor (never the whole model in memory)."""
     from paddle_vha import Qwen3VHAConfig
-    from paddle_vha import safetensors_io as st
-    from paddle_vha.checkpoint import INDEX_FILE, vha_tensor_shapes
+    from paddle_vha.checkpoint import safetensors_io as st
+    from paddle_vha.checkpoint.contract import INDEX_FILE
+    from paddle_vha.vha.contract import tensor_shapes as vha_tensor_shapes
 
     cfg = Qwen3VHAConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
                          head_dim=args.head_dim, intermediate_size=args.intermediate, num_attention_heads=args.heads,
                          num_key_value_heads=args.kv_heads, vha_postmix_rank=args.rank, tie_word_embeddings=True,
                          max_position_embeddings=40960, rope_theta=1000000.0)
     raw = cfg.to_dict()
-    raw.update(model_type="qwen3_vha", architectures=["Qwen3VHAForCausalLM"], torch_dtype=args.dtype)
+    raw.update(model_type=cfg.model_type, architectures=["Qwen3VHAForCausalLM"], torch_dtype=args.dtype)
     os.makedirs(path)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(raw, f, indent=2)
@@ -136,7 +132,7 @@ def main(argv=None):
         print(f"input: {src}: {size / 1e9:.2f} GB random {args.dtype} Qwen3-VHA ({args.layers} layers, hidden "
               f"{args.hidden}, d {args.head_dim}, H_v {args.heads}, H_kv {args.kv_heads}, rank {args.rank}), "
               f"written in {time.perf_counter() - t0:.1f} s")
-        code = CHILD.format(root=ROOT, src=src, dst=dst, shard=args.shard_size)
+        code = CHILD.format(src=src, dst=dst, shard=args.shard_size)
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         if res.returncode != 0:
             print(res.stderr[-3000:], file=sys.stderr)

@@ -10,14 +10,10 @@ cache bytes per token. CPU numbers say how the forms compare on this machine, no
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from paddle_vha.cli import quiet  # noqa: E402
+from paddle_vha.cli import quiet
 
 
 def parse_args(argv=None):
@@ -48,9 +44,8 @@ def main(argv=None) -> int:
     from paddleformers.transformers.cache_utils import DynamicCache
     from paddleformers.transformers.qwen3.modeling import Qwen3Attention, Qwen3RotaryEmbedding
 
-    from paddle_vha.mea.attention import Qwen3MEAAttention
+    from paddle_vha.mea.attention import Qwen3MEAAttention, use_multiquery_form
     from paddle_vha.mea.config import Qwen3MEAConfig
-    from paddle_vha.mea.serving import use_multiquery_form
 
     common = dict(hidden_size=args.hidden, num_attention_heads=args.heads, head_dim=args.head_dim,
                   num_hidden_layers=1, max_position_embeddings=args.context + 8, intermediate_size=64, vocab_size=256)

@@ -49,11 +49,10 @@ os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding  # noqa: E402
 
 from paddle_vha import Qwen3VHAAttention, Qwen3VHAConfig  # noqa: E402
-from paddle_vha import prologue as pl  # noqa: E402
+from paddle_vha.vha import prologue as pl  # noqa: E402
 
 H_P, H_KV, D, R = 8, 2, 128, 128
 

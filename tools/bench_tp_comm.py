@@ -26,10 +26,7 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from paddle_vha.cli import quiet  # noqa: E402
+from paddle_vha.cli import quiet
 
 SHAPES = {
     "1.7B": dict(h=2048, d=128, h_v=16, h_kv=2, R=4),
@@ -109,8 +106,8 @@ def measure(tokens: int, repeats: int) -> None:
     import paddle
     import paddle.distributed as dist
 
-    from paddle_vha.attention.vha import postmix
-    from paddle_vha.parallel.collectives import all_reduce_partial, gather_from_tp
+    from paddle_vha.parallel.collectives import all_reduce_partial
+    from paddle_vha.vha.attention import postmix
 
     dist.init_parallel_env()
     t, k = dist.get_world_size(), dist.get_rank()
@@ -130,8 +127,10 @@ def measure(tokens: int, repeats: int) -> None:
             z = all_reduce_partial(paddle.matmul(u_k, y, transpose_x=True))
             return y + paddle.matmul(v_k, z)
 
-        def gather():
-            full = gather_from_tp(y, axis=2)
+        def gather():  # forward only (what is timed): all-gather of every rank's heads
+            parts = []
+            dist.all_gather(parts, y.contiguous())
+            full = paddle.concat(parts, axis=2)
             m_rows = paddle.eye(h_v)[k * n:(k + 1) * n] + paddle.matmul(v_k, u, transpose_y=True)  # rows of M
             return paddle.einsum("jk,bskd->bsjd", m_rows, full)
 

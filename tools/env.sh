@@ -4,15 +4,16 @@
 #   bash tools/env.sh python tools/quickstart.py
 #   bash tools/env.sh python -m pytest -q tests
 #
-# Set-up (first run, ~2 min; later runs skip it unless requirements/constraints/setup.py change):
-#   .venv with pip 23.2.1, the pinned requirements under constraints.txt, paddle_vha installed editable,
-#   then `pip check`; then the fused prologue op is built (ops/build.py, own stamp). PADDLE_VHA_VENV overrides the venv location; PYTHON the interpreter (default python3).
+# Set-up (first run, ~2 min; later runs skip it unless requirements/constraints/setup.py/pyproject.toml change):
+#   .venv with pip 23.2.1, the pinned requirements under constraints.txt, paddle_vha installed editable (which also
+#   puts its paddle-vha-* commands on the venv's PATH), then `pip check`; then the fused prologue op is built
+#   (ops/build.py, own stamp). PADDLE_VHA_VENV overrides the venv location; PYTHON the interpreter (default python3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PADDLE_VHA_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 STAMP="$VENV/.paddle_vha_env"
-want="$(cd "$ROOT" && cat requirements.txt constraints.txt setup.py | sha256sum | cut -d' ' -f1)"
+want="$(cd "$ROOT" && cat requirements.txt constraints.txt setup.py pyproject.toml | sha256sum | cut -d' ' -f1)"
 
 if [ ! -x "$VENV/bin/python" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   echo "[env] setting up $VENV (pinned install; this takes a few minutes the first time)" >&2
@@ -27,7 +28,7 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$
   echo "[env] ready" >&2
 fi
 
-# Fused prologue operator (issue 4, ops/): built when ops/ sources (or the pinned install) change; own stamp.
+# Fused prologue operator (ops/): built when ops/ sources (or the pinned install) change; own stamp.
 OPS_STAMP="$VENV/.paddle_vha_ops"
 if [ -f "$ROOT/ops/build.py" ]; then
   ops_want="$( (echo "$want"; cd "$ROOT" && cat ops/build.py ops/csrc/*) | sha256sum | cut -d' ' -f1)"

@@ -1,49 +1,11 @@
 #!/usr/bin/env python
 """Merge a tensor-parallel sharded save into one Qwen3-VHA or Qwen3-MEA checkpoint (what from_pretrained and fold.py read).
 
-    bash tools/env.sh python tools/merge_tp_checkpoint.py SHARDS_DIR OUT_DIR [--force] [--max-shard-size 5GB]
-
-SHARDS_DIR is what paddle_vha.parallel.save_tp_checkpoint wrote (tp_plan.json, config.json,
-tp-rank-KK-of-TT.safetensors). Split tensors are concatenated in rank order along their split axis; whole
-tensors come from rank 0. The result is validated against its checkpoint contract (docs/checkpoint.md, docs/mea.md)
-before it replaces OUT_DIR. Then, for Qwen3-VHA:  python tools/fold.py OUT_DIR FOLDED_DIR.  See docs/tensor_parallel.md.
+The command line lives in paddle_vha/cli/merge_tp_checkpoint.py (installed as `paddle-vha-merge-tp-checkpoint`); run with --help for its options.
 """
-from __future__ import annotations
-
-import argparse
-import os
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from paddle_vha.cli import fail, quiet  # noqa: E402
-
-quiet()
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shards_dir")
-    ap.add_argument("out_dir")
-    ap.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
-    ap.add_argument("--max-shard-size", default="5GB", help="split the output into safetensors shards of this size")
-    args = ap.parse_args(argv)
-
-    from paddle_vha.checkpoint import CheckpointError
-    from paddle_vha.parallel.checkpoint import merge_tp_checkpoint
-
-    t0 = time.perf_counter()
-    try:
-        info = merge_tp_checkpoint(args.shards_dir, args.out_dir, force=args.force, max_shard_size=args.max_shard_size)
-    except (CheckpointError, ValueError) as e:
-        fail(str(e))
-    print(f"merged {info['tensors']} tensors from {info['tensor_parallel_size']} tensor-parallel ranks "
-          f"({info['bytes'] / 1e6:.2f} MB, {info['files']} file(s)) into {args.out_dir} "
-          f"in {time.perf_counter() - t0:.2f} s; checkpoint contract: ok")
-    return 0
-
+from paddle_vha.cli.merge_tp_checkpoint import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,19 +1,16 @@
-"""A stock-Qwen3 decoder with an explicit KV-cache interface, written for static-graph export.
+"""A Qwen3 decoder with an explicit KV-cache interface, written for static-graph export from the library's math.
 
-Same function as PaddleFormers' Qwen3ForCausalLM (checked by the export's self-validation), but with the
-cache passed in and out as tensors, named as onnxruntime-genai / Optimum expect:
+Same function as the family's PaddleFormers model (checked by the export's self-validation), with the cache passed
+in and out as tensors, named as onnxruntime-genai / Optimum expect:
 
     inputs : input_ids (B, S) int64, attention_mask (B, P+S) int64, position_ids (B, S) int64,
-             past_key_values.{i}.key / .value (B, H_kv, P, d)
-    outputs: logits (B, S, V), present.{i}.key / .value (B, H_kv, P+S, d)
+             past_key_values.{i}.key / .value (B, heads_i, P, width_i)
+    outputs: logits (B, S, V), present.{i}.key / .value (B, heads_i, P+S, width_i)
 
-Attention runs in the grouped layout (B, H_kv, G*S, d) with G = H_q / H_kv query heads per KV head, so each
-cached K/V head is read once per step, not once per query head (no repeat-KV copy).
-
-Qwen3-MEA checkpoints ('before_hlc') export in the multi-query serving form (paddle_vha/mea/serving.py): an MEA
-layer caches ONE wide KV head, its n_p physical heads concatenated, (B, 1, T, n_p*d); the K-side HLC coefficients
-are absorbed into each query head and the V-side ones applied after attention, then the head norm. Layers MEA left
-alone are stock GQA layers with their own KV head count.
+Each layer is the stock Qwen3 layer (paddle_vha/qwen3/functional.py) with its family's export form (asked from the
+registry): a stock GQA layer caches its KV heads as they are (paddle_vha/qwen3/serving.py); a Qwen3-MEA layer caches
+one wide head and carries its HLC coefficients in the queries and outputs (paddle_vha/mea/serving.py). Attention runs
+in the grouped layout (B, H_kv, G*S, w), so each cached K/V head is read once per step, not once per query head.
 """
 from __future__ import annotations
 
@@ -23,9 +20,17 @@ import numpy as np
 import paddle
 from paddle import nn
 
+from ..families import family_of
+from ..qwen3.functional import apply_rope, grouped_attention, rms_norm, rope_tables, swiglu_mlp
+
 __all__ = ["Qwen3KVDecoder", "io_names", "cache_shapes"]
 
 NEG_INF = -1e9  # additive mask value; finite so fully-masked (padding) rows stay NaN-free
+_LAYER_WEIGHTS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
+                  "self_attn.k_norm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                  "self_attn.v_proj.weight", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                  "mlp.down_proj.weight")
+_ATTENTION_BIASES = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "self_attn.o_proj.bias")
 
 
 def io_names(num_layers: int):
@@ -34,80 +39,45 @@ def io_names(num_layers: int):
     return ["input_ids", "attention_mask", "position_ids"] + past, ["logits"] + present
 
 
-def _rms_norm(x, w, eps):
-    var = paddle.mean(x * x, axis=-1, keepdim=True)
-    return x * paddle.rsqrt(var + eps) * w
-
-
-def _rotate_half(x, half):
-    return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
-
-
-def cache_shapes(cfg):
-    """Per layer (heads, head width) of the exported cache: (H_kv, d) for GQA layers, (1, n_p*d) for MEA layers."""
-    shapes = []
-    for i in range(cfg.num_hidden_layers):
-        if getattr(cfg, "model_type", "") == "qwen3_mea" and cfg.is_mea_layer(i):
-            shapes.append((1, cfg.num_key_value_heads * cfg.head_dim))  # one wide head: n_p physical heads side by side
-        elif getattr(cfg, "model_type", "") == "qwen3_mea":
-            shapes.append((cfg.mea_stock_kv_heads, cfg.head_dim))
-        else:
-            shapes.append((cfg.num_key_value_heads, cfg.head_dim))
-    return shapes
+def cache_shapes(cfg) -> List[tuple]:
+    """Per layer (heads, width) of the exported cache, as the family serves it."""
+    return family_of(cfg).export_cache_shapes(cfg)
 
 
 class Qwen3KVDecoder(nn.Layer):
-    """Stock Qwen3 (or Qwen3-MEA, serving form) causal LM over on-disk (HF layout) tensors, with tensor KV-cache I/O."""
+    """The family's causal LM over on-disk (HF layout) tensors, with tensor KV-cache I/O (see the module docstring)."""
 
     def __init__(self, cfg, tensors: Dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__()
+        self.dtype_name = dtype
         self.num_layers = cfg.num_hidden_layers
         self.h_q, self.d = cfg.num_attention_heads, cfg.head_dim
         self.eps = float(cfg.rms_norm_eps)
         self.bias = bool(getattr(cfg, "attention_bias", False))
         theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
-        mea = getattr(cfg, "model_type", "") == "qwen3_mea"
         inv_freq = 1.0 / theta ** (np.arange(0, self.d, 2, dtype=np.float64) / self.d)
-        self.inv_freq = self._const(inv_freq.astype(np.float32).reshape(1, 1, -1), "float32")  # (1, 1, d/2)
+        self.inv_freq = self._const(inv_freq.astype(np.float32).reshape(1, 1, -1))  # (1, 1, d/2)
         self.scale = self.d ** -0.5
 
         def w(name, transpose=False):
             a = tensors[name]
-            return self._const(a.T if transpose else a, dtype)
-
-        def w_arr(a):
-            return self._const(np.asarray(a, np.float32), dtype)
+            return self._const(a.T if transpose else a)
 
         self.embed = w("model.embed_tokens.weight")  # (V, h)
         self.final_norm = w("model.norm.weight")
         self.lm_head = w("lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight", True)
+        fam = family_of(cfg)
         self.layer_weights: List[dict] = []
+        self.forms = []
         for i in range(self.num_layers):
             p = f"model.layers.{i}."
-            lw = {k: w(p + k, transpose=k.endswith("proj.weight")) for k in (
-                "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
-                "self_attn.k_norm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                "self_attn.v_proj.weight", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                "mlp.down_proj.weight")}
-            if self.bias:
-                lw.update({k: w(p + k) for k in ("self_attn.q_proj.bias", "self_attn.k_proj.bias",
-                                                  "self_attn.v_proj.bias", "self_attn.o_proj.bias")})
-            if mea and cfg.is_mea_layer(i):
-                n_p, n_v = cfg.num_key_value_heads, cfg.mea_kv_heads
-                groups = self.h_q // n_v  # query head h reads virtual KV head h // groups
-                for side in ("k", "v"):  # coef[h, p] = lc[p, h // groups]: HLC folded into per-head scales
-                    lc = tensors[p + f"self_attn.mea_{side}_lc"]  # (n_p, n_v)
-                    lw[f"coef_{side}"] = w_arr(np.repeat(lc, groups, axis=1).T.reshape(1, 1, self.h_q, n_p, 1))
-                if cfg.mea_group_norm:
-                    lw["mea_norm"] = w_arr(tensors[p + "self_attn.mea_norm.weight"].reshape(self.h_q, self.d))
-                lw.update(kind="mea", h_kv=1, n_p=n_p)
-            else:
-                lw.update(kind="gqa", h_kv=cfg.mea_stock_kv_heads if mea else cfg.num_key_value_heads)
-            self.layer_weights.append(lw)
+            names = _LAYER_WEIGHTS + (_ATTENTION_BIASES if self.bias else ())
+            self.layer_weights.append({k: w(p + k, transpose=k.endswith("proj.weight")) for k in names})
+            self.forms.append(fam.export_form(cfg, i, tensors, self._const))
 
-    def _const(self, array, dtype):
-        t = paddle.to_tensor(np.ascontiguousarray(array)).astype(dtype)
-        p = self.create_parameter(list(t.shape), dtype=dtype, default_initializer=nn.initializer.Assign(t))
+    def _const(self, array):
+        t = paddle.to_tensor(np.ascontiguousarray(np.asarray(array, np.float32))).astype(self.dtype_name)
+        p = self.create_parameter(list(t.shape), dtype=self.dtype_name, default_initializer=nn.initializer.Assign(t))
         p.stop_gradient = True
         self.add_parameter(f"w{len(self._parameters)}", p)  # registered, so jit.save stores it
         return p
@@ -120,11 +90,7 @@ class Qwen3KVDecoder(nn.Layer):
         past = past_key_values  # list: key_0, value_0, key_1, ...
         h_q, d = self.h_q, self.d
         x = paddle.nn.functional.embedding(input_ids, self.embed)  # (B, S, h)
-
-        # RoPE tables from absolute positions, computed once: (B, S, 1, d)
-        freqs = position_ids.astype("float32").unsqueeze(-1) * self.inv_freq  # (B, S, d/2)
-        emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(2)
-        cos, sin = paddle.cos(emb).astype(x.dtype), paddle.sin(emb).astype(x.dtype)
+        cos, sin = rope_tables(position_ids, self.inv_freq, x.dtype)  # (B, S, 1, d), computed once
 
         # Additive mask: causal over absolute positions and the caller's padding mask.
         seq = paddle.shape(input_ids)[1]
@@ -136,49 +102,26 @@ class Qwen3KVDecoder(nn.Layer):
         masks = {}  # rows of the grouped layout are (query head in group, position): tile per group size, once
 
         presents = []
-        for i, lw in enumerate(self.layer_weights):
-            h_kv = lw["h_kv"]
-            g = h_q // h_kv
+        for i, (lw, form) in enumerate(zip(self.layer_weights, self.forms)):
+            g = h_q // form.cache_shape[0]  # query heads per cached head
             if g not in masks:
                 masks[g] = paddle.tile(base_mask.unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T), row gi*S + s
-            hdn = _rms_norm(x, lw["input_layernorm.weight"], self.eps)
-            q = self._lin(hdn, lw, "self_attn.q_proj").reshape([0, 0, h_q, d])  # (B, S, H_q, d)
-            n_k = lw["n_p"] if lw["kind"] == "mea" else h_kv  # heads k_proj / v_proj emit
-            k = self._lin(hdn, lw, "self_attn.k_proj").reshape([0, 0, n_k, d])  # (B, S, n_k, d)
-            v = self._lin(hdn, lw, "self_attn.v_proj").reshape([0, 0, n_k, d])
-            q = _rms_norm(q, lw["self_attn.q_norm.weight"], self.eps)
-            k = _rms_norm(k, lw["self_attn.k_norm.weight"], self.eps)
-            q = q * cos + _rotate_half(q, d // 2) * sin
-            k = k * cos + _rotate_half(k, d // 2) * sin
-            if lw["kind"] == "mea":
-                # serving form: the n_p physical heads side by side are ONE wide KV head (B, 1, S, n_p*d), and each
-                # query head carries its K-side HLC coefficients: [coef_k[h, p] * q_h for p] (B, S, H_q, n_p*d)
-                k = k.reshape([0, 0, 1, -1]).transpose([0, 2, 1, 3])
-                v = v.reshape([0, 0, 1, -1]).transpose([0, 2, 1, 3])
-                q = (q.unsqueeze(3) * lw["coef_k"]).reshape([0, 0, h_q, -1])
-            else:
-                k, v = k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])  # (B, H_kv, S, d)
-            k = paddle.concat([past[2 * i], k], axis=2)  # (B, H_kv, T, width)
+            hdn = rms_norm(x, lw["input_layernorm.weight"], self.eps)
+            q = self._lin(hdn, lw, "self_attn.q_proj").reshape([0, 0, h_q, d])  # (B, S, H, d)
+            k = self._lin(hdn, lw, "self_attn.k_proj").reshape([0, 0, form.kv_heads, d])  # (B, S, n_k, d)
+            v = self._lin(hdn, lw, "self_attn.v_proj").reshape([0, 0, form.kv_heads, d])
+            q = apply_rope(rms_norm(q, lw["self_attn.q_norm.weight"], self.eps), cos, sin)
+            k = apply_rope(rms_norm(k, lw["self_attn.k_norm.weight"], self.eps), cos, sin)
+            k, v = form.keys_values(k, v)  # (B, heads, S, width): the cached layout
+            k = paddle.concat([past[2 * i], k], axis=2)  # (B, heads, T, width)
             v = paddle.concat([past[2 * i + 1], v], axis=2)
             presents += [k, v]
-            width = lw["n_p"] * d if lw["kind"] == "mea" else d
-            # grouped layout: query head j = kv*G + gi reads KV head kv; its G*S query rows share one K/V read
-            qg = q.reshape([0, 0, h_kv, g, width]).transpose([0, 2, 3, 1, 4]).reshape([0, 0, -1, width])  # (B, H_kv, G*S, w)
-            scores = paddle.matmul(qg, k, transpose_y=True) * self.scale  # (B, H_kv, G*S, T); scale is 1/sqrt(d)
-            probs = paddle.nn.functional.softmax(scores.astype("float32") + masks[g], axis=-1)
-            y = paddle.matmul(probs.astype(v.dtype), v)  # (B, H_kv, G*S, w)
-            y = y.reshape([0, 0, g, -1, width]).transpose([0, 3, 1, 2, 4]).reshape([0, 0, h_q, width])  # (B, S, H_q, w)
-            if lw["kind"] == "mea":
-                n_p = lw["n_p"]
-                y = (y.reshape([0, 0, h_q, n_p, d]) * lw["coef_v"]).sum(axis=3)  # V-side HLC: (B, S, H_q, d)
-                if "mea_norm" in lw:  # head-level RMSNorm before o_proj
-                    y = _rms_norm(y, lw["mea_norm"], self.eps)
-            y = y.reshape([0, 0, h_q * d])  # (B, S, H_q*d), head-major
-            x = x + self._lin(y, lw, "self_attn.o_proj")
-            hdn = _rms_norm(x, lw["post_attention_layernorm.weight"], self.eps)
-            mlp = paddle.nn.functional.silu(paddle.matmul(hdn, lw["mlp.gate_proj.weight"])) * paddle.matmul(
-                hdn, lw["mlp.up_proj.weight"])
-            x = x + paddle.matmul(mlp, lw["mlp.down_proj.weight"])
-        x = _rms_norm(x, self.final_norm, self.eps)
+            q = form.queries(q.transpose([0, 2, 1, 3]))  # (B, H, S, width)
+            y = grouped_attention(q, k, v, masks[g], self.scale)  # (B, H, S, width); scale is 1/sqrt(d)
+            y = form.output(y.transpose([0, 2, 1, 3]))  # (B, S, H, d)
+            x = x + self._lin(y.reshape([0, 0, h_q * d]), lw, "self_attn.o_proj")
+            hdn = rms_norm(x, lw["post_attention_layernorm.weight"], self.eps)
+            x = x + swiglu_mlp(hdn, lw["mlp.gate_proj.weight"], lw["mlp.up_proj.weight"], lw["mlp.down_proj.weight"])
+        x = rms_norm(x, self.final_norm, self.eps)
         logits = paddle.matmul(x, self.lm_head)  # (B, S, V)
         return tuple([logits] + presents)

@@ -1,4 +1,7 @@
-"""Folded Qwen3 checkpoint -> ONNX decoder with KV cache (via jit.save + paddle2onnx), self-validated.
+"""A servable checkpoint -> ONNX decoder with KV cache (via jit.save + paddle2onnx), self-validated.
+
+Which checkpoints are servable, and how each layer is laid out, the family registry says (paddle_vha/families.py):
+stock Qwen3 (e.g. a folded Qwen3-VHA) and Qwen3-MEA 'before_hlc'; a Qwen3-VHA checkpoint is refused ("fold it first").
 
 Output folder:
     model.onnx (+ model.onnx.data when over 2 GB)   the decoder, standard ONNX ops only
@@ -17,11 +20,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..fsutil import atomic_dir
-from .checkpoint_io import load_stock_qwen3, reference_model
+from ..checkpoint.contract import CheckpointError
+from ..checkpoint.folder import CheckpointFolder
+from ..checkpoint.fsutil import atomic_dir
+from ..checkpoint.load import load_tensors_into
+from ..families import family_of
 from .decoder import Qwen3KVDecoder, cache_shapes, io_names
 
-__all__ = ["export_onnx", "ExportError", "validate_onnx"]
+__all__ = ["export_onnx", "ExportError", "validate_onnx", "load_servable", "reference_model"]
 
 COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
               "merges.txt", "special_tokens_map.json", "added_tokens.json")
@@ -73,6 +79,29 @@ class _captured_output:
     def text(self) -> str:
         self.file.seek(0)
         return self.file.read()
+
+
+def load_servable(src):
+    """(config, {name: float32 array}) of a checkpoint the export can serve as it is (path or CheckpointFolder),
+    validated against its family's contract; CheckpointError (one line) otherwise."""
+    ck = CheckpointFolder.open(src)
+    fam = family_of(ck)
+    if fam.serving_ref is None:  # refused before its config is even parsed: nothing of it is served
+        raise CheckpointError(f"{ck.path}: {fam.export_refusal(None)}")
+    cfg = fam.load_config(ck)
+    why = fam.export_refusal(cfg)
+    if why:
+        raise CheckpointError(f"{ck.path}: {why}")
+    fam.check_tensors(ck, cfg)
+    return cfg, ck.read_all(float32=True)
+
+
+def reference_model(cfg, tensors: dict):
+    """The family's PaddleFormers causal LM holding `tensors` (disk layout -> Paddle's [in, out] Linears), eval mode."""
+    model = family_of(cfg).model_class(cfg)
+    load_tensors_into(model, tensors, source="reference model")
+    model.eval()
+    return model
 
 
 def _static_program(decoder, cfg, dest_prefix):
@@ -195,7 +224,8 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
 
 def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, force=False, log=print,
                 external_data=None):
-    """Export and validate; writes out_dir atomically (a temp folder renamed at the end).
+    """Export the servable checkpoint `ckpt_dir` (a path or an opened CheckpointFolder) and validate it; writes out_dir
+    atomically (a temp folder renamed at the end).
 
     external_data: store weights in model.onnx.data (None: only when they exceed protobuf's 2 GB limit).
     """
@@ -208,7 +238,9 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     if os.path.exists(out_dir) and not force:
         raise ExportError(f"{out_dir} exists; pass --force to replace it")
     t0 = time.time()
-    cfg, tensors = load_stock_qwen3(ckpt_dir)
+    ck = CheckpointFolder.open(ckpt_dir)
+    ckpt_dir = ck.path
+    cfg, tensors = load_servable(ck)
     log(f"loaded {ckpt_dir}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
         f"{cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}")
     with atomic_dir(out_dir) as tmp:

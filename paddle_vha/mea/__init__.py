@@ -1,5 +1,12 @@
-"""Multi-head Explicit Attention (MEA) for PaddleFormers' Qwen3: HLC over K/V heads, head norm, KV compression.
+"""Qwen3-MEA: Multi-head Explicit Attention for PaddleFormers' Qwen3 (docs/mea.md).
 
-See docs/mea.md. Submodules: config, attention, modeling, checkpoint, compress (stock Qwen3 -> MEA by SVD),
-serving (the multi-query serving form).
+HLC over the K/V heads, a per-head norm, and KV compression of a pretrained Qwen3.
+
+config.py      Qwen3MEAConfig                      layers.py     which layers are MEA (the one mea_layers reader)
+functional.py  HLC, head norm, multi-query form    attention.py  Qwen3MEAAttention (+ the stock-KV layer)
+modeling.py    Qwen3MEAModel / ForCausalLM         contract.py   tensor names and shapes on disk
+compress.py    stock Qwen3 -> Qwen3-MEA (SVD)      serving.py    the layers in the exported decoder
+tp_plan.py     tensor-parallel plan (data)         cost.py       the cost model's fields
+
+Registered in paddle_vha/families.py. Nothing here is imported by this __init__ (Paddle loads on first use).
 """

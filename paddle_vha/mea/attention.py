@@ -21,7 +21,6 @@ from typing import Optional, Tuple
 import paddle
 from paddle import nn
 from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
-from paddleformers.nn.linear import Linear as GeneralLinear
 from paddleformers.transformers.qwen3.modeling import (
     Qwen3Attention,
     Qwen3RotaryEmbedding,
@@ -29,31 +28,15 @@ from paddleformers.transformers.qwen3.modeling import (
     rotate_half,
 )
 
-from .config import Qwen3MEAConfig
+from ..qwen3.modeling import single_device_linear
+from .config import MEAConfigError, Qwen3MEAConfig
+from .functional import head_rms_norm, hlc, multiquery_attention
 
-__all__ = ["Qwen3MEAAttention", "Qwen3StockKVAttention", "hlc", "head_rms_norm"]
-
-
-def hlc(t: paddle.Tensor, lc: paddle.Tensor) -> paddle.Tensor:
-    """Head-level linear composition along axis 1: (B, n_p, T, d) x (n_p, n_v) -> (B, n_v, T, d).
-
-    einsum("b p t d, p v -> b v t d"), written as one matmul over the head axis (3x faster than paddle.einsum on CPU).
-    """
-    return paddle.matmul(t.transpose([0, 2, 3, 1]), lc.astype(t.dtype)).transpose([0, 3, 1, 2])
-
-
-def head_rms_norm(y: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
-    """RMSNorm of each head's d channels, then the per-channel weight. y (B, S, H, d), weight [H*d].
-
-    Computed in float32 for 16-bit inputs (as Qwen3's RMSNorm), in the input dtype for float32 / float64."""
-    yc = y if y.dtype in (paddle.float32, paddle.float64) else y.astype("float32")
-    yc = yc * paddle.rsqrt(yc.pow(2).mean(-1, keepdim=True) + eps)
-    return yc.astype(y.dtype) * weight.reshape(y.shape[2:])
+__all__ = ["Qwen3MEAAttention", "Qwen3StockKVAttention", "use_multiquery_form"]
 
 
 def _kv_linear(config, n_heads: int, head_dim: int):
-    return GeneralLinear.create(config.hidden_size, n_heads * head_dim, has_bias=config.attention_bias, config=config,
-                                tp_plan="colwise")
+    return single_device_linear(config.hidden_size, n_heads * head_dim, config.attention_bias)
 
 
 class Qwen3StockKVAttention(Qwen3Attention):
@@ -99,11 +82,16 @@ class Qwen3MEAAttention(Qwen3Attention):
             # MEA: k_norm/RoPE run on cached keys too, so the layer needs angles for every cached position.
             # Held outside the sublayer tree: it has no parameters and nothing to save.
             self._rotary = (Qwen3RotaryEmbedding(config),)
-        self.serving_form = False  # MEA: set by paddle_vha.mea.serving.use_multiquery_form
+        self.serving_form = False  # MEA: set by use_multiquery_form
+        self.hlc_columns = None  # MEA: (a, b) under tensor parallelism with replicated virtual heads (mea/tp_plan.py)
 
     def hlc_coefficients(self):
-        """(mea_k_lc, mea_v_lc) [n_p, n_v] as this layer reads them (tensor parallelism overrides it: a column slice)."""
-        return self.mea_k_lc, self.mea_v_lc
+        """(mea_k_lc, mea_v_lc) [n_p, n_v] as this layer reads them: whole, or virtual heads [a, b) of them (a
+        differentiable column slice) when tensor parallelism replicates the HLC matrices."""
+        if self.hlc_columns is None:
+            return self.mea_k_lc, self.mea_v_lc
+        a, b = self.hlc_columns
+        return self.mea_k_lc[:, a:b], self.mea_v_lc[:, a:b]
 
     def compose_kv(self, k_p, v_p, cos_keys=None, sin_keys=None):
         """Virtual heads from the physical cache: (B, n_p, T, d) -> (B, n_v, T, d) each."""
@@ -156,9 +144,8 @@ class Qwen3MEAAttention(Qwen3Attention):
             k_p, v_p = past_key_values.update(k_p, v_p, self.layer_idx)
 
         if self.serving_form:
-            from .serving import multiquery_attention
-
-            attn_output = multiquery_attention(self, q, k_p, v_p, attention_mask)
+            k_lc, v_lc = self.hlc_coefficients()
+            attn_output = multiquery_attention(q, k_p, v_p, k_lc, v_lc, self.num_key_value_groups, attention_mask)
             attn_weights = None
         else:
             cos_k, sin_k = self._key_angles(hidden_states, cos, sin, k_p.shape[2]) if self.k_norm_after_hlc else (None, None)
@@ -180,3 +167,17 @@ class Qwen3MEAAttention(Qwen3Attention):
                               self.config.rms_norm_eps)
             attn_output = y.flatten(2)
         return self.o_proj(attn_output), attn_weights
+
+
+def use_multiquery_form(model, enabled: bool = True):
+    """Switch every MEA layer of `model` (a Qwen3MEA model or layer) to the multi-query serving form (or back)."""
+    layers = [m for m in model.sublayers(include_self=True) if isinstance(m, Qwen3MEAAttention)]
+    if enabled:
+        bad = [m.layer_idx for m in layers if m.k_norm_after_hlc]
+        if bad:
+            raise MEAConfigError(
+                f"the multi-query serving form needs mea_k_norm_position='before_hlc' (k_norm on the cached physical "
+                f"heads); MEA layers {bad} normalise after HLC")
+    for m in layers:
+        m.serving_form = enabled
+    return model

@@ -27,11 +27,19 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import safetensors_io as st
-from ..checkpoint import INDEX_FILE, WEIGHT_FILES, CheckpointError, compare_shapes, qwen3_tensor_shapes, read_config, read_tensor_shapes, weight_files
-from ..fsutil import atomic_dir, check_output_dir, linked_view
-from .checkpoint import mea_tensor_shapes
-from .config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig, parse_layer_spec
+from paddleformers.transformers import Qwen3Config
+
+from ..accounting import arch_from_config, kv_bytes_per_token
+from ..checkpoint import safetensors_io as st
+from ..checkpoint.contract import CheckpointError
+from ..checkpoint.folder import CheckpointFolder, write_checkpoint_folder
+from ..checkpoint.fsutil import atomic_dir, check_output_dir, linked_view
+from ..evaluate import compare_logits, log_softmax
+from ..families import family
+from ..units import fmt_bytes
+from .config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig
+from .contract import tensor_shapes as mea_tensor_shapes
+from .layers import parse_layer_spec
 
 __all__ = ["CompressError", "CompressPlan", "svd_compress", "plan_compress", "compress_checkpoint", "format_plan",
            "logit_kl"]
@@ -85,50 +93,39 @@ class CompressPlan:
         return sum(int(np.prod(s)) * st.DTYPES[self.out_code].itemsize for s in self.out_shapes.values())
 
 
-def plan_compress(in_dir: str, out_dir: str, kv_heads: int, layers: str = "all", k_norm: str = "after_hlc",
+def plan_compress(src, out_dir: str, kv_heads: int, layers: str = "all", k_norm: str = "after_hlc",
                   dtype: str = "auto", force: bool = False) -> CompressPlan:
-    """Validate IN_DIR (a stock Qwen3 checkpoint) and the request from headers alone; reads no tensor data."""
-    from paddleformers.transformers import Qwen3Config
-
+    """Validate `src` (a stock Qwen3 checkpoint: path or CheckpointFolder) and the request from headers alone; reads no
+    tensor data."""
     if dtype not in DTYPE_CHOICES:
         raise CompressError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPE_CHOICES)}")
     if k_norm not in K_NORM_POSITIONS:
         raise CompressError(f"--k-norm {k_norm!r}: expected one of {', '.join(K_NORM_POSITIONS)}")
-    raw = read_config(in_dir)
-    if raw.get("model_type") != "qwen3":
-        raise CompressError(f"{in_dir}: not a stock Qwen3 checkpoint (config.json model_type={raw.get('model_type')!r}, "
-                            "expected 'qwen3')")
-    try:
-        src = Qwen3Config.from_dict(raw)
-    except (ValueError, TypeError) as e:
-        raise CompressError(f"{in_dir}/config.json: {e}") from None
-    if src.fuse_attention_qkv:
+    ck = CheckpointFolder.open(src)
+    in_dir, raw = ck.path, ck.config
+    stock = family(Qwen3Config.model_type)
+    if ck.model_type != stock.model_type:
+        raise CompressError(f"{in_dir}: not a stock Qwen3 checkpoint (config.json model_type={ck.model_type!r}, "
+                            f"expected {stock.model_type!r})")
+    src_cfg = stock.load_config(ck)
+    if src_cfg.fuse_attention_qkv:
         raise CompressError(f"{in_dir}/config.json: fuse_attention_qkv=true checkpoints are not supported")
-    compare_shapes(in_dir, read_tensor_shapes(in_dir), qwen3_tensor_shapes(src))
-    H_kv = src.num_key_value_heads
+    stock.check_tensors(ck, src_cfg)
+    H_kv = src_cfg.num_key_value_heads
     if not (isinstance(kv_heads, int) and 1 <= kv_heads <= H_kv):
         raise CompressError(f"--kv-heads {kv_heads}: must be between 1 and the checkpoint's {H_kv} KV heads")
     try:
-        layer_list = parse_layer_spec(layers, src.num_hidden_layers)
+        layer_list = parse_layer_spec(layers, src_cfg.num_hidden_layers)
     except MEAConfigError as e:
         raise CompressError(f"--layers: {e}") from None
     check_output_dir(in_dir, out_dir, force, CompressError)
 
-    inputs: Dict[str, st.TensorRef] = {}
-    wmap = weight_files(in_dir)
-    for fname in sorted(set(wmap.values())):
-        try:
-            _, refs = st.read_header(os.path.join(in_dir, fname))
-        except st.SafetensorsFormatError as e:
-            raise CompressError(str(e)) from None
-        inputs.update({n: r for n, r in refs.items() if wmap.get(n) == fname})
-    bad = sorted(n for n, r in inputs.items() if r.dtype not in st.FLOAT_CODES)
-    if bad:
-        raise CompressError(f"{in_dir}: non-floating tensors: {bad[0]} ({inputs[bad[0]].dtype})")
+    ck.require_float()
+    inputs = ck.tensors
     out_code = inputs["model.embed_tokens.weight"].dtype if dtype == "auto" else st.dtype_code(dtype)
 
     out_raw = {k: v for k, v in raw.items() if k not in ("_name_or_path", "transformers_version")}
-    out_raw.update(model_type="qwen3_mea", architectures=["Qwen3MEAForCausalLM"], num_key_value_heads=kv_heads,
+    out_raw.update(model_type=Qwen3MEAConfig.model_type, architectures=["Qwen3MEAForCausalLM"], num_key_value_heads=kv_heads,
                    mea_kv_heads=H_kv, mea_stock_kv_heads=H_kv, mea_layers=layer_list, mea_group_norm=False,
                    mea_k_norm_position=k_norm, dtype=st.dtype_name(out_code))
     out_raw.pop("torch_dtype", None)
@@ -136,33 +133,26 @@ def plan_compress(in_dir: str, out_dir: str, kv_heads: int, layers: str = "all",
         cfg = Qwen3MEAConfig.from_dict(out_raw)
     except (ValueError, TypeError) as e:
         raise CompressError(f"{in_dir}/config.json: cannot describe the compressed model ({e})") from None
-    copy_files = sorted(f for f in os.listdir(in_dir) if f not in ("config.json", INDEX_FILE)
-                        and not WEIGHT_FILES.search(f) and os.path.isfile(os.path.join(in_dir, f)))
+    copy_files, _ = ck.side_files()
     return CompressPlan(in_dir, out_dir, raw, out_raw, cfg, out_code, inputs, mea_tensor_shapes(cfg), layer_list,
                         copy_files)
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
 
 
 def format_plan(plan: CompressPlan) -> str:
     c = plan.cfg
     H_kv, n_p, L, d = c.mea_kv_heads, c.num_key_value_heads, c.num_hidden_layers, c.head_dim
     elem = st.DTYPES[plan.out_code].itemsize
-    before = 2 * H_kv * d * elem * L
-    after = c.kv_cache_bytes_per_token(elem)
+    before = kv_bytes_per_token(arch_from_config(plan.in_config), elem, all_layers=True)
+    after = kv_bytes_per_token(arch_from_config(plan.out_config), elem, all_layers=True)
     return "\n".join([
         f"compress {plan.in_dir} -> {plan.out_dir}",
         f"  Qwen3: {L} layers, {c.num_attention_heads} query heads, {H_kv} KV heads, head_dim {d}, hidden {c.hidden_size}",
         f"  MEA layers ({len(plan.layers)} of {L}): {_ranges(plan.layers)}; KV heads there {H_kv} -> {n_p} physical "
         f"(HLC rebuilds {H_kv} virtual); k_norm {c.mea_k_norm_position}",
-        f"  KV cache per token ({st.dtype_name(plan.out_code)}): {_fmt_bytes(before)} -> {_fmt_bytes(after)} "
+        f"  KV cache per token ({st.dtype_name(plan.out_code)}): {fmt_bytes(before, fixed=True)} -> "
+        f"{fmt_bytes(after, fixed=True)} "
         f"({after / before:.1%})",
-        f"  output: {len(plan.out_shapes)} tensors, {_fmt_bytes(plan.bytes_out)}; copied files: "
+        f"  output: {len(plan.out_shapes)} tensors, {fmt_bytes(plan.bytes_out, fixed=True)}; copied files: "
         f"{', '.join(plan.copy_files) or 'none'}",
     ])
 
@@ -214,7 +204,7 @@ def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_siz
 
     with atomic_dir(out_dir) as tmp:  # --force: the old folder is replaced only by a complete new one
         bar = tqdm(total=len(names), desc="write", disable=not progress, leave=False)
-        st.write_checkpoint_folder(tmp, shards, chunks, plan.out_config, plan.bytes_out, plan.in_dir, plan.copy_files,
+        write_checkpoint_folder(tmp, shards, chunks, plan.out_config, plan.bytes_out, plan.in_dir, plan.copy_files,
                                    on_written=lambda name, nbytes: bar.update(1))
         bar.close()
     return out_dir
@@ -231,7 +221,7 @@ def logit_kl(in_dir: str, out_dir: str, batches: int = 4, seq_len: int = 128, ba
     import paddle
     from paddleformers.transformers import Qwen3ForCausalLM
 
-    from ..data import load_stdlib_corpus
+    from ..train.corpus import load_stdlib_corpus
     from .modeling import Qwen3MEAForCausalLM
 
     corpus = load_stdlib_corpus(max_bytes=int(corpus_mb * (1 << 20)))
@@ -249,14 +239,8 @@ def logit_kl(in_dir: str, out_dir: str, batches: int = 4, seq_len: int = 128, ba
             logits[key] = np.concatenate(outs)
             del model
     a, b = logits["orig"], logits["mea"]
-
-    def log_softmax(z):
-        z = z - z.max(-1, keepdims=True)
-        return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-    la, lb = log_softmax(a), log_softmax(b)
+    cmp = compare_logits(a, b)
     labels = np.concatenate([y for _, y in windows]) % a.shape[-1]
-    ce = -np.take_along_axis(la, labels[..., None], axis=-1).mean()
-    return {"mean_kl": float((np.exp(la) * (la - lb)).sum(-1).mean()),
-            "max_rel": float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30)),
-            "orig_ce": float(ce), "tokens": int(a.shape[0] * a.shape[1])}
+    ce = -np.take_along_axis(log_softmax(a), labels[..., None], axis=-1).mean()
+    return {"mean_kl": cmp["mean_kl"], "max_rel": cmp["max_rel"], "orig_ce": float(ce),
+            "tokens": int(a.shape[0] * a.shape[1])}

@@ -12,42 +12,15 @@ from typing import List, Optional
 
 from paddleformers.transformers import Qwen3Config
 
+from .layers import MEAConfigError, is_mea_layer, parse_layer_spec
+
 __all__ = ["Qwen3MEAConfig", "MEAConfigError", "K_NORM_POSITIONS", "parse_layer_spec"]
 
 K_NORM_POSITIONS = ("after_hlc", "before_hlc")
 
 
-class MEAConfigError(ValueError):
-    """A Qwen3-MEA configuration that cannot describe a valid model."""
-
-
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def parse_layer_spec(spec: str, num_layers: int, deep_skip: int = 3) -> List[int]:
-    """'all' | 'deep' | 'A-B' (inclusive) | 'i,j,k' -> sorted layer indices; MEAConfigError if malformed.
-
-    'deep' is the paper's deep-layer setting: every layer but the first `deep_skip` (3 in the paper).
-    """
-    spec = str(spec).strip()
-    if spec == "all":
-        return list(range(num_layers))
-    if spec == "deep":
-        if num_layers <= deep_skip:
-            raise MEAConfigError(f"--layers deep keeps the first {deep_skip} layers stock, but the model has only {num_layers}")
-        return list(range(deep_skip, num_layers))
-    try:
-        if "-" in spec:
-            a, b = (int(t) for t in spec.split("-"))
-            layers = list(range(a, b + 1))
-        else:
-            layers = sorted({int(t) for t in spec.split(",")})
-    except ValueError:
-        raise MEAConfigError(f"layer spec {spec!r} must be 'all', 'deep', 'A-B' or a comma list of layer indices") from None
-    if not layers or layers[0] < 0 or layers[-1] >= num_layers:
-        raise MEAConfigError(f"layer spec {spec!r} selects layers outside 0..{num_layers - 1} (or none)")
-    return layers
 
 
 class Qwen3MEAConfig(Qwen3Config):
@@ -87,7 +60,7 @@ class Qwen3MEAConfig(Qwen3Config):
         self.validate_mea()
 
     def is_mea_layer(self, layer_idx: int) -> bool:
-        return self.mea_layers is None or layer_idx in self.mea_layers
+        return is_mea_layer(self.mea_layers, layer_idx)
 
     @property
     def mea_layer_indices(self) -> List[int]:
@@ -96,11 +69,6 @@ class Qwen3MEAConfig(Qwen3Config):
     def kv_heads_of_layer(self, layer_idx: int) -> int:
         """KV heads the cache stores for this layer: n_p for MEA layers, n_s for stock ones."""
         return self.num_key_value_heads if self.is_mea_layer(layer_idx) else self.mea_stock_kv_heads
-
-    def kv_cache_bytes_per_token(self, bytes_per_elem: int = 2, layer: Optional[int] = None) -> int:
-        """K and V cached per token: 2 * heads * d elements for one layer, or summed over all layers."""
-        layers = range(self.num_hidden_layers) if layer is None else [layer]
-        return sum(2 * self.kv_heads_of_layer(i) * self.head_dim * bytes_per_elem for i in layers)
 
     def validate_mea(self) -> None:
         """Raise MEAConfigError (one line naming the field) if the MEA fields are inconsistent."""

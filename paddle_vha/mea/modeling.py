@@ -1,11 +1,10 @@
 """Qwen3-MEA models: stock PaddleFormers Qwen3 with MEA attention in the layers listed in mea_layers.
 
-Mirrors paddle_vha/modeling.py; deviations from the parent classes are marked `# MEA:`. The on-disk layout
-is the contract in docs/mea.md, checked by paddle_vha.mea.checkpoint.
+Mirrors paddle_vha/vha/modeling.py; deviations from the parent classes are marked `# MEA:`. The on-disk layout
+is the contract in docs/mea.md (paddle_vha/mea/contract.py), checked before every load.
 """
 from __future__ import annotations
 
-from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
 from paddleformers.transformers.model_utils import register_base_model
 from paddleformers.transformers.qwen3.modeling import (
     Qwen3DecoderLayer,
@@ -14,7 +13,13 @@ from paddleformers.transformers.qwen3.modeling import (
     Qwen3PretrainedModel,
 )
 
-from ..modeling import ContractCheckpointMixin, cache_continuation_positions, init_qwen3_backbone, init_qwen3_causal_lm
+from ..qwen3.modeling import (
+    ContractCheckpointMixin,
+    cache_continuation_positions,
+    init_qwen3_backbone,
+    init_qwen3_causal_lm,
+    register_auto_classes,
+)
 from .attention import Qwen3MEAAttention, Qwen3StockKVAttention
 from .config import MEAConfigError, Qwen3MEAConfig
 
@@ -33,12 +38,6 @@ class Qwen3MEAPretrainedModel(ContractCheckpointMixin, Qwen3PretrainedModel):
     config_class = Qwen3MEAConfig
     # mea_k_lc, mea_v_lc and mea_norm.weight are not Linear weights: the flex-checkpoint name rules pass them
     # through unchanged, in the same layout in memory and on disk.
-
-    @staticmethod
-    def _validate_checkpoint(path: str) -> None:
-        from .checkpoint import validate_mea_checkpoint
-
-        validate_mea_checkpoint(path)
 
 
 @register_base_model
@@ -70,10 +69,4 @@ class Qwen3MEAForCausalLM(Qwen3MEAPretrainedModel, Qwen3ForCausalLM):
         init_qwen3_causal_lm(self, config, Qwen3MEAModel)  # MEA: backbone
 
 
-def _register_auto_classes() -> None:
-    """AutoConfig / AutoModelForCausalLM.from_config know qwen3_mea (same PaddleFormers 1.0.0 limits as VHA)."""
-    AutoConfig.register(Qwen3MEAConfig.model_type, Qwen3MEAConfig, exist_ok=True)
-    AutoModelForCausalLM.register(Qwen3MEAConfig, Qwen3MEAForCausalLM, exist_ok=True)
-
-
-_register_auto_classes()
+register_auto_classes(Qwen3MEAConfig, Qwen3MEAForCausalLM)  # same PaddleFormers 1.0.0 limits as VHA

@@ -1,23 +1,23 @@
-"""Apply the tensor-parallel plans to a built Qwen3-VHA or Qwen3-MEA model, from outside its math (torchtitan style).
+"""Apply a family's tensor-parallel plan to a built model, from outside its math (torchtitan style).
 
     model = Qwen3VHAForCausalLM(config)             # single-device model, same seed on every rank
     parallelize_model(model, group)                 # now rank k holds its slices; forward/backward are TP
 
-What changes, per decoder layer (the layer code itself is untouched and still reads as single-device math):
+The plan comes from the family registry (paddle_vha/families.py: the family's tp_plan module) as data, one
+LayerPlan per decoder layer (paddle_vha/parallel/plan.py). This module applies any LayerPlan the same way:
 
-* parameters listed in plan.tensor_shards are replaced by this rank's slice (marked `is_distributed`), or kept
-  whole with a gradient-summing hook (q_proj, q_norm, k_norm, and K/V/Premix when KV heads are replicated);
-* the attention's head counts become the local ones, and its class becomes TensorParallelVHAAttention, which
-  overrides only three steps: its input enters the TP region (`copy_to_tp`), Postmix becomes
-  `Y_k + V_k allreduce(sum_k U_k^T Y_k)` (one all-reduce of R x d per token), and — when KV heads are
-  replicated — the prologue reads the rank's Premix group from the whole Premix parameter; `o_proj` becomes
-  row-parallel (all-reduce of h);
-* the MLP's class becomes TensorParallelMLP (copy_to_tp on its input), down_proj row-parallel.
+* parameters it splits are replaced by this rank's slice (marked `is_distributed`); whole ones it marks get a
+  gradient-summing hook;
+* row-parallel Linears (o_proj, down_proj) become RowParallelLinear (all-reduce of the partial products, then the
+  bias), whole Linears that compute only some output columns become ColumnSliceLinear: new sublayers holding the same
+  parameters, so names and the state dict are unchanged;
+* attributes it lists are set on the sublayers: the local head counts, and the settings the layers' hooks read
+  (VHA's `premix_groups`, MEA's `hlc_columns`); collectives it names are bound to the group and set on the layers'
+  hook attributes (VHA's `postmix_reduce`);
+* the inputs of the attention and the MLP enter the TP region through forward pre-hooks (`copy_to_tp`).
 
-Qwen3-MEA layers (and the stock layers of an MEA model) take their rules from mea_plan.py and their attention
-steps from mea_apply.py; the plan is chosen per decoder layer from its attention class.
-
-All communication is the PyLayers of collectives.py on plain dist.all_reduce / all_gather (gloo and NCCL alike).
+The layer code itself is untouched and still reads as single-device math. All communication is the PyLayers of
+collectives.py on plain dist.all_reduce / all_gather (gloo and NCCL alike).
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ import paddle.distributed as dist
 from paddle import nn
 from paddle.nn import functional as F
 
+from ..checkpoint.load import load_checkpoint_into
+from ..families import family_of, trainable_with_plan
 from .collectives import (
     all_reduce_partial,
     allreduce_grad_hook,
@@ -39,24 +41,24 @@ from .collectives import (
     group_size,
     reduce_from_tp,
 )
-from .plan import AttentionLayout, TensorShard, attention_layout, check_plan, tensor_shards
+from .plan import LayerPlan, TensorShard, TPPlanError
 
 __all__ = [
     "TPState",
-    "EntersTPRegion",
-    "TensorParallelVHAAttention",
-    "TensorParallelMLP",
     "RowParallelLinear",
     "ColumnSliceLinear",
     "build_tensor_parallel_model",
+    "check_plan",
     "full_state",
     "global_grad_norm",
+    "layer_plans",
     "parallelize_model",
     "replica_divergence",
     "tp_state",
 ]
 
 _LAYER = re.compile(r"^(.*layers\.(\d+)\.)(.+)$")
+COLLECTIVES = {"all_reduce_partial": all_reduce_partial}  # what a plan may name for a layer hook
 
 
 @dataclass
@@ -77,94 +79,65 @@ def tp_state(model) -> Optional[TPState]:
     return getattr(model, "_vha_tp_state", None)
 
 
-# --- the three overridden steps ----------------------------------------------------------------------------------
+# --- plans from the registry -----------------------------------------------------------------------------------------
 
-class EntersTPRegion:
-    """Mixin base: the layer's input enters the TP region. Every rank reads the whole x (identity forward); the
-    gradient of x is the sum of the ranks' parts (all-reduce backward, `copy_to_tp`)."""
-
-    _tp_group = None
-
-    def forward(self, hidden_states, *args, **kwargs):  # the decoder layer passes the attention's input by this name
-        return super().forward(copy_to_tp(hidden_states, self._tp_group), *args, **kwargs)
+def _plan_module(config):
+    fam = family_of(config)
+    if fam.tp_plan is None:
+        raise TPPlanError(f"{fam.label} has no tensor-parallel plan in paddle_vha.parallel")
+    return fam.tp_plan
 
 
-class TensorParallelVHAAttention(EntersTPRegion):
-    """Mixin placed in front of the model's attention class: Qwen3VHAAttention math on this rank's heads."""
-
-    _tp_premix_group = None  # KV replicated: the one Premix group (= KV head) this rank uses, else None
-
-    def prologue(self, q_phys, k, cos, sin):
-        if self._tp_premix_group is None:  # KV split: this rank's Premix parameter holds exactly its groups
-            return super().prologue(q_phys, k, cos, sin)
-        # KV replicated: Premix stays whole on every rank (summed gradient) and this rank uses group g only. The
-        # inherited prologue (composed or fused) reads `self.vha_premix_weight`; for this call it reads the
-        # differentiable slice [g:g+1] instead, so both paths see a consistent [1, r, d] with the rank's 1 KV head.
-        g = self._tp_premix_group
-        params = self._parameters
-        whole = params["vha_premix_weight"]
-        params["vha_premix_weight"] = whole[g:g + 1]
-        try:
-            return super().prologue(q_phys, k, cos, sin)
-        finally:
-            params["vha_premix_weight"] = whole
-
-    def _postmix(self, y):
-        # Y' = M Y with M = I + V U^T over all H_v heads; this rank holds heads k, rows U_k, V_k:
-        #   Z = sum_k U_k^T Y_k   (R x d per token: the only exchange),   Y'_k = Y_k + V_k Z.
-        z = paddle.matmul(self.vha_postmix_U, y, transpose_x=True)  # (B, S, R, d), this rank's part
-        z = all_reduce_partial(z, self._tp_group)
-        return y + paddle.matmul(self.vha_postmix_V, z)
+def check_plan(config, t: int) -> None:
+    """TPPlanError (one line) if the config's family cannot shard it over t ranks."""
+    _plan_module(config).check(config, t)
 
 
-class TensorParallelMLP(EntersTPRegion):
-    """Mixin for the Qwen3 MLP: column-parallel gate/up (local), row-parallel down_proj (RowParallelLinear)."""
+def layer_plans(config, t: int, rank: int):
+    """Rank `rank`'s LayerPlan of every decoder layer."""
+    plan = _plan_module(config)
+    plan.check(config, t)
+    return [plan.layer_plan(config, t, rank, i) for i in range(config.num_hidden_layers)]
 
 
-class RowParallelLinear(nn.Linear):
-    """nn.Linear whose weight holds this rank's input rows: all-reduce of the partial products, then the bias."""
+# --- the parallel sublayers ------------------------------------------------------------------------------------------
 
-    _tp_group = None
+class RowParallelLinear(nn.Layer):
+    """A Linear whose weight holds this rank's input rows: all-reduce of the partial products, then the bias."""
+
+    def __init__(self, linear: nn.Linear, group):
+        super().__init__()
+        self.weight, self.bias, self._tp_group = linear.weight, linear.bias, group
 
     def forward(self, x):
         out = reduce_from_tp(F.linear(x, self.weight), self._tp_group)
         return out if self.bias is None else out + self.bias
 
 
-class ColumnSliceLinear(nn.Linear):
-    """nn.Linear with its whole (replicated) weight, computing only output columns [a, b) on this rank."""
+class ColumnSliceLinear(nn.Layer):
+    """A Linear with its whole (replicated) weight, computing only output columns [a, b) on this rank."""
 
-    _tp_cols = (0, 0)
+    def __init__(self, linear: nn.Linear, cols):
+        super().__init__()
+        self.weight, self.bias, self._tp_cols = linear.weight, linear.bias, tuple(cols)
 
     def forward(self, x):
         a, b = self._tp_cols
         return F.linear(x, self.weight[:, a:b], None if self.bias is None else self.bias[a:b])
 
 
-def make_row_parallel(linear, group) -> None:
-    """Turn a Linear holding this rank's input rows into a RowParallelLinear over `group` (in place)."""
-    linear.__class__ = RowParallelLinear
-    linear._tp_group = group
+def _enter_region_hook(group):
+    """Forward pre-hook: the layer's input (`hidden_states` / its first argument) enters the TP region. Every rank reads
+    the whole x (identity forward); the gradient of x is the sum of the ranks' parts (all-reduce backward)."""
 
+    def hook(layer, args, kwargs):
+        if "hidden_states" in kwargs:
+            kwargs = dict(kwargs, hidden_states=copy_to_tp(kwargs["hidden_states"], group))
+        else:
+            args = (copy_to_tp(args[0], group),) + tuple(args[1:])
+        return args, kwargs
 
-def make_column_slice(linear, cols) -> None:
-    """Let a Linear with a whole (replicated) weight compute only output columns cols = (a, b) (in place)."""
-    linear.__class__ = ColumnSliceLinear
-    linear._tp_cols = cols
-
-
-_MIXED: Dict[tuple, type] = {}
-
-
-def swap_class(layer, mixin):
-    """Put `mixin` in front of the layer's class (one cached subclass per pair), so it overrides a few steps."""
-    base = type(layer)
-    if issubclass(base, mixin):
-        return
-    key = (mixin, base)
-    if key not in _MIXED:
-        _MIXED[key] = type(f"{mixin.__name__}[{base.__name__}]", (mixin, base), {})
-    layer.__class__ = _MIXED[key]
+    return hook
 
 
 # --- parameters ----------------------------------------------------------------------------------------------------
@@ -181,12 +154,16 @@ def _replace_param(owner, attr: str, value: paddle.Tensor, distributed: bool):
     return p
 
 
-def _owner(model, name: str):
-    *path, attr = name.split(".")
-    layer = model
-    for part in path:
+def _sublayer(root, path: str):
+    layer = root
+    for part in path.split(".") if path else []:
         layer = getattr(layer, part)
-    return layer, attr
+    return layer
+
+
+def _owner(root, name: str):
+    path, _, attr = name.rpartition(".")
+    return _sublayer(root, path), attr
 
 
 def _sync_from_first_rank(model, group):
@@ -196,8 +173,13 @@ def _sync_from_first_rank(model, group):
             dist.broadcast(p, src=src, group=group)
 
 
+def _decoder_layers(model):
+    base = model.model if hasattr(model, "model") and hasattr(model.model, "layers") else model
+    return list(base.layers)
+
+
 def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> TPState:
-    """Shard a built Qwen3-VHA or Qwen3-MEA causal LM (or backbone) over `group` in place; returns its TPState.
+    """Shard a built causal LM (or backbone) of a family with a tensor-parallel plan over `group` in place.
 
     Build the model at tensor_model_parallel_size=1 on every rank first. With sync_from_first_rank (default) the
     whole model is broadcast from the group's first rank before slicing, so every rank starts from the same
@@ -209,103 +191,62 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
     if getattr(config, "tensor_model_parallel_size", 1) > 1:
         raise RuntimeError("build the model at tensor_model_parallel_size=1 and let parallelize_model shard it "
                            "(see docs/tensor_parallel.md)")
-    t, rank = group_size(group), group_rank(group)
     layers = _decoder_layers(model)
-    others = sorted({type(layer.self_attn).__name__ for layer in layers if _attention_kind(layer.self_attn) is None})
-    if others:
-        raise TypeError("paddle_vha.parallel shards Qwen3-VHA and Qwen3-MEA attention only; this model has "
-                        f"{', '.join(others)}")
-    check_plan(config, t)
-    plans = [_layer_plan(layer.self_attn, config, t, rank, i) for i, layer in enumerate(layers)]
+    fam = family_of(config)
+    if fam.tp_plan is None:
+        kinds = sorted({type(layer.self_attn).__name__ for layer in layers})
+        raise TypeError(f"paddle_vha.parallel shards {' and '.join(f.label for f in trainable_with_plan())} attention "
+                        f"only; this model has {', '.join(kinds)}")
+    t, rank = group_size(group), group_rank(group)
+    plans = layer_plans(config, t, rank)
     if t > 1 and sync_from_first_rank:
         _sync_from_first_rank(model, group)
 
     shards: Dict[str, TensorShard] = {}
-    params = dict(model.named_parameters())
-    for name, p in params.items():
+    for name, p in dict(model.named_parameters()).items():
         m = _LAYER.match(name)
-        rule = plans[int(m.group(2))][1].get(m.group(3)) if m else None
+        rule = plans[int(m.group(2))].params.get(m.group(3)) if m else None
         if rule is None or t == 1:
             continue
-        owner, attr = _owner(model, name)
+        shards[name] = rule
         if rule.axis is None:
             if rule.grad_sum:
                 p.register_hook(allreduce_grad_hook(group))
-            shards[name] = rule
             continue
         n = p.shape[rule.axis]
         if n % t:
             raise RuntimeError(f"{name}: size {n} along axis {rule.axis} is not divisible by t={t}")
         with paddle.no_grad():
             local = paddle.slice(p, [rule.axis], [rank * n // t], [(rank + 1) * n // t]).clone()
+        owner, attr = _owner(model, name)
         _replace_param(owner, attr, local, distributed=True)
-        shards[name] = rule
 
     if t > 1:
-        for layer, (apply_attention, _) in zip(layers, plans):
-            apply_attention(layer.self_attn, group)
-            _parallelize_mlp(layer.mlp, group)
+        for layer, plan in zip(layers, plans):
+            _apply_layer_plan(layer, plan, group)
     state = TPState(t=t, rank=rank, group=group, shards=shards)
     model._vha_tp_state = state
     return state
 
 
-def _attention_kind(attn) -> Optional[str]:
-    """'vha', 'mea' (an MEA layer), 'stock' (a stock layer of an MEA model) or None (not shardable here)."""
-    from ..attention import Qwen3VHAAttention
-    from ..mea.attention import Qwen3MEAAttention, Qwen3StockKVAttention
-
-    for cls, kind in ((Qwen3VHAAttention, "vha"), (Qwen3MEAAttention, "mea"), (Qwen3StockKVAttention, "stock")):
-        if isinstance(attn, cls):
-            return kind
-    return None
-
-
-def _layer_plan(attn, config, t: int, rank: int, layer_idx: int):
-    """(apply(attn, group), {name relative to the decoder layer: TensorShard}) for one decoder layer."""
-    kind = _attention_kind(attn)
-    if kind == "vha":
-        lay = attention_layout(config, t, rank)
-        return (lambda a, g: _parallelize_attention(a, lay, config, g)), tensor_shards(config, t)
-    from .mea_apply import parallelize_mea_attention, parallelize_stock_attention
-    from .mea_plan import mea_layer_kind, mea_layer_layout, mea_layer_shards
-
-    assert mea_layer_kind(config, layer_idx) == kind, f"layer {layer_idx}: {kind} attention, config says otherwise"
-    lay = mea_layer_layout(config, t, rank, layer_idx)
-    apply = parallelize_mea_attention if kind == "mea" else parallelize_stock_attention
-    return (lambda a, g: apply(a, lay, g)), mea_layer_shards(config, t, layer_idx)
-
-
-def _decoder_layers(model):
-    base = model.model if hasattr(model, "model") and hasattr(model.model, "layers") else model
-    return list(base.layers)
-
-
-def _parallelize_attention(attn, lay: AttentionLayout, config, group):
-    d = config.head_dim
-    attn.num_heads = lay.num_heads
-    attn.num_key_value_heads = lay.num_kv_heads
-    attn.num_key_value_groups = lay.num_heads // lay.num_kv_heads
-    attn.num_physical_heads = lay.num_physical
-    r = attn.q_head_dim
-    if not lay.kv_sharded:
-        # K/V and Premix stay whole; this rank computes its KV head and its physical heads only.
-        for proj, cols in ((attn.q_proj, (lay.physical[0] * r, lay.physical[1] * r)),
-                           (attn.k_proj, (lay.groups[0] * d, lay.groups[1] * d)),
-                           (attn.v_proj, (lay.groups[0] * d, lay.groups[1] * d))):
-            make_column_slice(proj, cols)
-        attn._tp_premix_group = lay.groups[0]
-    make_row_parallel(attn.o_proj, group)
-    swap_class(attn, TensorParallelVHAAttention)
-    attn._tp_group = group
-
-
-def _parallelize_mlp(mlp, group):
-    if getattr(mlp, "fuse_up_gate", False):
-        raise RuntimeError("fused up|gate MLP is not supported by the tensor-parallel plan")
-    make_row_parallel(mlp.down_proj, group)
-    swap_class(mlp, TensorParallelMLP)
-    mlp._tp_group = group
+def _apply_layer_plan(layer, plan: LayerPlan, group) -> None:
+    """Everything of one LayerPlan but the parameter slicing (done by name for the whole model)."""
+    for path, cols in plan.column_slices.items():
+        owner, attr = _owner(layer, path)
+        setattr(owner, attr, ColumnSliceLinear(getattr(owner, attr), cols))
+    for path in plan.row_parallel:
+        owner, attr = _owner(layer, path)
+        setattr(owner, attr, RowParallelLinear(getattr(owner, attr), group))
+    for path, attrs in plan.attributes.items():
+        sub = _sublayer(layer, path)
+        for key, value in attrs.items():
+            setattr(sub, key, value)
+    for target, name in plan.collectives.items():
+        owner, attr = _owner(layer, target)
+        fn = COLLECTIVES[name]
+        setattr(owner, attr, lambda x, _fn=fn: _fn(x, group))
+    for path in plan.enter_region:
+        _sublayer(layer, path).register_forward_pre_hook(_enter_region_hook(group), with_kwargs=True)
 
 
 def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_rank: bool = True,
@@ -315,7 +256,7 @@ def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_r
     `config.tensor_model_parallel_size` may say t (as PaddleFormers' Trainer sets it); the model is built with a
     copy at 1 (the plan, not fleet's layers, does the sharding) and must equal the group size. `weights_from`: a
     checkpoint folder (the single-device contract, e.g. tools/compress_kv.py's output or a merged TP save) whose
-    weights every rank loads before slicing (paddle_vha.weights: no PaddleFormers loader inside the ranks).
+    weights every rank loads before slicing (paddle_vha.checkpoint.load: no PaddleFormers loader inside the ranks).
     """
     import copy
 
@@ -329,8 +270,6 @@ def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_r
     cfg.tensor_parallel_output = False  # the LM head is replicated: full logits, ordinary cross-entropy
     model = model_cls(cfg)
     if weights_from is not None:
-        from ..weights import load_checkpoint_into
-
         load_checkpoint_into(model, weights_from)
     parallelize_model(model, group, sync_from_first_rank=sync_from_first_rank)
     return model

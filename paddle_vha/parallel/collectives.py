@@ -11,8 +11,6 @@ downstream of it is replicated (same on every rank) or rank-specific:
                                                                      region (rank-specific -> replicated)
     all_reduce_partial  forward all-reduce     backward all-reduce   a sum of rank-specific partials consumed
                                                                      rank-specifically (VHA's Postmix Z = sum_r U_r^T Y_r)
-    gather_from_tp      forward all-gather     backward reduce-scatter   rank-specific shards gathered and consumed
-                                                                     rank-specifically (the all-gather Postmix design)
     allreduce_grad_hook a parameter-gradient hook: sums the gradient of a replicated parameter that each rank uses
                         only partly (q_proj, q_norm, ...) so the replicas stay identical
 
@@ -28,7 +26,6 @@ __all__ = [
     "all_reduce_partial",
     "allreduce_grad_hook",
     "copy_to_tp",
-    "gather_from_tp",
     "group_rank",
     "group_size",
     "reduce_from_tp",
@@ -81,23 +78,6 @@ class _AllReducePartial(PyLayer):
         return _all_reduce(dy, ctx.group)
 
 
-class _GatherFromTP(PyLayer):
-    @staticmethod
-    def forward(ctx, x, axis, group):
-        ctx.group, ctx.axis, ctx.n = group, axis, x.shape[axis]
-        parts = []
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return paddle.concat(parts, axis=axis)
-
-    @staticmethod
-    def backward(ctx, dy):
-        # reduce-scatter as all-reduce + own slice (gloo has no reduce_scatter): the gathered tensor was consumed
-        # rank-specifically, so its gradient is a sum of every rank's contribution.
-        full = _all_reduce(dy, ctx.group)
-        r = group_rank(ctx.group)
-        return paddle.slice(full, [ctx.axis], [r * ctx.n], [(r + 1) * ctx.n])
-
-
 def copy_to_tp(x: paddle.Tensor, group=None) -> paddle.Tensor:
     """Identity forward; all-reduce of the gradient backward (enter a rank-specific region)."""
     return _CopyToTP.apply(x, group)
@@ -111,11 +91,6 @@ def reduce_from_tp(x: paddle.Tensor, group=None) -> paddle.Tensor:
 def all_reduce_partial(x: paddle.Tensor, group=None) -> paddle.Tensor:
     """All-reduce (sum) forward and backward: partial sums whose total every rank consumes in its own way."""
     return _AllReducePartial.apply(x, group)
-
-
-def gather_from_tp(x: paddle.Tensor, axis: int, group=None) -> paddle.Tensor:
-    """All-gather along `axis` forward; reduce-scatter backward (the result is consumed rank-specifically)."""
-    return _GatherFromTP.apply(x, axis, group)
 
 
 def allreduce_grad_hook(group=None):

@@ -1,36 +1,21 @@
-"""Tensor-parallel plan for Qwen3-VHA: which slice of which tensor each rank holds, and why.
+"""Tensor-parallel plans as data: what one rank holds and computes in one decoder layer, and where it communicates.
 
-Pure arithmetic on the config (no Paddle), so tools and tests can print or check a plan without processes.
-Notation as docs/method.md: H_v virtual heads, H_kv KV heads, H_p = H_v / H_kv physical heads, d head width,
-r physical width, R Postmix rank, t the tensor-parallel size.
+Each family writes its plan in its own folder (paddle_vha/{vha,mea}/tp_plan.py, the stock GQA layer in
+paddle_vha/qwen3/tp_plan.py) as pure arithmetic on the config, no Paddle: `layer_plan(cfg, t, rank, i)` returns a
+LayerPlan, `check(cfg, t)` refuses a config it cannot shard with one line. paddle_vha/parallel/apply.py applies any
+LayerPlan the same way. Notation: t ranks, rank k; Paddle Linear weights are [in, out] in memory (column-parallel =
+axis 1, row-parallel = axis 0).
 
-Attention, rank k of t (virtual heads are group-major, j = g*H_p + i):
-
-* virtual heads [k*H_v/t, (k+1)*H_v/t) — a contiguous block, so each rank's heads read whole KV groups;
-* t <= H_kv (KV split): rank k owns KV groups [k*H_kv/t, (k+1)*H_kv/t), i.e. all H_p physical heads of those
-  groups: k_proj / v_proj / Premix are sharded by group;
-* t >  H_kv (KV replicated, as Megatron does when query groups < world size): c = t/H_kv ranks share group
-  g = k // c; rank k uses KV head g and physical heads [(k % c)*H_p/c, (k % c + 1)*H_p/c). k_proj / v_proj and
-  Premix stay whole on every rank (each rank reads its slice) with their gradients summed;
-* q_proj is replicated: every rank needs the physical heads of its groups (all H_p when t <= H_kv). Its
-  gradient is summed across ranks (each rank's is the part its own groups contribute); q_norm / k_norm alike;
-* Postmix U, V and the gate are sharded by virtual head (rows of U, V; columns of gate_proj), o_proj by its
-  input rows (row-parallel, as Qwen3's); one all-reduce of Z = sum_k U_k^T Y_k (R x d per token) mixes heads
-  across ranks, and o_proj's all-reduce (h per token) closes the layer.
-
-MLP as Qwen3's: gate_proj / up_proj column-parallel, down_proj row-parallel. Embedding, norms and lm_head stay
-replicated (PaddleFormers' vocab-parallel head needs c_softmax_with_cross_entropy, which has no CPU kernel).
-
-Every tensor is either sharded disjointly over all t ranks along one axis, or whole on every rank; that is all
-`merge` needs to rebuild the single-device checkpoint.
+Every parameter is either split disjointly over the t ranks along one axis, or whole on every rank (with its
+gradient summed when each rank uses only part of it): that is all the sharded save / merge needs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
 
-__all__ = ["TPPlanError", "TensorShard", "AttentionLayout", "HeadLayout", "attention_layout", "gqa_layout",
-           "tensor_shards", "check_plan", "check_head_split", "mlp_shards"]
+__all__ = ["TPPlanError", "TensorShard", "HeadLayout", "LayerPlan", "REPLICATED_SUMMED", "check_size",
+           "check_head_split", "gqa_layout", "mlp_shards", "ROW_PARALLEL"]
 
 
 class TPPlanError(ValueError):
@@ -38,27 +23,36 @@ class TPPlanError(ValueError):
 
 
 @dataclass(frozen=True)
-class AttentionLayout:
-    """What rank `rank` of `t` computes in one attention layer."""
+class TensorShard:
+    """How one in-memory (Paddle layout) parameter is distributed.
 
-    t: int
-    rank: int
-    heads: Tuple[int, int]  # virtual heads [a, b)
-    groups: Tuple[int, int]  # KV groups (= KV heads) [a, b) this rank reads
-    physical: Tuple[int, int]  # physical query heads [a, b) this rank uses
-    kv_sharded: bool  # t <= H_kv: KV heads split; else replicated (whole tensors, rank-local slice)
+    axis None: whole on every rank; grad_sum then says whether each rank's gradient is partial (summed by a hook).
+    axis a: rank k holds [k*n/t, (k+1)*n/t) along a (disjoint, marked is_distributed).
+    """
 
-    @property
-    def num_heads(self) -> int:
-        return self.heads[1] - self.heads[0]
+    axis: Optional[int]
+    grad_sum: bool = False
 
-    @property
-    def num_kv_heads(self) -> int:
-        return self.groups[1] - self.groups[0]
 
-    @property
-    def num_physical(self) -> int:
-        return self.physical[1] - self.physical[0]
+REPLICATED_SUMMED = TensorShard(None, grad_sum=True)
+
+# The Linears that close a layer's TP region: they hold this rank's input rows, their partial products are summed
+# by one all-reduce (then the bias is added once). Stock Qwen3's, VHA's and MEA's alike.
+ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One rank's part of one decoder layer. Names are relative to the decoder layer ("self_attn.q_proj.weight")."""
+
+    params: Dict[str, TensorShard]  # parameters not listed are whole on every rank, with full gradients
+    row_parallel: Tuple[str, ...] = ROW_PARALLEL
+    column_slices: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # whole Linears computing columns [a, b)
+    attributes: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # sublayer -> attribute values set on it
+    # sublayer attribute -> collective set there (the layer's hook, e.g. VHA's Postmix exchange): "all_reduce_partial"
+    collectives: Dict[str, str] = field(default_factory=dict)
+    # sublayers whose input enters the TP region (identity forward, gradient all-reduced backward: Megatron's "f")
+    enter_region: Tuple[str, ...] = ("self_attn", "mlp")
 
 
 @dataclass(frozen=True)
@@ -80,37 +74,8 @@ class HeadLayout:
         return self.kv[1] - self.kv[0]
 
 
-@dataclass(frozen=True)
-class TensorShard:
-    """How one in-memory (Paddle layout) tensor is distributed.
-
-    axis None: whole on every rank; grad_sum then says whether each rank's gradient is partial (summed by a hook).
-    axis a: rank k holds [k*n/t, (k+1)*n/t) along a (disjoint, marked is_distributed).
-    """
-
-    axis: Optional[int]
-    grad_sum: bool = False
-
-
-def _cfg(cfg, key):
-    return cfg[key] if isinstance(cfg, dict) else getattr(cfg, key)
-
-
-def check_plan(cfg, t: int) -> None:
-    """TPPlanError (one line) if config `cfg` cannot be sharded over t ranks (Qwen3-MEA configs: mea_plan.py)."""
-    if (cfg.get("mea_kv_heads") if isinstance(cfg, dict) else getattr(cfg, "mea_kv_heads", None)) is not None:
-        from .mea_plan import check_mea_plan
-
-        return check_mea_plan(cfg, t)
-    check_size(t)
-    h_v, h_kv = _cfg(cfg, "num_attention_heads"), _cfg(cfg, "num_key_value_heads")
-    check_head_split(h_v, h_kv, t, f"num_attention_heads (virtual heads H_v={h_v})", f"num_key_value_heads H_kv={h_kv}",
-                     "H_kv")
-    mlp_shards(cfg, t)
-
-
 def check_size(t) -> None:
-    if not (isinstance(t, int) and t >= 1):
+    if not (isinstance(t, int) and not isinstance(t, bool) and t >= 1):
         raise TPPlanError(f"tensor-parallel size must be an int >= 1, got {t!r}")
 
 
@@ -142,11 +107,11 @@ def gqa_layout(h: int, n_kv: int, t: int, rank: int) -> HeadLayout:
 
 
 def mlp_shards(cfg, t: int) -> Dict[str, TensorShard]:
-    """The Qwen3 MLP's shards (names relative to a decoder layer), or TPPlanError if it cannot be split over t."""
-    inter = _cfg(cfg, "intermediate_size")
+    """The Qwen3 MLP's shards (gate / up column-parallel, down row-parallel), or TPPlanError if it cannot be split."""
+    inter = cfg.intermediate_size
     if inter % t:
         raise TPPlanError(f"intermediate_size={inter} must be divisible by t={t} (column/row-parallel MLP)")
-    if _cfg(cfg, "fuse_attention_ffn") if not isinstance(cfg, dict) else cfg.get("fuse_attention_ffn"):
+    if getattr(cfg, "fuse_attention_ffn", False):
         raise TPPlanError("fuse_attention_ffn=True is not supported by the tensor-parallel plan (fused up|gate "
                           "columns would need interleaved sharding); set fuse_attention_ffn=False")
     return {
@@ -155,49 +120,5 @@ def mlp_shards(cfg, t: int) -> Dict[str, TensorShard]:
         "mlp.up_proj.weight": TensorShard(1),
         "mlp.up_proj.bias": TensorShard(0),
         "mlp.down_proj.weight": TensorShard(0),
-        "mlp.down_proj.bias": TensorShard(None),
+        "mlp.down_proj.bias": TensorShard(None),  # added after the all-reduce: full gradient on every rank
     }
-
-
-def attention_layout(cfg, t: int, rank: int) -> AttentionLayout:
-    check_plan(cfg, t)
-    h_v, h_kv = _cfg(cfg, "num_attention_heads"), _cfg(cfg, "num_key_value_heads")
-    h_p = h_v // h_kv
-    lay = gqa_layout(h_v, h_kv, t, rank)  # virtual heads over KV groups, as any GQA layer
-    if lay.kv_sharded:  # whole groups: all H_p physical heads
-        physical = (0, h_p)
-    else:  # c = t/H_kv ranks share a group; each uses its H_p/c physical heads
-        c = t // h_kv
-        n, s = h_p // c, rank % c
-        physical = (s * n, (s + 1) * n)
-    return AttentionLayout(t, rank, lay.heads, lay.kv, physical, lay.kv_sharded)
-
-
-def tensor_shards(cfg, t: int) -> Dict[str, TensorShard]:
-    """In-memory parameter name suffix (relative to a decoder layer, e.g. 'self_attn.q_proj.weight') -> shard.
-
-    Names not listed (embedding, norms, lm_head, ...) are whole on every rank with full gradients.
-    Paddle Linear weights are [in, out] in memory: column-parallel = axis 1, row-parallel = axis 0.
-    """
-    check_plan(cfg, t)
-    kv_split = t <= _cfg(cfg, "num_key_value_heads")
-    rep_sum = TensorShard(None, grad_sum=True)
-    a = "self_attn."
-    shards = {
-        a + "q_proj.weight": rep_sum,
-        a + "q_proj.bias": rep_sum,
-        a + "q_norm.weight": rep_sum,
-        a + "k_norm.weight": rep_sum,
-        a + "vha_premix_weight": TensorShard(0) if kv_split else rep_sum,
-        a + "k_proj.weight": TensorShard(1) if kv_split else rep_sum,
-        a + "k_proj.bias": TensorShard(0) if kv_split else rep_sum,
-        a + "v_proj.weight": TensorShard(1) if kv_split else rep_sum,
-        a + "v_proj.bias": TensorShard(0) if kv_split else rep_sum,
-        a + "vha_postmix_U": TensorShard(0),
-        a + "vha_postmix_V": TensorShard(0),
-        a + "gate_proj.weight": TensorShard(1),
-        a + "o_proj.weight": TensorShard(0),
-        a + "o_proj.bias": TensorShard(None),  # added after the all-reduce: full gradient on every rank
-    }
-    shards.update(mlp_shards(cfg, t))
-    return shards

@@ -22,7 +22,7 @@ class PaddleInferenceDecoder(DecoderSession):
         config = inference.Config(prefix + ".json", prefix + ".pdiparams")
         config.disable_gpu()
         # oneDNN, on by default on CPU, silently computed wrong results for a graph taking cos and sin of the same
-        # tensor (docs/deploy.md); the plain CPU kernels are exact. tests/test_serve.py pins parity.
+        # tensor (docs/deploy.md); the plain CPU kernels are exact. tests/test_export_serve.py pins parity.
         config.disable_mkldnn()
         config.set_cpu_math_library_num_threads(threads)
         config.disable_glog_info()

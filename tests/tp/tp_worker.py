@@ -20,7 +20,6 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(HERE))
 
 from paddle_vha.cli import quiet  # noqa: E402
@@ -38,7 +37,7 @@ CASES = {
     "base": dict(num_attention_heads=8, vha_fused_prologue=False),
     # gate + biases, narrow physical heads (r = 9 < d), H_v = 4 (1 head per rank at t = 4)
     "gated-bias-r9": dict(vha_gated_attention=True, attention_bias=True, vha_q_head_dim=9, vha_fused_prologue=False),
-    # the fused Premix + QK-norm + RoPE operator (paddle_vha/prologue.py), with the gate and r < d
+    # the fused Premix + QK-norm + RoPE operator (paddle_vha/vha/prologue.py), with the gate and r < d
     "fused": dict(num_attention_heads=8, vha_fused_prologue=True, vha_gated_attention=True, vha_q_head_dim=12),
     # H_kv = 4: two KV groups per rank at t = 2, KV still split at t = 4
     "kv4": dict(num_attention_heads=8, num_key_value_heads=4, vha_fused_prologue=False),
@@ -47,7 +46,7 @@ CASES = {
     # and those CPU kernels round differently for 8 heads than for 4 (k_norm over 2 KV heads vs 1 differed by 1e-7);
     # in this case only, both the TP = 1 and the TP model use float64 for them (_float64_everywhere).
     "fp64": dict(num_attention_heads=8, vha_fused_prologue=False, dtype="float64", attn="eager_fp64"),
-    # Qwen3-MEA (paddle_vha/parallel/mea_plan.py). Layer 0 stock (n_s = 4 KV heads), layer 1 MEA: H 8 over n_v 4
+    # Qwen3-MEA (paddle_vha/mea/tp_plan.py). Layer 0 stock (n_s = 4 KV heads), layer 1 MEA: H 8 over n_v 4
     # virtual heads composed from n_p 2 physical ones, k_norm after HLC, head norm, biases. t = 2 and 4: HLC columns
     # and stock KV heads split.
     "mea": dict(model="mea", num_attention_heads=8, num_key_value_heads=2, mea_kv_heads=4, mea_layers=[1],
@@ -130,9 +129,18 @@ def named_grads(model):
     return {n: np_(p.grad) for n, p in model.named_parameters()}
 
 
+def _changed_classes(ref, tp) -> str:
+    """The sublayers whose class differs, other than the parallel Linears the plan puts in place of Linears."""
+    allowed = ("RowParallelLinear", "ColumnSliceLinear")
+    a, b = dict(ref.named_sublayers()), dict(tp.named_sublayers())
+    bad = [f"{n}: {type(a[n]).__name__} -> {type(b[n]).__name__}" for n in a
+           if type(a[n]) is not type(b[n]) and not (type(a[n]).__name__ == "Linear" and type(b[n]).__name__ in allowed)]
+    return True if not bad and a.keys() == b.keys() else "; ".join(bad) or "different sublayers"
+
+
 def run_case(name, overrides, out_dir, rank, t):
     from paddle_vha.parallel import full_state, global_grad_norm, parallelize_model, replica_divergence
-    from paddle_vha.parallel.checkpoint import save_tp_checkpoint
+    from paddle_vha.checkpoint.tp_shards import save_tp_checkpoint
     from paddleformers.transformers.cache_utils import DynamicCache
 
     res = {}
@@ -163,6 +171,9 @@ def run_case(name, overrides, out_dir, rank, t):
         return m
 
     tp = tp_copy()
+    # the plan is applied from outside: layer classes stay the model's own (no class swap), names stay the same
+    res["classes_unchanged"] = _changed_classes(ref, tp)
+    res["names_unchanged"] = [n for n, _ in tp.named_parameters()] == [n for n, _ in ref.named_parameters()]
     ref.train()
     tp.train()
 
@@ -224,7 +235,7 @@ def run_case(name, overrides, out_dir, rank, t):
         res["decode.cache_heads"] = [int(layer.keys.shape[1]) for layer in cache.layers]  # per decoder layer
         if getattr(cfg, "mea_k_norm_position", None) == "before_hlc":
             # the multi-query serving form (one wide KV head, HLC moved to the queries) on the TP model
-            from paddle_vha.mea.serving import use_multiquery_form
+            from paddle_vha.mea.attention import use_multiquery_form
 
             use_multiquery_form(tp)
             res["decode_serving.rel"], _ = cached_decode()

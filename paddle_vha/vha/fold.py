@@ -11,7 +11,8 @@ The math (docs/method.md, "Why it folds"), in on-disk layout (Linear weights [ou
 Three levels of API, each used by the next:
     fold_q_proj / fold_q_bias / fold_o_proj    one layer's tensors (float64 numpy)
     fold_state_dict(state, cfg)                a whole in-memory state dict
-    plan_fold(in_dir, ...) + fold_checkpoint   folder -> folder, tensor by tensor (what tools/fold.py runs)
+    plan_fold(src, ...) + fold_checkpoint      folder -> folder, tensor by tensor (what tools/fold.py runs); src is a
+                                               path or an opened paddle_vha.checkpoint.CheckpointFolder
 
 `fold_checkpoint` holds at most one folded attention tensor's inputs and output in float64 plus one
 `chunk_bytes` block of a copied tensor, whatever the model size: inputs are read with pread row ranges
@@ -27,20 +28,18 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import safetensors_io as st
-from .checkpoint import (
-    INDEX_FILE,
-    WEIGHT_FILES,
-    CheckpointError,
-    compare_shapes,
-    load_vha_config,
-    qwen3_tensor_shapes,
-    read_config,
-    read_tensor_shapes,
-    vha_tensor_shapes,
-    weight_files,
-)
-from .fsutil import atomic_dir, check_output_dir, linked_view
+from paddleformers.transformers import Qwen3Config
+
+from ..checkpoint import safetensors_io as st
+from ..checkpoint.contract import INDEX_FILE, CheckpointError
+from ..checkpoint.folder import CheckpointFolder, write_checkpoint_folder
+from ..checkpoint.fsutil import atomic_dir, check_output_dir, linked_view
+from ..evaluate import compare_logits
+from ..families import family
+from ..qwen3.contract import tensor_shapes as qwen3_tensor_shapes
+from ..units import fmt_bytes
+from .config import Qwen3VHAConfig
+from .contract import VHA_ONLY
 
 __all__ = [
     "FoldError",
@@ -97,12 +96,10 @@ def fold_o_proj(w_o: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
 # --- a whole state dict ----------------------------------------------------------------------------------------
 
 _ATTN = re.compile(r"^(model\.layers\.\d+\.self_attn\.)(.+)$")
-_VHA_ONLY = ("vha_premix_weight", "vha_postmix_U", "vha_postmix_V")
 
 
 def _check_foldable(cfg, where: str) -> None:
-    gated = cfg.get("vha_gated_attention") if isinstance(cfg, Mapping) else getattr(cfg, "vha_gated_attention", False)
-    if gated:
+    if cfg.vha_gated_attention:
         raise FoldError(
             f"{where}: vha_gated_attention=true: {GATE_REASON} (the elementwise gate sits between Postmix and "
             "o_proj), so this model has no exact stock-Qwen3 form; refusing to fold"
@@ -112,7 +109,7 @@ def _check_foldable(cfg, where: str) -> None:
 def fold_state_dict(state: Mapping[str, np.ndarray], cfg) -> Dict[str, np.ndarray]:
     """Stock-Qwen3 tensors from Qwen3-VHA tensors (HF names and layout); folded ones float64, others as given.
 
-    cfg: a Qwen3VHAConfig or config.json dict. Raises FoldError for gated attention.
+    cfg: a Qwen3VHAConfig. Raises FoldError for gated attention.
     """
     _check_foldable(cfg, "state dict")
     out: Dict[str, np.ndarray] = {}
@@ -122,7 +119,7 @@ def fold_state_dict(state: Mapping[str, np.ndarray], cfg) -> Dict[str, np.ndarra
             out[name] = value
             continue
         p, leaf = m.groups()
-        if leaf in _VHA_ONLY:
+        if leaf in VHA_ONLY:
             continue
         if leaf == "q_proj.weight":
             out[name] = fold_q_proj(value, state[p + "vha_premix_weight"])
@@ -138,7 +135,7 @@ def fold_state_dict(state: Mapping[str, np.ndarray], cfg) -> Dict[str, np.ndarra
 def fold_config(raw: Mapping, dtype: Optional[str] = None) -> dict:
     """config.json of the folded model: stock qwen3, num_attention_heads = H_v, no vha_* keys."""
     out = {k: v for k, v in raw.items() if not k.startswith("vha_") and k != "auto_map"}
-    out["model_type"] = "qwen3"
+    out["model_type"] = Qwen3Config.model_type  # stock Qwen3
     out["architectures"] = ["Qwen3ForCausalLM"]
     if dtype is not None:
         if "dtype" in raw:
@@ -169,7 +166,7 @@ class Entry:
 class FoldPlan:
     in_dir: str
     out_dir: str
-    cfg: object  # Qwen3VHAConfig
+    cfg: Qwen3VHAConfig
     raw_config: dict
     out_config: dict
     out_dtype: str  # code, e.g. "BF16"
@@ -188,29 +185,20 @@ class FoldPlan:
         return sum(e.nbytes for e in self.entries)
 
 
-def plan_fold(in_dir: str, out_dir: str, dtype: str = "auto", force: bool = False,
-              max_shard_size="5GB") -> FoldPlan:
-    """Validate IN_DIR (and OUT_DIR) from headers alone and describe every output tensor. Reads no tensor data."""
+def plan_fold(src, out_dir: str, dtype: str = "auto", force: bool = False, max_shard_size="5GB") -> FoldPlan:
+    """Validate the Qwen3-VHA checkpoint `src` (a path or an opened CheckpointFolder) and OUT_DIR from headers alone,
+    and describe every output tensor. Reads no tensor data."""
     if dtype not in DTYPE_CHOICES:
         raise FoldError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPE_CHOICES)}")
-    raw = read_config(in_dir)
-    cfg = load_vha_config(in_dir)  # not qwen3_vha, invalid VHA fields: one-line CheckpointError
+    ck = CheckpointFolder.open(src)
+    in_dir = ck.path
+    vha = family(Qwen3VHAConfig.model_type)
+    cfg = vha.load_config(ck)  # not qwen3_vha, invalid VHA fields: one line
     _check_foldable(cfg, in_dir)
-    compare_shapes(in_dir, read_tensor_shapes(in_dir), vha_tensor_shapes(cfg))
+    vha.check_tensors(ck, cfg)  # tensor names and shapes, from the headers (read once)
     check_output_dir(in_dir, out_dir, force, FoldError)
-
-    inputs: Dict[str, st.TensorRef] = {}
-    wmap = weight_files(in_dir)
-    for fname in sorted(set(wmap.values())):
-        path = os.path.join(in_dir, fname)
-        try:
-            _, refs = st.read_header(path)
-        except st.SafetensorsFormatError as e:
-            raise FoldError(str(e)) from None
-        inputs.update({n: r for n, r in refs.items() if wmap.get(n) == fname})
-    bad = sorted(n for n, r in inputs.items() if r.dtype not in st.FLOAT_CODES)
-    if bad:
-        raise FoldError(f"{in_dir}: non-floating tensors: {bad[0]} ({inputs[bad[0]].dtype})")
+    ck.require_float()
+    inputs = ck.tensors
 
     out_code = inputs["model.embed_tokens.weight"].dtype if dtype == "auto" else st.dtype_code(dtype)
     out_shapes = qwen3_tensor_shapes(cfg)  # num_attention_heads = H_v, head_dim = d: the served GQA shapes
@@ -219,16 +207,16 @@ def plan_fold(in_dir: str, out_dir: str, dtype: str = "auto", force: bool = Fals
         m = _ATTN.match(name)
         p, leaf = m.groups() if m else ("", "")
         if leaf == "q_proj.weight":
-            kind, src = "fold_q", (name, p + "vha_premix_weight")
+            kind, sources = "fold_q", (name, p + "vha_premix_weight")
         elif leaf == "q_proj.bias":
-            kind, src = "fold_q_bias", (name, p + "vha_premix_weight")
+            kind, sources = "fold_q_bias", (name, p + "vha_premix_weight")
         elif leaf == "o_proj.weight":
-            kind, src = "fold_o", (name, p + "vha_postmix_U", p + "vha_postmix_V")
+            kind, sources = "fold_o", (name, p + "vha_postmix_U", p + "vha_postmix_V")
         else:
-            kind, src = "copy", (name,)
+            kind, sources = "copy", (name,)
             if inputs[name].shape != out_shapes[name]:  # cannot happen after compare_shapes; a cheap invariant
                 raise FoldError(f"{in_dir}: {name} shape {list(inputs[name].shape)} != {list(out_shapes[name])}")
-        entries.append(Entry(name, kind, src, tuple(out_shapes[name]), out_code))
+        entries.append(Entry(name, kind, sources, tuple(out_shapes[name]), out_code))
     try:
         max_bytes = st.parse_size(max_shard_size)
     except ValueError as e:
@@ -239,21 +227,9 @@ def plan_fold(in_dir: str, out_dir: str, dtype: str = "auto", force: bool = Fals
     shards = [[by_name[s[0]] for s in shard]
               for shard in st.plan_shards([(e.name, e.dtype, e.shape) for e in entries], max_bytes)]
 
-    copy_files, skipped = [], []
-    for f in sorted(os.listdir(in_dir)):
-        full = os.path.join(in_dir, f)
-        if f in ("config.json", INDEX_FILE) or WEIGHT_FILES.search(f):
-            continue
-        (copy_files if os.path.isfile(full) else skipped).append(f)
-    return FoldPlan(in_dir, out_dir, cfg, raw, fold_config(raw, st.dtype_name(out_code)), out_code, inputs, entries,
-                    shards, copy_files, skipped)
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit, k in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= k:
-            return f"{n / k:.2f} {unit}"
-    return f"{n} B"
+    copy_files, skipped = ck.side_files()
+    return FoldPlan(in_dir, out_dir, cfg, ck.config, fold_config(ck.config, st.dtype_name(out_code)), out_code, inputs,
+                    entries, shards, copy_files, skipped)
 
 
 def format_plan(plan: FoldPlan) -> str:
@@ -276,19 +252,19 @@ def format_plan(plan: FoldPlan) -> str:
     dropped: Dict[str, list] = {}
     for n, r in plan.inputs.items():
         leaf = n.rsplit(".", 1)[-1]
-        if leaf in _VHA_ONLY:
+        if leaf in VHA_ONLY:
             dropped.setdefault(re.sub(r"layers\.\d+\.", "layers.{i}.", n), []).append(r)
     how = {"copy": "copy", "fold_q": "fold Premix", "fold_q_bias": "fold Premix", "fold_o": "fold Postmix"}
     for (pattern, kind), es in groups.items():
         src = plan.inputs[es[0].sources[0]]
         lines.append(
             f"    {pattern:<48} x{len(es):<3} {how[kind]:<12} {list(src.shape)} {st.dtype_name(src.dtype)} -> "
-            f"{list(es[0].shape)} {st.dtype_name(es[0].dtype)}  ({_fmt_bytes(sum(e.nbytes for e in es))})"
+            f"{list(es[0].shape)} {st.dtype_name(es[0].dtype)}  ({fmt_bytes(sum(e.nbytes for e in es), fixed=True)})"
         )
     for pattern, rs in dropped.items():
         lines.append(f"    {pattern:<48} x{len(rs):<3} {'absorbed':<12} {list(rs[0].shape)} -> (none)")
     lines += [
-        f"  bytes: {_fmt_bytes(plan.bytes_in)} in -> {_fmt_bytes(plan.bytes_out)} out, "
+        f"  bytes: {fmt_bytes(plan.bytes_in, fixed=True)} in -> {fmt_bytes(plan.bytes_out, fixed=True)} out, "
         f"{len(plan.shards)} shard(s) + {INDEX_FILE}",
         "  config.json: model_type qwen3_vha -> qwen3, architectures -> [Qwen3ForCausalLM], "
         f"drop {', '.join(sorted(k for k in plan.raw_config if k.startswith('vha_')))}",
@@ -333,7 +309,7 @@ def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 
     with atomic_dir(out_dir) as tmp:  # --force: the old folder is replaced only by a complete new one
         bar = tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="fold", disable=not progress, leave=False)
         shards = [[(e.name, e.dtype, e.shape) for e in shard] for shard in plan.shards]
-        st.write_checkpoint_folder(tmp, shards, chunks, plan.out_config, plan.bytes_out, plan.in_dir, plan.copy_files,
+        write_checkpoint_folder(tmp, shards, chunks, plan.out_config, plan.bytes_out, plan.in_dir, plan.copy_files,
                                    on_written=lambda name, nbytes: bar.update(nbytes))
         bar.close()
     return out_dir
@@ -375,13 +351,4 @@ def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int 
         del gqa
     if (_snapshot(in_dir), _snapshot(out_dir)) != before:
         raise RuntimeError(f"verify modified {in_dir} or {out_dir}; this is a bug")
-    diff = np.abs(a - b)
-
-    def log_softmax(x):
-        x = x - x.max(-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-    la, lb = log_softmax(a), log_softmax(b)
-    kl = (np.exp(la) * (la - lb)).sum(-1)
-    return {"max_abs": float(diff.max()), "max_rel": float(diff.max() / max(np.abs(a).max(), 1e-30)),
-            "mean_kl": float(kl.mean())}
+    return compare_logits(a, b)

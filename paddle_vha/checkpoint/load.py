@@ -7,31 +7,15 @@ the launcher and moves tensors with `.cuda()`) and for the export's reference mo
 """
 from __future__ import annotations
 
-import os
 from typing import Dict
 
 import numpy as np
 
-from .checkpoint import CheckpointError, is_linear_weight, weight_files
+from ..families import family_of
+from .contract import CheckpointError, is_linear_weight
+from .folder import CheckpointFolder
 
-__all__ = ["read_checkpoint_tensors", "load_tensors_into", "load_checkpoint_into"]
-
-
-def read_checkpoint_tensors(ckpt_dir: str, float32: bool = True) -> Dict[str, np.ndarray]:
-    """{name: array} of every weight in the folder (bf16 / fp16 widened to float32; float64 kept with float32=False)."""
-    from safetensors import safe_open
-
-    tensors: Dict[str, np.ndarray] = {}
-    by_file: Dict[str, list] = {}
-    for name, fname in weight_files(ckpt_dir).items():
-        by_file.setdefault(fname, []).append(name)
-    for fname, names in sorted(by_file.items()):
-        with safe_open(os.path.join(ckpt_dir, fname), framework="numpy") as f:
-            for n in names:
-                a = f.get_tensor(n)  # bf16 arrives as ml_dtypes.bfloat16
-                keep = a.dtype in (np.float32, np.float64) and not (float32 and a.dtype == np.float64)
-                tensors[n] = a if keep else a.astype(np.float32)
-    return tensors
+__all__ = ["load_tensors_into", "load_checkpoint_into"]
 
 
 def load_tensors_into(model, tensors: Dict[str, np.ndarray], source: str = "checkpoint") -> None:
@@ -59,13 +43,13 @@ def load_tensors_into(model, tensors: Dict[str, np.ndarray], source: str = "chec
     model.set_state_dict(new)
 
 
-def load_checkpoint_into(model, ckpt_dir: str) -> None:
-    """Validate `ckpt_dir` against its contract (by config.json model_type) and load its weights into `model`."""
-    from .checkpoint import read_config, validate_trainable_checkpoint
-
-    kind, want = read_config(ckpt_dir).get("model_type"), getattr(model.config, "model_type", None)
-    if kind != want:
-        raise CheckpointError(f"{ckpt_dir}: config.json model_type {kind!r}, the model is {want!r}")
-    validate_trainable_checkpoint(ckpt_dir)
+def load_checkpoint_into(model, folder) -> None:
+    """Validate a checkpoint folder (path or CheckpointFolder) against its family's contract and load its weights into
+    `model`, which must be of the same family."""
+    ck = CheckpointFolder.open(folder)
+    want = getattr(model.config, "model_type", None)
+    if ck.model_type != want:
+        raise CheckpointError(f"{ck.path}: config.json model_type {ck.model_type!r}, the model is {want!r}")
+    family_of(ck).validate(ck)
     dtype_is_64 = str(next(iter(model.parameters())).dtype).endswith("float64")
-    load_tensors_into(model, read_checkpoint_tensors(ckpt_dir, float32=not dtype_is_64), source=ckpt_dir)
+    load_tensors_into(model, ck.read_all(float32=not dtype_is_64), source=ck.path)

@@ -37,6 +37,7 @@ __all__ = [
     "read_tensor",
     "row_chunks",
     "shard_name",
+    "to_float32",
     "to_float64",
     "write_index",
 ]
@@ -99,8 +100,18 @@ class TensorRef:
         return self.nbytes // self.shape[0] if self.shape and self.shape[0] else self.nbytes
 
 
+def _no_duplicate_keys(pairs):
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(f"duplicate name(s) in the header: {', '.join(dup[:3])}")
+    return dict(pairs)
+
+
 def read_header(path: str) -> Tuple[dict, Dict[str, TensorRef]]:
-    """(metadata, name -> TensorRef) of one safetensors file, checking that offsets and sizes are consistent."""
+    """(metadata, name -> TensorRef) of one safetensors file, checked as the safetensors library checks it: a JSON
+    object without duplicate names, a known dtype and a size matching its shape for every tensor, and data offsets
+    that tile the data section exactly (no overlap, no gap, nothing after the last tensor)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -110,9 +121,11 @@ def read_header(path: str) -> Tuple[dict, Dict[str, TensorRef]]:
         if n > _MAX_HEADER or 8 + n > size:
             raise SafetensorsFormatError(f"{path}: header length {n} does not fit a {size}-byte file")
         try:
-            header = json.loads(f.read(n))
+            header = json.loads(f.read(n), object_pairs_hook=_no_duplicate_keys)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise SafetensorsFormatError(f"{path}: header is not valid JSON ({e})") from None
+        except ValueError as e:
+            raise SafetensorsFormatError(f"{path}: {e}") from None
     if not isinstance(header, dict):
         raise SafetensorsFormatError(f"{path}: header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
@@ -132,6 +145,14 @@ def read_header(path: str) -> Tuple[dict, Dict[str, TensorRef]]:
                 f"({want} bytes) inside the {size}-byte file"
             )
         refs[name] = TensorRef(name, path, code, shape, base + a, base + b)
+    end = base
+    for ref in sorted(refs.values(), key=lambda r: (r.start, r.end)):
+        if ref.start != end:
+            what = "overlaps the tensor before it" if ref.start < end else f"leaves a {ref.start - end}-byte gap before it"
+            raise SafetensorsFormatError(f"{path}: tensor {ref.name!r} at data offset {ref.start - base} {what}")
+        end = ref.end
+    if end != size:
+        raise SafetensorsFormatError(f"{path}: {size - end} bytes after the last tensor's data")
     return meta, refs
 
 
@@ -194,11 +215,17 @@ def _f64_to_bf16(x: np.ndarray, block: int = 1 << 18) -> np.ndarray:
     return out.view(ml_dtypes.bfloat16).reshape(x.shape)
 
 
-def to_float64(x: np.ndarray) -> np.ndarray:
-    """x as float64 (exact for every stored float dtype); bfloat16 widened by a bit shift, not ml_dtypes' slow cast."""
+def to_float32(x: np.ndarray) -> np.ndarray:
+    """x as float32: exact for bfloat16 (widened by a bit shift, not ml_dtypes' slow cast) and float16; float64 is
+    rounded."""
     if x.dtype == DTYPES["BF16"]:
-        x = (x.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)  # bf16 = top half of f32
-    return x.astype(np.float64)
+        return (x.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)  # bf16 = top half of f32
+    return x.astype(np.float32)
+
+
+def to_float64(x: np.ndarray) -> np.ndarray:
+    """x as float64 (exact for every stored float dtype)."""
+    return (to_float32(x) if x.dtype == DTYPES["BF16"] else x).astype(np.float64)
 
 
 def cast(x: np.ndarray, code: str) -> np.ndarray:
@@ -311,38 +338,3 @@ def natural_key(name: str):
 def shard_name(k: int, n: int) -> str:
     """Hugging Face's shard naming: model-00001-of-00003.safetensors (k counts from 1)."""
     return f"model-{k:05d}-of-{n:05d}.safetensors"
-
-
-def write_checkpoint_folder(folder: str, shards: List[list], chunks, config: dict, total_size: int,
-                            copy_from: Optional[str] = None, copy_files: Iterable[str] = (),
-                            on_written=None) -> Dict[str, str]:
-    """Write a whole checkpoint folder: shards, index json, config.json, and side files copied from `copy_from`.
-
-    shards: plan_shards' output, lists of (name, dtype code, shape). chunks(name, code, shape) yields the tensor's
-    rows in order, already in `code` (one array, or row blocks for streaming). on_written(name, nbytes) is called
-    per chunk (progress bars). Returns the weight map. Callers wrap this in fsutil.atomic_dir.
-    """
-    import shutil
-
-    weight_map: Dict[str, str] = {}
-    for k, shard in enumerate(shards, 1):
-        fname = shard_name(k, len(shards))
-        writer = ShardWriter(os.path.join(folder, fname), shard)
-        try:
-            for name, code, shape in shard:
-                for rows in chunks(name, code, shape):
-                    writer.write(name, rows)
-                    if on_written is not None:
-                        on_written(name, rows.nbytes)
-                weight_map[name] = fname
-            writer.close()
-        except BaseException:
-            writer.abort()
-            raise
-    write_index(os.path.join(folder, "model.safetensors.index.json"), weight_map, total_size)  # checkpoint.INDEX_FILE
-    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-        f.write("\n")
-    for name in copy_files:
-        shutil.copy2(os.path.join(copy_from, name), os.path.join(folder, name))
-    return weight_map

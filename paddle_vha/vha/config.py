@@ -54,7 +54,7 @@ class Qwen3VHAConfig(Qwen3Config):
         vha_premix_init_alpha: float = 0.1,
         vha_postmix_u_init_std: float = 0.01,
         vha_postmix_v_init_std: float = 0.0,
-        vha_fused_prologue: bool | None = None,  # issue 4: fused prologue switch
+        vha_fused_prologue: bool | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -64,7 +64,7 @@ class Qwen3VHAConfig(Qwen3Config):
         self.vha_premix_init_alpha = vha_premix_init_alpha
         self.vha_postmix_u_init_std = vha_postmix_u_init_std
         self.vha_postmix_v_init_std = vha_postmix_v_init_std
-        self.vha_fused_prologue = vha_fused_prologue  # issue 4
+        self.vha_fused_prologue = vha_fused_prologue
         self.validate_vha()
 
     # Derived sizes, named as in the docs.
@@ -101,7 +101,7 @@ class Qwen3VHAConfig(Qwen3Config):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise VHAConfigError(f"{name} must be a finite number >= 0, got {v!r}")
-        fused = getattr(self, "vha_fused_prologue", None)  # issue 4
+        fused = getattr(self, "vha_fused_prologue", None)
         if fused is not None and not isinstance(fused, bool):
             raise VHAConfigError(f"vha_fused_prologue must be None (auto), True or False, got {fused!r}")
 

@@ -1,6 +1,6 @@
 """A minimal, deterministic training loop for small CPU runs (quick-start, the VHA-vs-GQA study).
 
-Real training goes through PaddleFormers' Trainer (tools/train.py). This loop exists for runs of a few
+Real training goes through PaddleFormers' Trainer (trainer.py, tools/train.py). This loop exists for runs of a few
 hundred steps where the Trainer's set-up would dominate: AdamW, warm-up + cosine schedule, global-norm
 clipping, next-byte cross-entropy, and a fixed validation set.
 """
@@ -70,7 +70,7 @@ def evaluate_lm(model, corpus, s: TrainSettings) -> float:
 
 
 def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None) -> TrainResult:
-    """Train `model` (a causal LM returning .logits) on `corpus` (paddle_vha.data.ByteCorpus) in place."""
+    """Train `model` (a causal LM returning .logits) on `corpus` (paddle_vha.train.corpus.ByteCorpus) in place."""
     import paddle
     from tqdm import tqdm
 

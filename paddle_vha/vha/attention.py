@@ -20,11 +20,11 @@ from typing import Optional, Tuple
 import paddle
 from paddle import nn
 from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
-from paddleformers.nn.linear import Linear as GeneralLinear
 from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rotary_pos_emb
 
-from ..config import Qwen3VHAConfig
-from ..prologue import fused_prologue, should_use_fused  # issue 4
+from ..qwen3.modeling import single_device_linear
+from .config import Qwen3VHAConfig
+from .prologue import fused_prologue, should_use_fused
 
 __all__ = ["Qwen3VHAAttention", "init_premix", "postmix", "premix"]
 
@@ -56,9 +56,14 @@ def premix(q_phys: paddle.Tensor, premix_weight: paddle.Tensor) -> paddle.Tensor
     return q.flatten(2, 3)  # (B, S, H_v, d), group-major
 
 
-def postmix(y: paddle.Tensor, u: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
-    """Y'_j = Y_j + sum_k (V U^T)[j, k] Y_k along the head axis of y (B, S, H_v, d)."""
+def postmix(y: paddle.Tensor, u: paddle.Tensor, v: paddle.Tensor, reduce=None) -> paddle.Tensor:
+    """Y'_j = Y_j + sum_k (V U^T)[j, k] Y_k along the head axis of y (B, S, H_v, d).
+
+    reduce: applied to Z = U^T Y before it is mixed back (tensor parallelism: each rank holds rows of U, V for its
+    heads, and the sum of the ranks' Z, R x d per token, is the only exchange)."""
     z = paddle.matmul(u, y, transpose_x=True)  # (R, H_v) @ (B, S, H_v, d) -> (B, S, R, d)
+    if reduce is not None:
+        z = reduce(z)
     return y + paddle.matmul(v, z)  # (H_v, R) @ (B, S, R, d) -> (B, S, H_v, d)
 
 
@@ -74,9 +79,7 @@ class Qwen3VHAAttention(Qwen3Attention):
         self.postmix_rank = config.vha_postmix_rank  # R
 
         # VHA: q_proj emits H_p physical heads of width r, not H_v heads of width d.
-        self.q_proj = GeneralLinear.create(
-            h, self.num_physical_heads * self.q_head_dim, has_bias=config.attention_bias, config=config, tp_plan="colwise"
-        )
+        self.q_proj = single_device_linear(h, self.num_physical_heads * self.q_head_dim, config.attention_bias)
         # VHA: Premix, one (r, d) map per KV group.
         self.vha_premix_weight = self.create_parameter(
             shape=[self.num_key_value_heads, self.q_head_dim, d],
@@ -97,28 +100,33 @@ class Qwen3VHAAttention(Qwen3Attention):
         )
         # VHA: optional sigmoid output gate (per virtual-head channel).
         if config.vha_gated_attention:
-            self.gate_proj = GeneralLinear.create(
-                h, self.num_heads * d, has_bias=False, config=config, tp_plan="colwise"
-            )
+            self.gate_proj = single_device_linear(h, self.num_heads * d, bias=False)
+        # VHA: hooks for tensor parallelism (paddle_vha/vha/tp_plan.py sets them; single-device: unused).
+        self.premix_groups = None  # (a, b): this rank reads Premix groups [a, b) of the whole parameter
+        self.postmix_reduce = None  # applied to Postmix's Z = U^T Y (the all-reduce of the ranks' parts)
+
+    def premix_weight(self) -> paddle.Tensor:
+        """Premix [H_kv, r, d] as this layer reads it: the whole parameter, or groups [a, b) of it under tensor
+        parallelism with replicated KV heads (a differentiable slice)."""
+        if self.premix_groups is None:
+            return self.vha_premix_weight
+        a, b = self.premix_groups
+        return self.vha_premix_weight[a:b]
 
     def prologue(
         self, q_phys: paddle.Tensor, k: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor
     ) -> Tuple[paddle.Tensor, paddle.Tensor]:
         """Premix -> q_norm / k_norm -> RoPE. In: (B, S, H_p, r), (B, S, H_kv, d). Out: (B, H_v, S, d), (B, H_kv, S, d)."""
-        # VHA (issue 4): one fused operator when enabled and available (paddle_vha/prologue.py); the composed
-        # chain below stays the reference and the fallback.
+        # VHA: one fused operator when enabled and available (paddle_vha/vha/prologue.py); the composed chain below
+        # stays the reference and the fallback.
+        w = self.premix_weight()
         if should_use_fused(getattr(self.config, "vha_fused_prologue", None), q_phys):
-            return fused_prologue(q_phys, k, self.vha_premix_weight, self.q_norm.weight, self.k_norm.weight, cos, sin,
+            return fused_prologue(q_phys, k, w, self.q_norm.weight, self.k_norm.weight, cos, sin,
                                   self.q_norm.variance_epsilon, heads_first=True)
-        q = premix(q_phys, self.vha_premix_weight)  # (B, S, H_v, d)
+        q = premix(q_phys, w)  # (B, S, H_v, d)
         q = self.q_norm(q).transpose([0, 2, 1, 3])  # (B, H_v, S, d)
         k = self.k_norm(k).transpose([0, 2, 1, 3])  # (B, H_kv, S, d)
         return apply_rotary_pos_emb(q, k, cos, sin)
-
-    def _postmix(self, y: paddle.Tensor) -> paddle.Tensor:
-        """Postmix step (B, S, H_v, d) -> (B, S, H_v, d); a separate method so tensor parallelism
-        (paddle_vha/parallel) can replace it with its one-all-reduce form."""
-        return postmix(y, self.vha_postmix_U, self.vha_postmix_V)
 
     def forward(
         self,
@@ -157,7 +165,8 @@ class Qwen3VHAAttention(Qwen3Attention):
         )  # (B, S, H_v * d)
 
         # VHA: Postmix along the head axis, then the optional gate.
-        y = self._postmix(attn_output.reshape([0, 0, self.num_heads, d]))
+        y = postmix(attn_output.reshape([0, 0, self.num_heads, d]), self.vha_postmix_U, self.vha_postmix_V,
+                    self.postmix_reduce)  # (B, S, H_v, d)
         y = y.flatten(2)  # (B, S, H_v * d)
         if self.config.vha_gated_attention:
             y = y * nn.functional.sigmoid(self.gate_proj(hidden_states))

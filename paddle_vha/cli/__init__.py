@@ -1,6 +1,9 @@
-"""Shared set-up for the command-line tools: quiet imports, one-line errors.
+"""The command lines: one module per tool, each with `main(argv=None) -> exit status`.
 
-Importing Paddle and PaddleFormers prints a page of warnings that say nothing about the user's job (no ccache,
+`python tools/X.py` runs `paddle_vha.cli.X.main`; an installed paddle_vha has the same as `paddle-vha-X`
+(pyproject.toml). Importing a command module is cheap: Paddle loads inside `main`, after its arguments are checked.
+
+This module holds what they share: quiet imports and one-line errors. Importing Paddle and PaddleFormers prints a page of warnings that say nothing about the user's job (no ccache,
 no PyTorch, distutils, checkpoint INFO lines). Tools call `quiet()` before importing them; the library itself
 never silences anything.
 """
@@ -26,7 +29,7 @@ def quiet() -> None:
     """Call before importing paddle / paddleformers."""
     os.environ.setdefault("GLOG_minloglevel", "2")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    # Paddle's bundled MKL takes a slow GEMM path on AMD CPUs unless told the CPU type (docs/performance.md);
+    # Paddle's bundled MKL takes a slow GEMM path on AMD CPUs unless told the CPU type (docs/prologue.md);
     # harmless elsewhere. Use the machine's cores for GEMMs (Paddle's own default is one thread).
     os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
     os.environ.setdefault("MKL_NUM_THREADS", str(min(os.cpu_count() or 1, 8)))

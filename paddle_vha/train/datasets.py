@@ -7,7 +7,7 @@ Every sample is a dict `{"input_ids": int64[S], "labels": int64[S]}` with labels
   permutation, a fresh one per pass; the order is a pure function of (seed, index), so a run resumed from a
   checkpoint (the Trainer skips the batches it already consumed, with an unshuffled sampler) sees exactly the
   batches an uninterrupted run would.
-* `stdlib_datasets` builds train / validation sets from the Python standard library's source (paddle_vha.data:
+* `stdlib_datasets` builds train / validation sets from the Python standard library's source (corpus.py:
   files are split by a hash of their path, so validation text is never trained on).
 * `pretrain_datasets` reads a PaddleFormers pretraining corpus: `PREFIX.bin` + `PREFIX.idx` (mmap indexed
   dataset, what PaddleFormers' data tools write), split by documents "train,valid,test" and indexed by
@@ -22,7 +22,7 @@ from typing import Iterable, Optional, Tuple
 import numpy as np
 import paddle
 
-from .data import BYTE_VOCAB_SIZE, DOC_SEPARATOR, load_stdlib_corpus
+from .corpus import BYTE_VOCAB_SIZE, DOC_SEPARATOR, load_stdlib_corpus
 
 __all__ = ["ByteWindows", "ShiftedTokens", "stdlib_datasets", "pretrain_datasets", "write_pretrain_data",
            "BYTE_VOCAB_SIZE"]

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import paddle
 
-__all__ = ["fused_prologue", "load_op", "fused_unavailable_reason", "should_use_fused", "FusedPrologueUnavailable"]
+__all__ = ["fused_prologue", "load_op", "ops_source_dir", "fused_unavailable_reason", "should_use_fused", "FusedPrologueUnavailable"]
 
 _LOG = logging.getLogger(__name__)
-_OPS_BUILD = Path(__file__).resolve().parent.parent / "ops" / "build.py"
 _lock = threading.Lock()
 _state = {"tried": False, "mod": None, "error": None, "warned": set()}
 
@@ -36,8 +35,18 @@ class FusedPrologueUnavailable(RuntimeError):
     """vha_fused_prologue=True but the operator cannot be built or loaded here."""
 
 
-def _import_build_script():
-    spec = importlib.util.spec_from_file_location("paddle_vha_ops_build", _OPS_BUILD)
+def ops_source_dir() -> Path | None:
+    """The operator's sources: ops/ of a checkout (editable installs too), or the copy an installed wheel carries as
+    package data (paddle_vha/_ops, put there by setup.py); None if neither is present."""
+    package = Path(__file__).resolve().parent.parent  # paddle_vha/
+    for candidate in (package / "_ops", package.parent / "ops"):
+        if (candidate / "build.py").is_file():
+            return candidate
+    return None
+
+
+def build_script():
+    spec = importlib.util.spec_from_file_location("paddle_vha_ops_build", ops_source_dir() / "build.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -86,9 +95,10 @@ def load_op():
         if not _state["tried"]:
             _state["tried"] = True
             try:
-                if not _OPS_BUILD.is_file():
-                    raise FileNotFoundError(f"{_OPS_BUILD} not found (paddle_vha installed without its source tree)")
-                build = _import_build_script()
+                if ops_source_dir() is None:
+                    raise FileNotFoundError("the operator's sources are missing (neither paddle_vha/_ops nor a "
+                                            "checkout's ops/ holds build.py)")
+                build = build_script()
                 # Paddle's loader is chatty (ccache warning, INFO lines, a build subprocess writing to the
                 # terminal): keep start-up quiet, and keep what it said for the error message.
                 with _quiet() as said:

@@ -21,9 +21,10 @@ from typing import Dict, List
 
 import numpy as np
 
-from .. import safetensors_io as st
-from ..checkpoint import CheckpointError, INDEX_FILE, SINGLE_FILE, is_linear_weight, validate_trainable_checkpoint
-from ..fsutil import atomic_dir
+from ..families import family_of
+from . import safetensors_io as st
+from .contract import INDEX_FILE, SINGLE_FILE, CheckpointError, is_linear_weight
+from .fsutil import atomic_dir
 
 __all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "read_tp_plan"]
 
@@ -67,7 +68,7 @@ def save_tp_checkpoint(model, out_dir: str) -> None:
     """Every rank of a parallelized model writes its slices into out_dir (collective: call on every rank)."""
     import paddle.distributed as dist
 
-    from .apply import tp_state
+    from ..parallel.apply import tp_state
 
     state = tp_state(model)
     if state is None:
@@ -176,6 +177,6 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
         if len(shards) > 1:
             st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, total)
         shutil.copyfile(os.path.join(in_dir, "config.json"), os.path.join(tmp, "config.json"))
-        validate_trainable_checkpoint(tmp)
+        family_of(tmp).validate(tmp)  # the merged folder meets its family's contract
     return {"tensor_parallel_size": t, "tensors": len(names), "bytes": total, "files": len(shards)}
 

@@ -1,0 +1,27 @@
+"""Build (or reuse) the fused VHA prologue operator for this Paddle, from the sources paddle_vha carries.
+
+    paddle-vha-build-ops            # build once; later runs reuse the build
+    paddle-vha-build-ops --force    # rebuild from scratch
+
+In a checkout the sources are ops/ (tools/env.sh runs ops/build.py itself); an installed wheel carries them as
+package data (paddle_vha/_ops). Layers build the op on first use anyway; this command does it ahead of time and says
+where. Environment variables (VHA_OPS_BUILD_DIR, VHA_OPS_MARCH, CUDA_HOME): see ops/build.py.
+"""
+from __future__ import annotations
+
+import sys
+
+from . import fail, quiet
+
+
+def main(argv=None) -> int:
+    quiet()
+    from ..vha.prologue import build_script, ops_source_dir
+
+    if ops_source_dir() is None:
+        fail("the fused operator's sources are missing (neither paddle_vha/_ops nor a checkout's ops/ holds build.py)")
+    return build_script().main(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The family registry: one entry per model family, keyed by config.json's `model_type` (torchtitan's ModelSpec).
+
+    from paddle_vha.families import family, family_of
+    fam = family("qwen3_vha")            # or family_of(checkpoint_folder), family_of(config_object)
+    cfg = fam.validate("runs/quickstart/vha")       # config, checked against the family's tensor contract
+    model = fam.model_class(cfg)
+
+An entry says everything the shared code needs to know about a family: its config and model classes, its tensor
+contract, its tensor-parallel plan, how it is served (the export's per-layer cache layout, or why it is not exported
+as is) and its cost model. Shared modules (checkpoint loading, parallel, export, accounting, train) ask this registry;
+none of them imports a family by name, and no `model_type` string appears outside this file and the family folders
+(tests/test_architecture.py checks both). A new family or variant touches its own folder and its entry below.
+
+Entries name Paddle-dependent pieces as "module:attribute" strings, imported on first use, so the registry (and the
+calculators built on it) import without Paddle.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional
+
+from .checkpoint.contract import CheckpointError, Shapes, compare_shapes
+from .checkpoint.folder import CheckpointFolder
+from .mea import contract as mea_contract
+from .mea import cost as mea_cost
+from .mea import tp_plan as mea_tp_plan
+from .qwen3 import contract as qwen3_contract
+from .vha import contract as vha_contract
+from .vha import cost as vha_cost
+from .vha import tp_plan as vha_tp_plan
+
+__all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily"]
+
+
+class UnknownFamily(CheckpointError):
+    """A model_type no entry describes; one line naming it and the known ones."""
+
+
+def _resolve(ref: str):
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family. Callables take the family's config object unless said otherwise."""
+
+    model_type: str
+    label: str  # how messages name it: "Qwen3-VHA"
+    config_ref: str  # "module:Class" of the config (a PaddleFormers PretrainedConfig)
+    model_ref: str  # "module:Class" of the causal LM
+    tensor_shapes: Callable[[Any], Shapes]  # the on-disk tensor contract: name -> HF-layout shape
+    # Tensor parallelism through paddle_vha.parallel: a module with check(cfg, t) and layer_plan(cfg, t, rank, i) ->
+    # parallel.plan.LayerPlan; None: the family is not sharded by this project.
+    tp_plan: Optional[ModuleType] = None
+    # Serving: a module with export_form(cfg, layer index, tensors, const) -> the layer's form in the exported decoder
+    # (paddle_vha/export/decoder.py), cache_shape(cfg, layer index) -> (heads, width) of its cache, and
+    # export_refusal(cfg) -> why a checkpoint cannot be exported as it is, or None. A family without one is not
+    # exported; `not_exported` says what to do instead.
+    serving_ref: Optional[str] = None
+    not_exported: str = "cannot be exported"
+    # Cost model (paddle_vha/accounting.py): config.json dict -> Arch fields of its attention (None: stock GQA / MHA).
+    arch_fields: Optional[Callable[[dict], Dict[str, Any]]] = None
+
+    @property
+    def config_class(self):
+        return _resolve(self.config_ref)
+
+    @property
+    def model_class(self):
+        return _resolve(self.model_ref)
+
+    def export_refusal(self, cfg) -> Optional[str]:
+        """Why a checkpoint of this family with config `cfg` cannot be exported as it is (one line), or None."""
+        if self.serving_ref is None:
+            return f"is a {self.label} checkpoint; {self.not_exported}"
+        return importlib.import_module(self.serving_ref).export_refusal(cfg)
+
+    def export_form(self, cfg, layer_idx: int, tensors, const):
+        """Layer `layer_idx`'s form in the exported decoder (paddle_vha/export/decoder.py)."""
+        return importlib.import_module(self.serving_ref).export_form(cfg, layer_idx, tensors, const)
+
+    def export_cache_shapes(self, cfg) -> List[tuple]:
+        """(heads, width) of every layer's cache in the exported decoder."""
+        serving = importlib.import_module(self.serving_ref)
+        return [serving.cache_shape(cfg, i) for i in range(cfg.num_hidden_layers)]
+
+    def load_config(self, folder):
+        """The typed config of a checkpoint folder of this family; config errors become one-line CheckpointErrors."""
+        ck = CheckpointFolder.open(folder)
+        if ck.model_type != self.model_type:
+            raise CheckpointError(f"{ck.path}: not a {self.label} checkpoint (config.json model_type={ck.model_type!r}, "
+                                  f"expected {self.model_type!r})")
+        try:
+            return self.config_class.from_dict(ck.config)
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{ck.path}/config.json: {e}") from None
+
+    def check_tensors(self, folder, cfg) -> None:
+        """CheckpointError naming missing, unexpected or mis-shaped tensors (headers only) for config `cfg`."""
+        ck = CheckpointFolder.open(folder)
+        compare_shapes(ck.path, ck.shapes, self.tensor_shapes(cfg))
+
+    def validate(self, folder):
+        """Check a checkpoint folder against this family's contract (config, then tensor names and shapes from the
+        headers); returns its config."""
+        ck = CheckpointFolder.open(folder)
+        cfg = self.load_config(ck)
+        self.check_tensors(ck, cfg)
+        return cfg
+
+
+FAMILIES: Dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family(
+            model_type="qwen3",
+            label="Qwen3",
+            config_ref="paddleformers.transformers:Qwen3Config",
+            model_ref="paddleformers.transformers:Qwen3ForCausalLM",
+            tensor_shapes=qwen3_contract.tensor_shapes,
+            serving_ref="paddle_vha.qwen3.serving",
+        ),
+        Family(
+            model_type="qwen3_vha",
+            label="Qwen3-VHA",
+            config_ref="paddle_vha.vha.config:Qwen3VHAConfig",
+            model_ref="paddle_vha.vha.modeling:Qwen3VHAForCausalLM",
+            tensor_shapes=vha_contract.tensor_shapes,
+            tp_plan=vha_tp_plan,
+            not_exported="fold it first (python tools/fold.py IN OUT)",
+            arch_fields=vha_cost.arch_fields,
+        ),
+        Family(
+            model_type="qwen3_mea",
+            label="Qwen3-MEA",
+            config_ref="paddle_vha.mea.config:Qwen3MEAConfig",
+            model_ref="paddle_vha.mea.modeling:Qwen3MEAForCausalLM",
+            tensor_shapes=mea_contract.tensor_shapes,
+            tp_plan=mea_tp_plan,
+            serving_ref="paddle_vha.mea.serving",
+            arch_fields=mea_cost.arch_fields,
+        ),
+    )
+}
+
+# What tools/train.py builds when a trainer config names no model_type.
+DEFAULT_MODEL_TYPE = "qwen3_vha"
+
+
+def family(model_type) -> Family:
+    """The entry for `model_type`; UnknownFamily (a one-line CheckpointError) if there is none."""
+    if model_type not in FAMILIES:
+        raise UnknownFamily(f"model_type {model_type!r} is not one of {', '.join(FAMILIES)}")
+    return FAMILIES[model_type]
+
+
+def family_of(obj) -> Family:
+    """The entry for a config object, a config.json dict, a CheckpointFolder or a checkpoint folder path."""
+    if isinstance(obj, dict):
+        return family(obj.get("model_type"))
+    if isinstance(obj, CheckpointFolder) or isinstance(obj, str):
+        ck = CheckpointFolder.open(obj)
+        try:
+            return family(ck.model_type)
+        except UnknownFamily:
+            raise UnknownFamily(f"{ck.path}: config.json model_type {ck.model_type!r} is not one of "
+                                f"{', '.join(FAMILIES)}") from None
+    return family(getattr(obj, "model_type", None))
+
+
+def trainable_with_plan() -> List[Family]:
+    """Families paddle_vha.parallel shards (their label in messages)."""
+    return [f for f in FAMILIES.values() if f.tp_plan is not None]

@@ -1,0 +1,48 @@
+"""Stock Qwen3's math as functions of plain tensors, for graphs built outside PaddleFormers' modules (the exported
+decoder, paddle_vha/export/decoder.py). Each matches the PaddleFormers module it names; the export's self-validation
+and tests/test_export_serve.py check that against PaddleFormers' Qwen3ForCausalLM."""
+from __future__ import annotations
+
+import paddle
+
+__all__ = ["rms_norm", "rotate_half", "apply_rope", "rope_tables", "grouped_attention", "swiglu_mlp"]
+
+
+def rms_norm(x, weight, eps: float):
+    """Qwen3's RMSNorm over the last axis (float32 graphs)."""
+    var = paddle.mean(x * x, axis=-1, keepdim=True)
+    return x * paddle.rsqrt(var + eps) * weight
+
+
+def rotate_half(x, half: int):
+    """[x1, x2] -> [-x2, x1] over the last axis, split at `half` (given: the width may be symbolic in a graph)."""
+    return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate-half RoPE; x (..., d) with cos / sin broadcast to it."""
+    return x * cos + rotate_half(x, x.shape[-1] // 2) * sin
+
+
+def rope_tables(position_ids, inv_freq, dtype):
+    """cos, sin (B, S, 1, d) at absolute positions (B, S) for inverse frequencies (1, 1, d/2), as Qwen3RotaryEmbedding."""
+    freqs = position_ids.astype("float32").unsqueeze(-1) * inv_freq  # (B, S, d/2)
+    emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(2)
+    return paddle.cos(emb).astype(dtype), paddle.sin(emb).astype(dtype)
+
+
+def grouped_attention(q, k, v, mask, scale: float):
+    """Softmax attention in the grouped layout. q (B, H, S, w); k, v (B, H_kv, T, w); query head j = kv*G + i reads KV
+    head kv. Its G*S query rows share one read of K and V (no repeat-KV copy): mask is additive, (B, 1, G*S, T) with
+    row i*S + s. Returns (B, H, S, w)."""
+    h_kv, width = k.shape[1], q.shape[-1]
+    qg = q.reshape([0, h_kv, -1, width])  # (B, H_kv, G*S, w): heads of one group are consecutive
+    scores = paddle.matmul(qg, k, transpose_y=True) * scale  # (B, H_kv, G*S, T)
+    probs = paddle.nn.functional.softmax(scores.astype("float32") + mask, axis=-1)
+    y = paddle.matmul(probs.astype(v.dtype), v)  # (B, H_kv, G*S, w)
+    return y.reshape([0, q.shape[1], -1, width])  # (B, H, S, w)
+
+
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    """Qwen3's MLP with [in, out] weights: down(silu(gate(x)) * up(x))."""
+    return paddle.matmul(paddle.nn.functional.silu(paddle.matmul(x, w_gate)) * paddle.matmul(x, w_up), w_down)

@@ -1,0 +1,98 @@
+"""What both families take from PaddleFormers' Qwen3 model classes: the builders with another decoder layer or
+backbone, cache-continuing positions, single-device Linears, and checkpoint save/load through the family contract."""
+from __future__ import annotations
+
+import os
+
+import paddle
+from paddle import nn
+from paddleformers.nn.criterion.interface import CriterionLayer
+from paddleformers.nn.embedding import Embedding as GeneralEmbedding
+from paddleformers.nn.lm_head import LMHead as GeneralLMHead
+from paddleformers.nn.norm import Norm as GeneralNorm
+from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
+from paddleformers.transformers.qwen3.modeling import Qwen3PretrainedModel, Qwen3RotaryEmbedding
+
+from ..checkpoint.folder import remove_save_marker
+from ..families import family
+
+__all__ = ["ContractCheckpointMixin", "init_qwen3_backbone", "init_qwen3_causal_lm", "cache_continuation_positions",
+           "single_device_linear", "register_auto_classes"]
+
+
+def single_device_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
+    """A plain Linear ([in, out] weight). The families build single-device layers only; tensor parallelism is applied
+    from outside by paddle_vha.parallel, so no fleet parallel-layer type is named here."""
+    return nn.Linear(in_features, out_features, bias_attr=bias)
+
+
+def init_qwen3_backbone(model, config, decoder_layer_cls) -> None:
+    """The body of Qwen3Model.__init__ with another decoder layer class.
+
+    PaddleFormers hard-codes Qwen3DecoderLayer there; building the stock layers first and replacing them would
+    hold two models in memory at once.
+    """
+    Qwen3PretrainedModel.__init__(model, config)
+    model.embed_tokens = GeneralEmbedding.create(
+        config=config, num_embeddings=config.vocab_size, embedding_dim=config.hidden_size
+    )
+    model.layers = nn.LayerList([decoder_layer_cls(config, i) for i in range(config.num_hidden_layers)])
+    model.norm = GeneralNorm.create(
+        config=config,
+        norm_type="rms_norm",
+        hidden_size=config.hidden_size,
+        norm_eps=config.rms_norm_eps,
+        input_is_parallel=config.sequence_parallel,
+    )
+    model.rotary_emb = Qwen3RotaryEmbedding(config=config)
+    model.has_sliding_layers = getattr(config, "sliding_window", None) is not None and "sliding_attention" in (
+        getattr(config, "layer_types", None) or []
+    )
+
+
+def init_qwen3_causal_lm(model, config, backbone_cls) -> None:
+    """The body of Qwen3ForCausalLM.__init__ with another backbone class."""
+    Qwen3PretrainedModel.__init__(model, config)
+    model.model = backbone_cls(config)
+    model.lm_head = GeneralLMHead(config)
+    model.criterion = CriterionLayer(config)
+    model.tie_weights()
+
+
+def cache_continuation_positions(past_key_values, input_ids=None, inputs_embeds=None):
+    """Positions (B, S) that continue a filled cache, or None when there is no filled cache.
+
+    Fix of a parent quirk: Qwen3Model numbers positions from 0 even when a filled cache is passed, which rotates
+    new tokens as if they were at the start.
+    """
+    if past_key_values is None or past_key_values.get_seq_length() == 0:
+        return None
+    batch, seq = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+    start = past_key_values.get_seq_length()
+    return paddle.arange(start, start + seq, dtype="int64").expand([batch, seq])
+
+
+class ContractCheckpointMixin:
+    """save_pretrained without PaddleFormers' save marker; from_pretrained validates the folder against the family's
+    tensor contract first (one-line CheckpointError on a malformed folder, nothing read before)."""
+
+    def save_pretrained(self, save_dir, *args, **kwargs):
+        super().save_pretrained(save_dir, *args, **kwargs)
+        remove_save_marker(save_dir)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(pretrained_model_name_or_path):
+            family(cls.config_class.model_type).validate(pretrained_model_name_or_path)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+
+def register_auto_classes(config_cls, causal_lm_cls) -> None:
+    """AutoConfig.from_pretrained and AutoModelForCausalLM.from_config know the family's model_type.
+
+    PaddleFormers 1.0.0 keeps one config -> model table for all Auto model classes, and its from_pretrained
+    matches `architectures` against built-in name prefixes first ("Qwen3VHA..." -> stock Qwen3), so
+    checkpoints load through the family's own from_pretrained (docs/method.md, "Auto classes").
+    """
+    AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
+    AutoModelForCausalLM.register(config_cls, causal_lm_cls, exist_ok=True)

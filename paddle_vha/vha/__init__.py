@@ -1,0 +1,10 @@
+"""Qwen3-VHA: Virtual Head Attention for PaddleFormers' Qwen3 (docs/method.md).
+
+config.py      Qwen3VHAConfig                      attention.py  Qwen3VHAAttention: Premix, Postmix (the equations)
+modeling.py    Qwen3VHAModel / ForCausalLM         contract.py   tensor names and shapes on disk
+prologue.py    the fused Premix + QK-norm + RoPE   fold.py       Qwen3-VHA -> stock Qwen3 GQA (exact)
+               operator (ops/): loader, dispatch   tp_plan.py    tensor-parallel plan (data)
+cost.py        the cost model's fields
+
+Registered in paddle_vha/families.py. Nothing here is imported by this __init__ (Paddle loads on first use).
+"""

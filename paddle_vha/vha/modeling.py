@@ -1,0 +1,77 @@
+"""Qwen3-VHA models: stock PaddleFormers Qwen3 with the attention swapped for Qwen3VHAAttention.
+
+Deviations from the parent classes are marked `# VHA:`. The on-disk layout is the public contract
+described in docs/checkpoint.md (paddle_vha/vha/contract.py), checked before every load.
+"""
+from __future__ import annotations
+
+from paddleformers.transformers.model_utils import register_base_model
+from paddleformers.transformers.qwen3.modeling import (
+    Qwen3DecoderLayer,
+    Qwen3ForCausalLM,
+    Qwen3Model,
+    Qwen3PretrainedModel,
+)
+
+from ..qwen3.modeling import (
+    ContractCheckpointMixin,
+    cache_continuation_positions,
+    init_qwen3_backbone,
+    init_qwen3_causal_lm,
+    register_auto_classes,
+)
+from .attention import Qwen3VHAAttention
+from .config import Qwen3VHAConfig
+
+__all__ = ["Qwen3VHADecoderLayer", "Qwen3VHAModel", "Qwen3VHAForCausalLM", "Qwen3VHAPretrainedModel"]
+
+
+class Qwen3VHADecoderLayer(Qwen3DecoderLayer):
+    def __init__(self, config: Qwen3VHAConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = Qwen3VHAAttention(config, layer_idx)  # VHA: the only change to the decoder layer
+
+
+class Qwen3VHAPretrainedModel(ContractCheckpointMixin, Qwen3PretrainedModel):
+    config_class = Qwen3VHAConfig
+
+    @classmethod
+    def _gen_aoa_config(cls, config: Qwen3VHAConfig):
+        return cls._add_gate_rule(super()._gen_aoa_config(config), config, to_disk=False)
+
+    @classmethod
+    def _gen_inv_aoa_config(cls, config: Qwen3VHAConfig):
+        return cls._add_gate_rule(super()._gen_inv_aoa_config(config), config, to_disk=True)
+
+    @classmethod
+    def _add_gate_rule(cls, aoa: dict, config: Qwen3VHAConfig, to_disk: bool) -> dict:
+        # VHA: the attention gate is a Linear: [out, in] on disk, [in, out] in memory. New Linears need a
+        # transpose rule both ways, or PaddleFormers writes them untransposed (breaking the HF layout).
+        if config.vha_gated_attention:
+            memory = ("" if cls == cls.base_model_class else "model.") + "layers.$LAYER_ID.self_attn.gate_proj.weight"
+            disk = "model.layers.$LAYER_ID.self_attn.gate_proj.weight"
+            src, dst = (memory, disk) if to_disk else (disk, memory)
+            aoa["aoa_statements"].append(f"{src}^T -> {dst}")
+        return aoa
+
+
+@register_base_model
+class Qwen3VHAModel(Qwen3VHAPretrainedModel, Qwen3Model):
+    def __init__(self, config: Qwen3VHAConfig):
+        config.check_runtime_support()  # VHA: refuse unsupported runtime options before building anything
+        init_qwen3_backbone(self, config, Qwen3VHADecoderLayer)  # VHA: decoder layer
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, **kwargs):
+        if position_ids is None:  # positions continue a filled cache (stock Qwen3Model restarts them at 0)
+            position_ids = cache_continuation_positions(past_key_values, input_ids, inputs_embeds)
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
+
+
+class Qwen3VHAForCausalLM(Qwen3VHAPretrainedModel, Qwen3ForCausalLM):
+    def __init__(self, config: Qwen3VHAConfig):
+        init_qwen3_causal_lm(self, config, Qwen3VHAModel)  # VHA: backbone
+
+
+register_auto_classes(Qwen3VHAConfig, Qwen3VHAForCausalLM)

@@ -1,0 +1,136 @@
+"""Tensor-parallel plan for Qwen3-VHA: which slice of which tensor each rank holds, and why.
+
+Pure arithmetic on the config (no Paddle), as data (paddle_vha/parallel/plan.py), applied by paddle_vha/parallel/apply.py.
+Notation as docs/method.md: H_v virtual heads, H_kv KV heads, H_p = H_v / H_kv physical heads, d head width,
+r physical width, R Postmix rank, t the tensor-parallel size.
+
+Attention, rank k of t (virtual heads are group-major, j = g*H_p + i):
+
+* virtual heads [k*H_v/t, (k+1)*H_v/t) — a contiguous block, so each rank's heads read whole KV groups;
+* t <= H_kv (KV split): rank k owns KV groups [k*H_kv/t, (k+1)*H_kv/t), i.e. all H_p physical heads of those
+  groups: k_proj / v_proj / Premix are sharded by group;
+* t >  H_kv (KV replicated, as Megatron does when query groups < world size): c = t/H_kv ranks share group
+  g = k // c; rank k uses KV head g and physical heads [(k % c)*H_p/c, (k % c + 1)*H_p/c). k_proj / v_proj and
+  Premix stay whole on every rank (each rank reads its slice) with their gradients summed;
+* q_proj is replicated: every rank needs the physical heads of its groups (all H_p when t <= H_kv). Its
+  gradient is summed across ranks (each rank's is the part its own groups contribute); q_norm / k_norm alike;
+* Postmix U, V and the gate are sharded by virtual head (rows of U, V; columns of gate_proj), o_proj by its
+  input rows (row-parallel, as Qwen3's); one all-reduce of Z = sum_k U_k^T Y_k (R x d per token) mixes heads
+  across ranks, and o_proj's all-reduce (h per token) closes the layer.
+
+MLP as Qwen3's: gate_proj / up_proj column-parallel, down_proj row-parallel. Embedding, norms and lm_head stay
+replicated (PaddleFormers' vocab-parallel head needs c_softmax_with_cross_entropy, which has no CPU kernel).
+
+The layer's two hooks carry the rest: `premix_weight()` reads the rank's group of a whole Premix (KV replicated) and
+`postmix_reduce` is the all-reduce of Z.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+from ..parallel.plan import (
+    REPLICATED_SUMMED,
+    LayerPlan,
+    TensorShard,
+    TPPlanError,
+    check_head_split,
+    check_size,
+    gqa_layout,
+    mlp_shards,
+)
+
+__all__ = ["AttentionLayout", "attention_layout", "tensor_shards", "check", "layer_plan", "TPPlanError"]
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """What rank `rank` of `t` computes in one attention layer."""
+
+    t: int
+    rank: int
+    heads: Tuple[int, int]  # virtual heads [a, b)
+    groups: Tuple[int, int]  # KV groups (= KV heads) [a, b) this rank reads
+    physical: Tuple[int, int]  # physical query heads [a, b) this rank uses
+    kv_sharded: bool  # t <= H_kv: KV heads split; else replicated (whole tensors, rank-local slice)
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads[1] - self.heads[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.groups[1] - self.groups[0]
+
+    @property
+    def num_physical(self) -> int:
+        return self.physical[1] - self.physical[0]
+
+
+def check(cfg, t: int) -> None:
+    """TPPlanError (one line) if the Qwen3-VHA config cannot be sharded over t ranks."""
+    check_size(t)
+    h_v, h_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    check_head_split(h_v, h_kv, t, f"num_attention_heads (virtual heads H_v={h_v})", f"num_key_value_heads H_kv={h_kv}",
+                     "H_kv")
+    mlp_shards(cfg, t)
+
+
+def attention_layout(cfg, t: int, rank: int) -> AttentionLayout:
+    check(cfg, t)
+    h_v, h_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    h_p = h_v // h_kv
+    lay = gqa_layout(h_v, h_kv, t, rank)  # virtual heads over KV groups, as any GQA layer
+    if lay.kv_sharded:  # whole groups: all H_p physical heads
+        physical = (0, h_p)
+    else:  # c = t/H_kv ranks share a group; each uses its H_p/c physical heads
+        c = t // h_kv
+        n, s = h_p // c, rank % c
+        physical = (s * n, (s + 1) * n)
+    return AttentionLayout(t, rank, lay.heads, lay.kv, physical, lay.kv_sharded)
+
+
+def tensor_shards(cfg, t: int) -> Dict[str, TensorShard]:
+    """In-memory parameter name suffix (relative to a decoder layer, e.g. 'self_attn.q_proj.weight') -> shard.
+
+    Names not listed (embedding, norms, lm_head, ...) are whole on every rank with full gradients.
+    """
+    check(cfg, t)
+    kv_split = t <= cfg.num_key_value_heads
+    a = "self_attn."
+    shards = {
+        a + "q_proj.weight": REPLICATED_SUMMED,
+        a + "q_proj.bias": REPLICATED_SUMMED,
+        a + "q_norm.weight": REPLICATED_SUMMED,
+        a + "k_norm.weight": REPLICATED_SUMMED,
+        a + "vha_premix_weight": TensorShard(0) if kv_split else REPLICATED_SUMMED,
+        a + "k_proj.weight": TensorShard(1) if kv_split else REPLICATED_SUMMED,
+        a + "k_proj.bias": TensorShard(0) if kv_split else REPLICATED_SUMMED,
+        a + "v_proj.weight": TensorShard(1) if kv_split else REPLICATED_SUMMED,
+        a + "v_proj.bias": TensorShard(0) if kv_split else REPLICATED_SUMMED,
+        a + "vha_postmix_U": TensorShard(0),
+        a + "vha_postmix_V": TensorShard(0),
+        a + "gate_proj.weight": TensorShard(1),
+        a + "o_proj.weight": TensorShard(0),
+        a + "o_proj.bias": TensorShard(None),  # added after the all-reduce: full gradient on every rank
+    }
+    shards.update(mlp_shards(cfg, t))
+    return shards
+
+
+def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
+    """Rank `rank`'s part of every Qwen3-VHA decoder layer (all layers are alike)."""
+    lay = attention_layout(cfg, t, rank)
+    d, r = cfg.head_dim, cfg.vha_q_head_dim
+    attrs = dict(num_heads=lay.num_heads, num_key_value_heads=lay.num_kv_heads,
+                 num_key_value_groups=lay.num_heads // lay.num_kv_heads, num_physical_heads=lay.num_physical,
+                 premix_groups=None)
+    columns = {}
+    if not lay.kv_sharded:
+        # K/V and Premix stay whole; this rank computes its KV head and its physical heads only.
+        (g0, g1), (p0, p1) = lay.groups, lay.physical
+        columns = {"self_attn.q_proj": (p0 * r, p1 * r), "self_attn.k_proj": (g0 * d, g1 * d),
+                   "self_attn.v_proj": (g0 * d, g1 * d)}
+        attrs["premix_groups"] = lay.groups
+    return LayerPlan(params=tensor_shards(cfg, t), column_slices=columns, attributes={"self_attn": attrs},
+                     collectives={"self_attn.postmix_reduce": "all_reduce_partial"})

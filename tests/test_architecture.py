@@ -1,0 +1,210 @@
+"""The package's shape (docs/architecture.md): no import cycles, one place that knows model_type strings, tools that
+are thin, a registry whose entries agree with their classes, and a wheel that installs its commands and builds its op.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "paddle_vha")
+
+
+def _modules():
+    """{dotted module name: path} of every module of the package."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(PKG):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for f in filenames:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(dirpath, f), ROOT)[:-3].replace(os.sep, ".")
+                out[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(dirpath, f)
+    return out
+
+
+def import_graph():
+    """module -> modules of the package it imports, anywhere in its code (module level or inside functions)."""
+    mods = _modules()
+    graph = {m: set() for m in mods}
+    for m, path in mods.items():
+        is_pkg = path.endswith("__init__.py")
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = m.split(".") if is_pkg else m.split(".")[:-1]
+                    base = base[: len(base) - node.level + 1]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in mods:  # the module itself for `from pkg.mod import name`
+                    t = t.rpartition(".")[0]
+                if t and t != m:
+                    graph[m].add(t)
+    return graph
+
+
+def cycles(graph):
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_import_graph_has_no_cycles():
+    graph = import_graph()
+    assert "paddle_vha.families" in graph and "paddle_vha.vha.contract" in graph["paddle_vha.families"]  # it sees edges
+    found = cycles(graph)
+    print(f"{len(graph)} modules, {sum(len(v) for v in graph.values())} import edges, cycles: {found}")
+    assert not found, f"import cycles: {found}"
+
+
+def _model_types():
+    from paddle_vha.families import FAMILIES
+
+    return set(FAMILIES)
+
+
+ALLOWED = ("paddle_vha/families.py", "paddle_vha/vha/", "paddle_vha/mea/", "paddle_vha/qwen3/")
+
+
+def test_model_type_strings_live_in_the_registry_and_family_folders():
+    """No shared module or tool picks a family by a model_type string: they ask paddle_vha.families."""
+    types = _model_types()
+    files = [p for p in _modules().values()] + [os.path.join(ROOT, "tools", f) for f in os.listdir(os.path.join(ROOT, "tools"))
+                                                if f.endswith(".py")]
+    hits = []
+    for path in files:
+        rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Constant) and node.value in types:
+                hits.append((rel, node.lineno, node.value))
+    outside = [h for h in hits if not h[0].startswith(ALLOWED)]
+    print(f"{len(hits)} model_type literals, in: {sorted({h[0] for h in hits})}")
+    assert any(h[0] == "paddle_vha/families.py" for h in hits)  # the scan sees literals where they are
+    assert not outside, f"model_type literals outside the registry and family folders: {outside}"
+
+
+def test_registry_entries_agree_with_their_classes():
+    from paddle_vha.families import FAMILIES, family, family_of, UnknownFamily
+
+    for model_type, fam in FAMILIES.items():
+        assert fam.config_class.model_type == model_type, model_type
+        assert fam.model_class.config_class.model_type == model_type, model_type
+        assert family_of(fam.config_class) is fam
+    with pytest.raises(UnknownFamily, match="model_type 'llama' is not one of qwen3, qwen3_vha, qwen3_mea"):
+        family("llama")
+
+
+def test_tools_are_thin_and_installed():
+    """tools/*.py never edit sys.path, and every command line of the package is a console script (and back)."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    import importlib
+
+    for name, target in scripts.items():
+        module, _, attr = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr)), name
+    commands = {os.path.splitext(f)[0] for f in os.listdir(os.path.join(PKG, "cli")) if f.endswith(".py")} - {"__init__"}
+    assert {t.split(":")[0].rsplit(".", 1)[1] for t in scripts.values()} == commands
+    for f in sorted(os.listdir(os.path.join(ROOT, "tools"))):
+        if f.endswith(".py"):
+            tree = ast.parse(open(os.path.join(ROOT, "tools", f), encoding="utf-8").read())
+            edits = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "path"
+                     and isinstance(n.value, ast.Name) and n.value.id == "sys"]
+            assert not edits, f"tools/{f}:{edits[0]} touches sys.path"
+            stem = f[:-3]
+            if stem in commands:  # a thin command line: the package does the work
+                assert len(tree.body) <= 4, f"tools/{f} is more than a call into paddle_vha.cli.{stem}"
+
+
+@pytest.mark.slow
+def test_wheel_installs_commands_and_builds_the_op(tmp_path):
+    """`pip wheel .` -> a fresh virtual environment -> paddle-vha-fold --help and paddle-vha-build-ops work there.
+
+    The fresh environment sees the pinned dependencies of this one through a .pth file (no second download of Paddle),
+    and installs the wheel alone: what is tested is the wheel's content (package, op sources, entry points)."""
+    import site
+    import sysconfig
+
+    wheels = tmp_path / "wheels"
+    run = lambda *cmd, **kw: subprocess.run(cmd, capture_output=True, text=True, timeout=900, **kw)  # noqa: E731
+    r = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), ROOT,
+            "--disable-pip-version-check", "-q")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = list(wheels.glob("paddle_vha-*.whl"))
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "paddle_vha/_ops/build.py" in names and "paddle_vha/_ops/csrc/vha_prologue_cpu.cc" in names
+    assert not any(n.startswith(("tests/", "tools/", "ops/")) for n in names)
+
+    venv = tmp_path / "venv"
+    r = run(sys.executable, "-m", "venv", "--without-pip", str(venv))
+    assert r.returncode == 0, r.stderr
+    py = venv / "bin" / "python"
+    purelib = run(str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    with open(os.path.join(purelib, "pinned_deps.pth"), "w") as f:  # the pinned dependencies of this environment
+        f.write("\n".join(site.getsitepackages() + [sysconfig.get_paths()["purelib"]]) + "\n")
+    r = run(sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", str(wheel), "-q",
+            "--disable-pip-version-check")
+    if r.returncode and "no such option: --python" in r.stderr:  # pip < 22.3: install with the target's own pip
+        r = run(sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--prefix", str(venv), str(wheel), "-q",
+                "--disable-pip-version-check")
+    assert r.returncode == 0, r.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
+    where = run(str(py), "-c", "import paddle_vha, os; print(os.path.dirname(paddle_vha.__file__))", env=env,
+                cwd=str(tmp_path)).stdout.strip()
+    assert where.startswith(str(venv)), f"the fresh environment imported paddle_vha from {where}"
+    r = run(str(venv / "bin" / "paddle-vha-fold"), "--help", env=env, cwd=str(tmp_path))
+    assert r.returncode == 0 and "usage: paddle-vha-fold" in r.stdout and "--dry-run" in r.stdout, r.stderr[-2000:]
+    build = tmp_path / "op-build"
+    r = run(str(venv / "bin" / "paddle-vha-build-ops"), env=dict(env, VHA_OPS_BUILD_DIR=str(build)), cwd=str(tmp_path))
+    print(r.stdout, r.stderr[-2000:])
+    assert r.returncode == 0 and "vha_prologue built" in r.stdout, r.stderr[-2000:]
+    code = ("from paddle_vha.vha.prologue import load_op, ops_source_dir; import sys; "
+            "print(ops_source_dir()); sys.exit(load_op() is None)")
+    r = run(str(py), "-c", code, env=dict(env, VHA_OPS_BUILD_DIR=str(build)), cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout.strip().startswith(str(venv)), r.stdout + r.stderr[-2000:]
