@@ -72,10 +72,13 @@ class Family:
     def model_class(self):
         return _resolve(self.model_ref)
 
+    @property
+    def servable(self) -> bool:
+        """Whether the export serves checkpoints of this family as they are (else see `not_exported`)."""
+        return self.serving_ref is not None
+
     def export_refusal(self, cfg) -> Optional[str]:
-        """Why a checkpoint of this family with config `cfg` cannot be exported as it is (one line), or None."""
-        if self.serving_ref is None:
-            return f"is a {self.label} checkpoint; {self.not_exported}"
+        """Why the checkpoint with config `cfg` (of a servable family) cannot be exported as it is, or None."""
         return importlib.import_module(self.serving_ref).export_refusal(cfg)
 
     def export_form(self, cfg, layer_idx: int, tensors, const):

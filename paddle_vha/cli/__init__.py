@@ -15,7 +15,7 @@ import sys
 from typing import NoReturn
 import warnings
 
-__all__ = ["quiet", "fail"]
+__all__ = ["quiet", "fail", "report_models"]
 
 _NOISE = ("Due to potential compatibility issues between PaddlePaddle and PyTorch",)
 
@@ -44,3 +44,20 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print one line naming the problem and exit non-zero."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+def report_models(specs, rows_for, print_table, as_json: bool, error=ValueError) -> int:
+    """The calculators' output (tools/kv_calc.py, tools/flops.py): rows_for(spec) for every MODEL argument, then one
+    JSON list or print_table(spec, rows) per model; `error` (one line) exits 2."""
+    import json
+
+    try:
+        all_rows = [(spec, rows_for(spec)) for spec in specs]
+    except error as e:
+        fail(str(e))
+    if as_json:
+        print(json.dumps([r for _, rows in all_rows for r in rows], indent=1))
+        return 0
+    for spec, rows in all_rows:
+        print_table(spec, rows)
+    return 0

@@ -14,7 +14,6 @@ token at context S (attention 4·S·H·d per layer, no causal halving unless --c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
@@ -27,7 +26,7 @@ from paddle_vha.accounting import (
     attention_weights_per_layer,
     resolve_models,
 )
-from paddle_vha.cli import fail
+from paddle_vha.cli import report_models
 
 PARTS = ("q_proj", "q_a_proj", "q_b_proj", "premix", "k_proj", "v_proj", "kv_a_proj", "kv_b_proj", "hlc",
          "attention", "postmix", "gate_proj", "o_proj", "mlp", "lm_head")
@@ -132,16 +131,8 @@ def print_tables(spec, rows, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        all_rows = [(spec, rows_for(spec, args)) for spec in args.models]
-    except ArchError as e:
-        fail(str(e))
-    if args.json:
-        print(json.dumps([r for _, rows in all_rows for r in rows], indent=1))
-        return 0
-    for spec, rows in all_rows:
-        print_tables(spec, rows, args)
-    return 0
+    return report_models(args.models, lambda spec: rows_for(spec, args), lambda spec, rows: print_tables(spec, rows, args),
+                         args.json, ArchError)
 
 
 if __name__ == "__main__":

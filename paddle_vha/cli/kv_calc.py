@@ -12,12 +12,11 @@ Bytes use 1024-based units, as the VHA article does (4096 B = 4 KB).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
 from paddle_vha.accounting import DTYPE_BYTES, ArchError, fmt_bytes, kv_bytes_per_token, resolve_models
-from paddle_vha.cli import fail
+from paddle_vha.cli import report_models
 
 
 def parse_args(argv=None):
@@ -80,16 +79,8 @@ def print_table(spec, rows, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        all_rows = [(spec, rows_for(spec, args)) for spec in args.models]
-    except ArchError as e:
-        fail(str(e))
-    if args.json:
-        print(json.dumps([r for _, rows in all_rows for r in rows], indent=1))
-        return 0
-    for spec, rows in all_rows:
-        print_table(spec, rows, args)
-    return 0
+    return report_models(args.models, lambda spec: rows_for(spec, args), lambda spec, rows: print_table(spec, rows, args),
+                         args.json, ArchError)
 
 
 if __name__ == "__main__":

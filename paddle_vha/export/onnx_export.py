@@ -86,8 +86,8 @@ def load_servable(src):
     validated against its family's contract; CheckpointError (one line) otherwise."""
     ck = CheckpointFolder.open(src)
     fam = family_of(ck)
-    if fam.serving_ref is None:  # refused before its config is even parsed: nothing of it is served
-        raise CheckpointError(f"{ck.path}: {fam.export_refusal(None)}")
+    if not fam.servable:  # refused before its config is even parsed: nothing of it is served
+        raise CheckpointError(f"{ck.path}: is a {fam.label} checkpoint; {fam.not_exported}")
     cfg = fam.load_config(ck)
     why = fam.export_refusal(cfg)
     if why:

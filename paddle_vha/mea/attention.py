@@ -20,7 +20,6 @@ from typing import Optional, Tuple
 
 import paddle
 from paddle import nn
-from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
 from paddleformers.transformers.qwen3.modeling import (
     Qwen3Attention,
     Qwen3RotaryEmbedding,
@@ -28,7 +27,7 @@ from paddleformers.transformers.qwen3.modeling import (
     rotate_half,
 )
 
-from ..qwen3.modeling import single_device_linear
+from ..qwen3.modeling import attention_core, single_device_linear
 from .config import MEAConfigError, Qwen3MEAConfig
 from .functional import head_rms_norm, hlc, multiquery_attention
 
@@ -150,17 +149,8 @@ class Qwen3MEAAttention(Qwen3Attention):
         else:
             cos_k, sin_k = self._key_angles(hidden_states, cos, sin, k_p.shape[2]) if self.k_norm_after_hlc else (None, None)
             k_v, v_v = self.compose_kv(k_p, v_p, cos_k, sin_k)  # MEA: virtual heads composed when read
-            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
-            attn_output, attn_weights = attention_interface(
-                self,
-                query=q,
-                key=k_v,
-                value=v_v,
-                attention_mask=attention_mask,
-                attn_mask_startend_row_indices=attn_mask_startend_row_indices,
-                dropout=0.0 if not self.training else self.attention_dropout,
-                scaling=self.scaling,
-            )  # (B, S, H * d)
+            attn_output, attn_weights = attention_core(self, q, k_v, v_v, attention_mask,
+                                                       attn_mask_startend_row_indices)  # (B, S, H * d)
 
         if self.config.mea_group_norm:  # MEA: head-level norm before o_proj
             y = head_rms_norm(attn_output.reshape([0, 0, self.num_heads, d]), self.mea_norm.weight,

@@ -6,6 +6,7 @@ import os
 
 import paddle
 from paddle import nn
+from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
 from paddleformers.nn.criterion.interface import CriterionLayer
 from paddleformers.nn.embedding import Embedding as GeneralEmbedding
 from paddleformers.nn.lm_head import LMHead as GeneralLMHead
@@ -17,13 +18,30 @@ from ..checkpoint.folder import remove_save_marker
 from ..families import family
 
 __all__ = ["ContractCheckpointMixin", "init_qwen3_backbone", "init_qwen3_causal_lm", "cache_continuation_positions",
-           "single_device_linear", "register_auto_classes"]
+           "single_device_linear", "attention_core", "register_auto_classes"]
 
 
 def single_device_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
     """A plain Linear ([in, out] weight). The families build single-device layers only; tensor parallelism is applied
     from outside by paddle_vha.parallel, so no fleet parallel-layer type is named here."""
     return nn.Linear(in_features, out_features, bias_attr=bias)
+
+
+def attention_core(layer, q, k, v, attention_mask=None, attn_mask_startend_row_indices=None):
+    """Softmax attention through the backend the config names (`eager`, `sdpa`, ...), as Qwen3Attention.forward calls
+    it. q (B, H, S, d); k, v (B, H_kv, T, d), read in groups of layer.num_key_value_groups. Returns the output
+    (B, S, H*d) and the weights (or None)."""
+    attention_interface = ALL_ATTENTION_FUNCTIONS[layer.config._attn_implementation]
+    return attention_interface(
+        layer,
+        query=q,
+        key=k,
+        value=v,
+        attention_mask=attention_mask,
+        attn_mask_startend_row_indices=attn_mask_startend_row_indices,
+        dropout=0.0 if not layer.training else layer.attention_dropout,
+        scaling=layer.scaling,
+    )
 
 
 def init_qwen3_backbone(model, config, decoder_layer_cls) -> None:

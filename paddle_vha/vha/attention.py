@@ -19,10 +19,9 @@ from typing import Optional, Tuple
 
 import paddle
 from paddle import nn
-from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
 from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rotary_pos_emb
 
-from ..qwen3.modeling import single_device_linear
+from ..qwen3.modeling import attention_core, single_device_linear
 from .config import Qwen3VHAConfig
 from .prologue import fused_prologue, should_use_fused
 
@@ -152,17 +151,8 @@ class Qwen3VHAAttention(Qwen3Attention):
         if past_key_values is not None:
             key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
 
-        attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
-        attn_output, attn_weights = attention_interface(
-            self,
-            query=query_states,
-            key=key_states,
-            value=value_states,
-            attention_mask=attention_mask,
-            attn_mask_startend_row_indices=attn_mask_startend_row_indices,
-            dropout=0.0 if not self.training else self.attention_dropout,
-            scaling=self.scaling,
-        )  # (B, S, H_v * d)
+        attn_output, attn_weights = attention_core(self, query_states, key_states, value_states, attention_mask,
+                                                   attn_mask_startend_row_indices)  # (B, S, H_v * d)
 
         # VHA: Postmix along the head axis, then the optional gate.
         y = postmix(attn_output.reshape([0, 0, self.num_heads, d]), self.vha_postmix_U, self.vha_postmix_V,
