@@ -16,10 +16,15 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
 
 def compare_logits(a: np.ndarray, b: np.ndarray) -> Dict[str, float]:
     """Reference logits `a` vs `b` (same shape, vocabulary last): max_abs, max_rel = max |a - b| / max |a|, and
-    mean_kl = mean over positions of KL(softmax(a) || softmax(b)) in nats."""
+    mean_kl = mean over positions of KL(softmax(a) || softmax(b)) in nats. `nonfinite` names which side holds a NaN or
+    Inf ("" when both are finite): then the numbers mean nothing, and every caller treats it as a failure."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    nonfinite = " and ".join(w for w, x in (("reference", a), ("compared", b)) if not np.isfinite(x).all())
+    if nonfinite:
+        nan = float("nan")
+        return {"max_abs": nan, "max_rel": nan, "mean_kl": nan, "nonfinite": nonfinite}
     diff = np.abs(a - b)
     la, lb = log_softmax(a), log_softmax(b)
     kl = (np.exp(la) * (la - lb)).sum(-1)
     return {"max_abs": float(diff.max()), "max_rel": float(diff.max() / max(np.abs(a).max(), 1e-30)),
-            "mean_kl": float(kl.mean())}
+            "mean_kl": float(kl.mean()), "nonfinite": ""}

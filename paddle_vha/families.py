@@ -97,9 +97,12 @@ class Family:
             raise CheckpointError(f"{ck.path}: not a {self.label} checkpoint (config.json model_type={ck.model_type!r}, "
                                   f"expected {self.model_type!r})")
         try:
-            return self.config_class.from_dict(ck.config)
-        except (ValueError, TypeError) as e:
-            raise CheckpointError(f"{ck.path}/config.json: {e}") from None
+            qwen3_contract.check_config_fields(ck.config)  # as written, before the config class sees it
+            cfg = self.config_class.from_dict(ck.config)
+            qwen3_contract.check_config(cfg)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{ck.path}/config.json: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        return cfg
 
     def check_tensors(self, folder, cfg) -> None:
         """CheckpointError naming missing, unexpected or mis-shaped tensors (headers only) for config `cfg`."""

@@ -13,6 +13,7 @@ from safetensors.numpy import load_file
 import oracle
 from _utils import TINY, rel_err
 from paddle_vha.checkpoint.contract import CheckpointError
+from paddle_vha.checkpoint.fsutil import MARKER
 from paddle_vha.export.decoder import io_names
 from paddle_vha.export.onnx_export import ExportError, export_onnx
 from paddle_vha.serve.generate import generate
@@ -54,7 +55,7 @@ def test_export_layout_and_self_validation(exported):
     cfg, _, ckpt, out, val = exported
     print(f"export validation: prefill {val.prefill_max_abs:.2e}, {val.steps} decode steps {val.decode_max_abs:.2e}")
     assert val.max_abs <= 1e-4 and val.steps >= 16 and val.tokens_match
-    assert sorted(os.listdir(out)) == ["config.json", "export_info.json", "model.onnx", "paddle"]
+    assert sorted(os.listdir(out)) == [MARKER, "config.json", "export_info.json", "model.onnx", "paddle"]
     model = onnx.load(os.path.join(out, "model.onnx"))
     onnx.checker.check_model(model, full_check=True)
     assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
@@ -153,7 +154,7 @@ def test_export_refusals_leave_nothing_behind(tmp_path, case):
         err, needle = CheckpointError, "fold it first"
     elif case == "exists":
         os.makedirs(out)
-        needle = "exists; pass --force"
+        needle = "already exists (pass --force"
     elif case == "opset":
         kwargs, needle = dict(opset=13), "opset 13 < 14"
     elif case == "tolerance":

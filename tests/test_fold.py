@@ -379,7 +379,16 @@ def test_existing_out_dir_needs_force_and_same_dir_is_refused(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             tool.main([str(tmp_path / "in"), str(target), "--force", "--no-progress"])
         assert e.value.code == 2 and "OUT_DIR must be a different folder" in capsys.readouterr().err
-    assert tool.main([str(tmp_path / "in"), str(out), "--force", "--no-progress"]) == 0
+    # --force replaces only a folder this project wrote (issue 17): a user's folder is refused and kept as it was
+    with pytest.raises(SystemExit) as e:
+        tool.main([str(tmp_path / "in"), str(out), "--force", "--no-progress"])
+    assert e.value.code == 2 and "was not written by paddle-vha" in capsys.readouterr().err
+    assert os.listdir(out) == ["keep.txt"]
+    os.remove(out / "keep.txt")
+    os.rmdir(out)
+    assert tool.main([str(tmp_path / "in"), str(out), "--no-progress"]) == 0
+    (out / "keep.txt").write_text("old")
+    assert tool.main([str(tmp_path / "in"), str(out), "--force", "--no-progress"]) == 0  # its own output: replaced
     assert "keep.txt" not in os.listdir(out) and "config.json" in os.listdir(out)
     assert sorted(os.listdir(tmp_path)) == ["in", "out"], "no temporary folders left behind"
 

@@ -14,6 +14,7 @@ from safetensors.numpy import load_file
 
 import mea_oracle
 from _utils import rel_err, to_numpy
+from paddle_vha.checkpoint.fsutil import MARKER
 from paddle_vha.mea.compress import svd_compress
 from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
 
@@ -92,7 +93,7 @@ def test_full_rank_compression(tmp_path, stock, k_norm, capsys):
     printed = capsys.readouterr().out
     print(printed)
     assert digest(path) == before, "IN_DIR must not be modified"
-    assert sorted(os.listdir(out)) == ["config.json", "model-00001-of-00001.safetensors", "model.safetensors.index.json"]
+    assert sorted(os.listdir(out)) == [MARKER, "config.json", "model-00001-of-00001.safetensors", "model.safetensors.index.json"]
     raw = json.load(open(os.path.join(out, "config.json")))
     assert raw["model_type"] == "qwen3_mea" and raw["num_key_value_heads"] == 4 and raw["mea_kv_heads"] == 4
     assert raw["mea_k_norm_position"] == f"{k_norm}_hlc" and raw["mea_group_norm"] is False
@@ -235,6 +236,7 @@ def test_bf16_sharded_input_and_force(tmp_path, capsys):
     out = str(tmp_path / "out")
     os.makedirs(out)
     open(os.path.join(out, "stale.txt"), "w").write("old")
+    open(os.path.join(out, MARKER), "w").write("{}")  # an earlier output of this project: --force may replace it
     assert compress_kv.main([path, out, "--kv-heads", "2", "--force", "--max-shard-size", "100KB", "--no-progress",
                              "--eval-batches", "1", "--eval-len", "16"]) == 0
     assert not os.path.exists(os.path.join(out, "stale.txt"))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from _utils import validate_vha_checkpoint
+from paddle_vha.checkpoint.fsutil import MARKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "quickstart.py")
@@ -50,7 +51,7 @@ def test_quickstart_small(tmp_path):
     assert re.search(r"onnxruntime: prefill [\d.]+ ms, decode \d+ tokens/s", res.stdout)
     folded = json.load(open(tmp_path / "folded" / "config.json"))
     assert folded["model_type"] == "qwen3" and folded["num_key_value_heads"] == 2 and folded["num_attention_heads"] == 16
-    assert sorted(os.listdir(tmp_path / "onnx")) == ["config.json", "export_info.json", "model.onnx", "paddle"]
+    assert sorted(os.listdir(tmp_path / "onnx")) == [MARKER, "config.json", "export_info.json", "model.onnx", "paddle"]
 
 
 def test_quickstart_help_and_bad_args():

@@ -15,15 +15,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
 from . import safetensors_io as st
 from .contract import INDEX_FILE, SINGLE_FILE, WEIGHT_FILES, CheckpointError, Shapes, few
-from .fsutil import atomic_dir
+from .fsutil import MARKER, atomic_dir
 
-__all__ = ["CheckpointFolder", "write_checkpoint_folder", "save_pretrained_atomic", "remove_save_marker"]
+__all__ = ["CheckpointFolder", "tensor_refs", "write_checkpoint_folder", "save_pretrained_atomic", "remove_save_marker"]
 
 
 def _read_config(path: str) -> dict:
@@ -42,13 +43,43 @@ def _read_config(path: str) -> dict:
     return cfg
 
 
-def _header(path: str) -> Dict[str, st.TensorRef]:
+def tensor_refs(path: str) -> Dict[str, st.TensorRef]:
+    """Every tensor of one safetensors file, from its checked header (CheckpointError, one line, if it is broken)."""
     try:
         return st.read_header(path)[1]
     except st.SafetensorsFormatError as e:
         raise CheckpointError(f"unreadable safetensors file: {e}") from None
     except OSError as e:
         raise CheckpointError(f"{path}: unreadable safetensors file ({e.strerror or e})") from None
+
+
+def _no_duplicates(pairs):
+    keys = [k for k, _ in pairs]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise ValueError(f"names a tensor twice: {few(dup)}")
+    return dict(pairs)
+
+
+def _read_index(index: str) -> Dict[str, str]:
+    """The index's weight_map, checked: an object of tensor name -> shard file name, no name twice, every shard a plain
+    file name inside the folder."""
+    try:
+        with open(index, encoding="utf-8") as f:
+            data = json.load(f, object_pairs_hook=_no_duplicates)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{index}: malformed index ({type(e).__name__}: {e})") from None
+    except ValueError as e:
+        raise CheckpointError(f"{index}: {e}") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: malformed index (no \"weight_map\" object)")
+    for name, fname in weight_map.items():
+        if not isinstance(fname, str):
+            raise CheckpointError(f"{index}: shard of {name} is {fname!r}, not a file name")
+        if fname in ("", ".", "..") or "/" in fname or os.sep in fname:
+            raise CheckpointError(f"{index}: shard {fname!r} of {name} is not a file name inside the folder")
+    return weight_map
 
 
 class CheckpointFolder:
@@ -90,18 +121,14 @@ class CheckpointFolder:
     def _read_tensors(self) -> Dict[str, st.TensorRef]:
         index = os.path.join(self.path, INDEX_FILE)
         if os.path.isfile(index):
-            try:
-                with open(index, encoding="utf-8") as f:
-                    weight_map = json.load(f)["weight_map"]
-                files = sorted(set(weight_map.values()))
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-                raise CheckpointError(f"{index}: malformed index ({type(e).__name__}: {e})") from None
+            weight_map = _read_index(index)
+            files = sorted(set(weight_map.values()))
             for fname in files:
-                if not isinstance(fname, str) or not os.path.isfile(os.path.join(self.path, fname)):
+                if not os.path.isfile(os.path.join(self.path, fname)):
                     raise CheckpointError(f"{index}: lists shard {fname!r}, which is missing")
             refs: Dict[str, st.TensorRef] = {}
             for fname in files:
-                for name, ref in _header(os.path.join(self.path, fname)).items():
+                for name, ref in tensor_refs(os.path.join(self.path, fname)).items():
                     if weight_map.get(name) == fname:
                         refs[name] = ref
             missing = sorted(set(weight_map) - set(refs))
@@ -110,7 +137,7 @@ class CheckpointFolder:
             return refs
         single = os.path.join(self.path, SINGLE_FILE)
         if os.path.isfile(single):
-            return _header(single)
+            return tensor_refs(single)
         raise CheckpointError(f"{self.path}: no {INDEX_FILE} or {SINGLE_FILE}")
 
     def require_float(self) -> None:
@@ -135,12 +162,19 @@ class CheckpointFolder:
 
     def side_files(self) -> Tuple[List[str], List[str]]:
         """(files, folders) beside the weights and config.json: tokenizer, generation config, ... (what a converter
-        copies, and what it cannot)."""
+        copies, and what it cannot). CheckpointError for anything else (a FIFO, a socket, a device: copying one could
+        block or read forever)."""
         files, folders = [], []
         for f in sorted(os.listdir(self.path)):
-            if f in ("config.json", INDEX_FILE) or WEIGHT_FILES.search(f):
+            if f in ("config.json", INDEX_FILE, MARKER) or WEIGHT_FILES.search(f):
                 continue
-            (files if os.path.isfile(os.path.join(self.path, f)) else folders).append(f)
+            mode = os.stat(os.path.join(self.path, f)).st_mode
+            if stat.S_ISREG(mode):
+                files.append(f)
+            elif stat.S_ISDIR(mode):
+                folders.append(f)
+            else:
+                raise CheckpointError(f"{os.path.join(self.path, f)}: not a regular file or folder; refusing to copy it")
         return files, folders
 
 

@@ -1,39 +1,164 @@
-"""Output folders that appear whole or not at all, and read-only views of input folders."""
+"""Output folders: one rule for every tool that writes, folders that appear whole or not at all, read-only views.
+
+The rule (`check_output_dir`, then `atomic_dir`), shared by fold, compress_kv, export, merge and train:
+
+* OUT may not be an input folder, lie inside one, or contain one; nor be (or contain) the current folder;
+* an existing OUT is replaced only with --force, and only if this project wrote it (it holds MARKER): --force never
+  deletes arbitrary content;
+* OUT is written in a temporary sibling folder and renamed into place once complete. Without --force the rename
+  never replaces anything: of two runs writing one new OUT, the second to finish fails with one line;
+* a temporary folder left by a process that died (kill -9, power loss) is removed by the next run into the same
+  parent, with one line saying so (MARKER records the writer's pid and start time).
+"""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from contextlib import contextmanager
+from typing import Iterable, Optional
 
-__all__ = ["atomic_dir", "check_output_dir", "linked_view"]
+from .contract import CheckpointError
+
+__all__ = ["MARKER", "atomic_dir", "check_output_dir", "check_no_overlap", "linked_view", "remove_stale_temporaries"]
+
+MARKER = ".paddle_vha_output"  # in every folder a paddle-vha tool writes: {"tool", "pid", "start", "created"}
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_no_overlap(out_dir: str, inputs: Iterable[str] = (), error=CheckpointError, input_label: str = "IN_DIR",
+                     out_label: str = "OUT_DIR") -> None:
+    """Refuse (raising `error` with one line) an output folder that is, lies inside or contains an input, or is or
+    contains the current folder."""
+    out = os.path.realpath(out_dir)
+    for inp in inputs:
+        if inp is None:
+            continue
+        src = os.path.realpath(inp)
+        if _inside(out, src) or _inside(src, out):
+            raise error(f"{out_dir}: {out_label} must be a different folder from {input_label} {inp}, neither inside "
+                        "the other")
+    if _inside(os.path.realpath(os.getcwd()), out):
+        raise error(f"{out_dir}: {out_label} is or contains the current folder; choose a new folder for the output")
+
+
+def check_output_dir(out_dir: str, inputs: Iterable[str] = (), force: bool = False, error=CheckpointError,
+                     input_label: str = "IN_DIR") -> None:
+    """Refuse (raising `error` with one line) an OUT_DIR that would overwrite an input or the current folder, is not a
+    folder, exists without `force`, or exists without this project's MARKER."""
+    check_no_overlap(out_dir, inputs, error, input_label)
+    if os.path.lexists(out_dir):
+        if not os.path.isdir(out_dir) or os.path.islink(out_dir):
+            raise error(f"{out_dir}: exists and is not a folder; refusing to replace it")
+        if not force:
+            raise error(f"{out_dir}: already exists (pass --force to replace it)")
+        if not os.path.isfile(os.path.join(out_dir, MARKER)):
+            raise error(f"{out_dir}: exists and was not written by paddle-vha (no {MARKER} in it); --force replaces only "
+                        "this project's output folders: remove it yourself or choose another folder")
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The process's start time in clock ticks since boot (Linux), to tell a live writer from a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _write_marker(folder: str, tool: str) -> None:
+    with open(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
+        json.dump({"tool": tool, "pid": os.getpid(), "start": _start_time(os.getpid()),
+                   "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
+        f.write("\n")
+
+
+def _writer_alive(folder: str) -> bool:
+    """Whether the process that wrote `folder`'s MARKER still runs (True when unsure: never delete a live write)."""
+    try:
+        with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
+            info = json.load(f)
+        pid = int(info["pid"])
+    except FileNotFoundError:
+        return os.path.getmtime(folder) > time.time() - 24 * 3600  # no marker yet: a day's grace
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return info.get("start") is None or _start_time(pid) == info.get("start")
+
+
+def remove_stale_temporaries(dest: str, log=None) -> list:
+    """Remove the temporary folders of `dest` (beside it) whose writer is dead; returns their paths."""
+    parent, base = os.path.split(os.path.abspath(dest))
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        if (name.startswith(f".{base}.tmp-") or name.startswith(f".{base}.old-")) and os.path.isdir(path) \
+                and not os.path.islink(path) and not _writer_alive(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            (log or _note)(f"removed {path}, left by an interrupted earlier run (its process is gone)")
+    return removed
+
+
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
 
 
 @contextmanager
-def atomic_dir(dest: str):
+def atomic_dir(dest: str, tool: str = "paddle-vha", replace: bool = True, error=CheckpointError, log=None):
     """Yield an empty temporary folder beside `dest`; when the block succeeds it becomes `dest`.
 
-    An existing `dest` is swapped out only once the new folder is complete, then deleted. If the block raises,
+    The folder gets MARKER first (tool name, pid). replace=False: the final rename fails with `error` (one line)
+    if `dest` appeared meanwhile (a concurrent run), nothing replaced. replace=True: an existing `dest` is swapped out
+    only once the new folder is complete, then deleted (check it with check_output_dir first). If the block raises,
     the temporary folder is removed and `dest` is left as it was: a tool never leaves a half-written output.
+    Temporary folders of dead earlier runs into the same `dest` are removed first.
     """
     dest = os.path.abspath(dest)
     parent = os.path.dirname(dest)
     os.makedirs(parent, exist_ok=True)
+    remove_stale_temporaries(dest, log)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.tmp-", dir=parent)
+    old = None
     try:
+        _write_marker(tmp, tool)
         yield tmp
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; give the folder the usual permissions
-        old = None
-        if os.path.lexists(dest):
+        if replace and os.path.lexists(dest):
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.old-", dir=parent)
+            _write_marker(old, tool)
             os.rename(dest, os.path.join(old, "x"))
-        os.rename(tmp, dest)
+        try:
+            os.rename(tmp, dest)  # fails if a non-empty dest exists: a concurrent run finished first
+        except OSError as e:
+            raise error(f"{dest}: appeared while this run was writing it (another run?); nothing replaced "
+                        f"({e.strerror})") from None
         if old is not None:
             shutil.rmtree(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            if not os.path.lexists(dest) and os.path.lexists(os.path.join(old, "x")):
+                os.rename(os.path.join(old, "x"), dest)  # our rename failed: the previous folder goes back
+            shutil.rmtree(old, ignore_errors=True)
         raise
 
 
@@ -45,16 +170,3 @@ def linked_view(src: str, dst: str) -> str:
         if os.path.isfile(os.path.join(src, f)) and not f.endswith(".metadata"):
             os.symlink(os.path.abspath(os.path.join(src, f)), os.path.join(dst, f))
     return dst
-
-
-def check_output_dir(in_dir: str, out_dir: str, force: bool, error=ValueError) -> None:
-    """Refuse (raising `error` with one line) an OUT_DIR that is IN_DIR, nests with it, is not a folder, or
-    already exists without `force`."""
-    a, b = os.path.realpath(in_dir), os.path.realpath(out_dir)
-    if a == b or b.startswith(a + os.sep) or a.startswith(b + os.sep):
-        raise error(f"{out_dir}: OUT_DIR must be a different folder from IN_DIR {in_dir}, neither inside the other")
-    if os.path.lexists(out_dir):
-        if not os.path.isdir(out_dir) or os.path.islink(out_dir):
-            raise error(f"{out_dir}: exists and is not a folder; refusing to replace it")
-        if not force:
-            raise error(f"{out_dir}: already exists (pass --force to replace it)")

@@ -28,6 +28,7 @@ __all__ = [
     "SafetensorsFormatError",
     "ShardWriter",
     "cast",
+    "cast_finite",
     "dtype_code",
     "dtype_name",
     "parse_size",
@@ -238,23 +239,49 @@ def cast(x: np.ndarray, code: str) -> np.ndarray:
     return x.astype(target)
 
 
+def cast_finite(x: np.ndarray, code: str, name: str) -> np.ndarray:
+    """cast(x, code) for a tensor written to a checkpoint: ValueError (one line naming the tensor) if x holds a NaN or
+    Inf, or if the cast overflows (a finite value that `code` cannot hold becomes Inf)."""
+    if x.dtype == DTYPES["BF16"]:
+        bad = int(x.size - np.isfinite(to_float32(x)).sum())
+    else:
+        bad = int(x.size - np.isfinite(x).sum()) if x.dtype.kind == "f" else 0
+    if bad:
+        raise ValueError(f"{name}: {bad} non-finite value(s) (NaN or Inf)")
+    with np.errstate(over="ignore"):  # overflow is reported below, by tensor
+        out = cast(x, code)
+    if out is not x and out.dtype != x.dtype:
+        over = int(out.size - np.isfinite(to_float32(out) if code == "BF16" else out).sum())
+        if over:
+            biggest = float(np.abs(to_float64(x) if x.dtype == DTYPES["BF16"] else x).max())
+            raise ValueError(f"{name}: {over} value(s) overflow {dtype_name(code)} (largest |x| = {biggest:.3g})")
+    return out
+
+
 def parse_size(text) -> int:
-    """'5GB' -> 5e9 bytes, '200MB', '20KB', '1GiB', or an int."""
-    if isinstance(text, int):
-        return text
-    s = str(text).strip().upper().replace(" ", "")
-    units = {"TIB": 2**40, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "TB": 10**12, "GB": 10**9, "MB": 10**6,
-             "KB": 10**3, "B": 1}
-    for u, mult in units.items():
-        if s.endswith(u):
-            try:
-                return int(float(s[: -len(u)]) * mult)
-            except ValueError:
+    """'5GB' -> 5e9 bytes, '200MB', '20KB', '1GiB', or an int; ValueError (one line) for anything else, including
+    sizes that are not finite, not positive, or beyond 2**62 bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        s = str(text).strip().upper().replace(" ", "")
+        units = {"TIB": 2**40, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "TB": 10**12, "GB": 10**9, "MB": 10**6,
+                 "KB": 10**3, "B": 1}
+        number, mult = s, 1
+        for u, m in units.items():
+            if s.endswith(u):
+                number, mult = s[: -len(u)], m
                 break
-    try:
-        return int(s)
-    except ValueError:
-        raise ValueError(f"cannot parse size {text!r} (examples: 5GB, 500MB, 20KB)") from None
+        try:
+            x = float(number) * mult
+        except ValueError:
+            raise ValueError(f"cannot parse size {text!r} (examples: 5GB, 500MB, 20KB)") from None
+        if not math.isfinite(x) or x > 2**62:
+            raise ValueError(f"size {text!r} is too large")
+        value = int(x)
+    if value <= 0:
+        raise ValueError(f"size {text!r} must be positive")
+    return value
 
 
 class ShardWriter:

@@ -24,7 +24,8 @@ import numpy as np
 from ..families import family_of
 from . import safetensors_io as st
 from .contract import INDEX_FILE, SINGLE_FILE, CheckpointError, is_linear_weight
-from .fsutil import atomic_dir
+from .folder import tensor_refs
+from .fsutil import atomic_dir, check_output_dir
 
 __all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "read_tp_plan"]
 
@@ -113,13 +114,29 @@ def read_tp_plan(in_dir: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             plan = json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if plan.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: format {plan.get('format')!r}, expected {FORMAT!r}")
-    for fname in plan["files"]:
+    if not isinstance(plan, dict) or plan.get("format") != FORMAT:
+        found = plan.get("format") if isinstance(plan, dict) else type(plan).__name__
+        raise CheckpointError(f"{path}: format {found!r}, expected {FORMAT!r}")
+    t, files, tensors = plan.get("tensor_parallel_size"), plan.get("files"), plan.get("tensors")
+    if not (isinstance(t, int) and t >= 1 and isinstance(files, list) and len(files) == t):
+        raise CheckpointError(f"{path}: tensor_parallel_size and files do not describe t rank files")
+    for fname in files:
+        if not isinstance(fname, str) or fname in ("", ".", "..") or "/" in fname or os.sep in fname:
+            raise CheckpointError(f"{path}: shard {fname!r} is not a file name inside the folder")
         if not os.path.isfile(os.path.join(in_dir, fname)):
             raise CheckpointError(f"{path}: lists shard {fname!r}, which is missing")
+    if not isinstance(tensors, dict):
+        raise CheckpointError(f"{path}: no \"tensors\" object")
+    for name, info in tensors.items():
+        shape = info.get("shape") if isinstance(info, dict) else None
+        ok = (isinstance(shape, list) and all(isinstance(n, int) and n >= 0 for n in shape)
+              and info.get("dtype") in st.DTYPES
+              and (info.get("axis") is None or (isinstance(info["axis"], int) and 0 <= info["axis"] < len(shape)
+                                                 and shape[info["axis"]] % t == 0)))
+        if not ok:
+            raise CheckpointError(f"{path}: malformed entry for tensor {name}")
     return plan
 
 
@@ -129,19 +146,10 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
     Reads one global tensor's parts at a time; writes atomically (a temporary sibling folder, renamed at the end)
     and validates the result against the checkpoint contract.
     """
-    plan = read_tp_plan(in_dir)
+    plan = read_tp_plan(in_dir)  # first: is it a sharded save at all
+    check_output_dir(out_dir, [in_dir], force, CheckpointError, input_label="SHARDS_DIR")
     t = plan["tensor_parallel_size"]
-    refs: List[Dict[str, st.TensorRef]] = []
-    for fname in plan["files"]:
-        try:
-            refs.append(st.read_header(os.path.join(in_dir, fname))[1])
-        except st.SafetensorsFormatError as e:
-            raise CheckpointError(str(e)) from None
-    if os.path.realpath(in_dir) == os.path.realpath(out_dir):
-        raise CheckpointError(f"{out_dir}: must differ from the input folder")
-    if os.path.lexists(out_dir) and not force:
-        raise CheckpointError(f"{out_dir}: already exists (pass force=True / --force to replace it)")
-
+    refs: List[Dict[str, st.TensorRef]] = [tensor_refs(os.path.join(in_dir, fname)) for fname in plan["files"]]
     names = sorted(plan["tensors"], key=st.natural_key)
     specs = []
     for name in names:
@@ -152,7 +160,7 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
                 raise CheckpointError(f"{in_dir}/{plan['files'][k]}: missing tensor {name}")
         specs.append((name, info["dtype"], tuple(info["shape"])))
 
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, tool="merge_tp_checkpoint", replace=force) as tmp:
         shards = st.plan_shards(specs, st.parse_size(max_shard_size))
         weight_map, total = {}, 0
         for i, shard in enumerate(shards):

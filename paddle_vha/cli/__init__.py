@@ -9,13 +9,14 @@ never silences anything.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
 from typing import NoReturn
 import warnings
 
-__all__ = ["quiet", "fail", "report_models"]
+__all__ = ["quiet", "fail", "command", "report_models"]
 
 _NOISE = ("Due to potential compatibility issues between PaddlePaddle and PyTorch",)
 
@@ -38,6 +39,21 @@ def quiet() -> None:
     # PaddleFormers' logger, and Paddle's fleet / flex-checkpoint logger (INFO lines on every from_pretrained)
     for name in ("PaddleFormers", "paddle.distributed.fleet.utils.log_util"):
         logging.getLogger(name).addFilter(_DropNoise())
+
+
+def command(main):
+    """Decorator for a tool's main(argv=None): Ctrl-C ends it with one line and exit status 130, not a traceback
+    (outputs are written through temporary folders, so an interrupted run leaves nothing half-written)."""
+
+    @functools.wraps(main)
+    def wrapped(argv=None):
+        try:
+            return main(argv)
+        except KeyboardInterrupt:
+            print("error: interrupted", file=sys.stderr)
+            return 130
+
+    return wrapped
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

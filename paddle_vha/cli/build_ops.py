@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import sys
 
-from . import fail, quiet
+from . import command, fail, quiet
 
 
+@command
 def main(argv=None) -> int:
     quiet()
     from ..vha.prologue import build_script, ops_source_dir

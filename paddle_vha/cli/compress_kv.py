@@ -21,7 +21,7 @@ import sys
 import time
 
 
-from paddle_vha.cli import fail, quiet
+from paddle_vha.cli import command, fail, quiet
 
 
 def parse_args(argv=None):
@@ -48,6 +48,7 @@ def parse_args(argv=None):
     return args
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     quiet()
@@ -65,8 +66,14 @@ def main(argv=None) -> int:
         return 0
 
     t0 = time.perf_counter()
+    kl = {}
+
+    def check(folder):  # the KL runs on the complete folder before it becomes OUT_DIR: a failure leaves nothing
+        kl.update(logit_kl(args.in_dir, folder, batches=args.eval_batches, seq_len=args.eval_len))
+
     try:
-        compress_checkpoint(plan, progress=not args.no_progress, max_shard_size=args.max_shard_size)
+        compress_checkpoint(plan, progress=not args.no_progress, max_shard_size=args.max_shard_size,
+                            check=check if args.eval_batches else None)
     except CheckpointError as e:
         fail(str(e))
     except OSError as e:
@@ -75,8 +82,8 @@ def main(argv=None) -> int:
     print(f"{'layer':>5} {'rel err W_K':>12} {'rel err W_V':>12}")
     for i, (ek, ev) in sorted(plan.errors.items()):
         print(f"{i:>5} {ek:>12.4e} {ev:>12.4e}")
-    if args.eval_batches:
-        r = logit_kl(args.in_dir, args.out_dir, batches=args.eval_batches, seq_len=args.eval_len)
+    if kl:
+        r = kl
         print(f"logit KL(original || compressed) on {r['tokens']} standard-library byte tokens: {r['mean_kl']:.4e} nats/token "
               f"(original cross-entropy {r['orig_ce']:.3f}); max |logit diff| / max |logit| = {r['max_rel']:.3e}")
     return 0

@@ -15,9 +15,10 @@ import argparse
 import sys
 
 
-from paddle_vha.cli import fail, quiet
+from paddle_vha.cli import command, fail, quiet
 
 
+@command
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

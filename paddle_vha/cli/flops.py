@@ -26,7 +26,7 @@ from paddle_vha.accounting import (
     attention_weights_per_layer,
     resolve_models,
 )
-from paddle_vha.cli import report_models
+from paddle_vha.cli import command, report_models
 
 PARTS = ("q_proj", "q_a_proj", "q_b_proj", "premix", "k_proj", "v_proj", "kv_a_proj", "kv_b_proj", "hlc",
          "attention", "postmix", "gate_proj", "o_proj", "mlp", "lm_head")
@@ -129,6 +129,7 @@ def print_tables(spec, rows, args):
             print(f"{r['variant']:<{w}} " + " ".join(f"{parts.get(c, 0):>9.3f}" for c in cols) + f" {parts['total']:>9.3f}")
 
 
+@command
 def main(argv=None):
     args = parse_args(argv)
     return report_models(args.models, lambda spec: rows_for(spec, args), lambda spec, rows: print_tables(spec, rows, args),

@@ -18,7 +18,7 @@ import sys
 import time
 
 
-from paddle_vha.cli import fail, quiet
+from paddle_vha.cli import command, fail, quiet
 
 
 def parse_args(argv=None):
@@ -46,6 +46,7 @@ def parse_args(argv=None):
     return args
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     quiet()
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         fold_checkpoint(plan, progress=not args.no_progress)
+    except CheckpointError as e:  # a NaN / Inf or an overflowing cast found while writing: nothing was written
+        fail(str(e))
     except OSError as e:
         fail(f"{args.out_dir}: could not write the folded checkpoint ({e.strerror or e})")
     dt = time.perf_counter() - t0
@@ -84,6 +87,11 @@ def main(argv=None) -> int:
     out_name = dtype_name(plan.out_dtype)
     tol = args.verify_tol if args.verify_tol is not None else DEFAULT_VERIFY_TOL[out_name]
     r = verify_fold(args.in_dir, args.out_dir, num_sequences=args.verify, seq_len=args.verify_len)
+    if r["nonfinite"]:
+        which = {"reference": "the VHA model's", "compared": "the folded model's"}
+        what = " and ".join(which[w] for w in r["nonfinite"].split(" and "))
+        print(f"error: verify: {what} logits are not finite (NaN or Inf)", file=sys.stderr)
+        return 1
     ok = r["max_rel"] <= tol
     print(f"verify ({args.verify} x {args.verify_len} random tokens, Paddle float32, VHA vs folded stock Qwen3): "
           f"max abs logit diff {r['max_abs']:.3e}, max rel {r['max_rel']:.3e} (tol {tol:.0e}), "

@@ -10,12 +10,11 @@ EXPORT_DIR (copied from the checkpoint) or --prompt-ids.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 
-from paddle_vha.cli import fail, quiet
+from paddle_vha.cli import command, fail, quiet
 
 
 def load_codec(export_dir, vocab_size):
@@ -33,6 +32,7 @@ def load_codec(export_dir, vocab_size):
     return (lambda text: tok.encode(text).ids), (lambda ids: tok.decode([int(i) for i in ids]))
 
 
+@command
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,10 +53,12 @@ def main(argv=None):
         p.error("--max-new-tokens must be >= 1")
     if not (args.temperature > 0 and 0 < args.top_p <= 1 and args.top_k >= 0):
         p.error("need --temperature > 0, 0 < --top-p <= 1, --top-k >= 0")
-    info_path = os.path.join(args.export_dir, "export_info.json")
-    if not os.path.isfile(info_path):
-        fail(f"{args.export_dir}: no export_info.json (write it with tools/export_onnx.py)")
-    info = json.load(open(info_path))
+    from paddle_vha.serve.session import ServeError, read_export_info
+
+    try:
+        info = read_export_info(args.export_dir)
+    except ServeError as e:
+        fail(str(e))
     quiet()
     import numpy as np
 
@@ -77,19 +79,29 @@ def main(argv=None):
     if any(not 0 <= i < info["vocab_size"] for ids in prompts for i in ids):
         fail(f"prompt token id outside [0, {info['vocab_size']})")
     width = max(len(x) for x in prompts)
+    limit = info.get("max_position_embeddings")
+    if isinstance(limit, int) and width + args.max_new_tokens > limit:
+        print(f"warning: prompt ({width} tokens) + {args.max_new_tokens} new tokens pass max_position_embeddings="
+              f"{limit}; the model was not trained on positions beyond it", file=sys.stderr)
     batch = np.array([[0] * (width - len(x)) + x for x in prompts], np.int64)  # left padding
     mask = np.array([[0] * (width - len(x)) + [1] * len(x) for x in prompts], np.int64)
 
-    if args.runtime == "onnxruntime":
-        from paddle_vha.serve.ort_session import OrtDecoder
+    try:
+        if args.runtime == "onnxruntime":
+            from paddle_vha.serve.ort_session import OrtDecoder
 
-        session = OrtDecoder.from_dir(args.export_dir, threads=args.threads)
-    else:
-        from paddle_vha.serve.paddle_inference import PaddleInferenceDecoder
+            session = OrtDecoder.from_dir(args.export_dir, threads=args.threads)
+        else:
+            from paddle_vha.serve.paddle_inference import PaddleInferenceDecoder
 
-        session = PaddleInferenceDecoder(args.export_dir, threads=max(args.threads, 1))
-    res = generate(session, batch, args.max_new_tokens, do_sample=args.sample, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, attention_mask=mask)
+            session = PaddleInferenceDecoder(args.export_dir, threads=max(args.threads, 1))
+    except ServeError as e:
+        fail(str(e))
+    try:
+        res = generate(session, batch, args.max_new_tokens, do_sample=args.sample, temperature=args.temperature,
+                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, attention_mask=mask)
+    except ServeError as e:
+        fail(str(e))
     for i, toks in enumerate(res.tokens):
         shown = decode(toks) if decode and args.prompt else ",".join(str(int(t)) for t in toks)
         prefix = args.prompt[i] if args.prompt else ""

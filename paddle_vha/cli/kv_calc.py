@@ -16,7 +16,7 @@ import sys
 
 
 from paddle_vha.accounting import DTYPE_BYTES, ArchError, fmt_bytes, kv_bytes_per_token, resolve_models
-from paddle_vha.cli import report_models
+from paddle_vha.cli import command, report_models
 
 
 def parse_args(argv=None):
@@ -77,6 +77,7 @@ def print_table(spec, rows, args):
         print(f"note: {n}")
 
 
+@command
 def main(argv=None):
     args = parse_args(argv)
     return report_models(args.models, lambda spec: rows_for(spec, args), lambda spec, rows: print_table(spec, rows, args),

@@ -16,7 +16,7 @@ import os
 import sys
 
 
-from paddle_vha.cli import fail, quiet
+from paddle_vha.cli import command, fail, quiet
 
 
 def parse_args(argv=None):
@@ -72,6 +72,7 @@ def documents(args):
                     yield path, text
 
 
+@command
 def main(argv=None):
     args = parse_args(argv)
     quiet()

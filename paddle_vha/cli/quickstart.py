@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 
-from paddle_vha.cli import quiet
+from paddle_vha.cli import command, quiet
 
 
 def parse_args(argv=None):
@@ -65,6 +65,7 @@ def build_configs(args):
     return gqa8, vha
 
 
+@command
 def main(argv=None):
     args = parse_args(argv)
     quiet()

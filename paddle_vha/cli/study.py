@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from paddle_vha.cli import quiet
+from paddle_vha.cli import command, quiet
 
 VARIANTS = {
     "GQA-8": dict(kind="gqa", heads=16, kv=8),
@@ -109,6 +109,7 @@ def plot(runs, names, path):
     plt.close(fig)
 
 
+@command
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 import sys
 
-from . import quiet
+from . import command, quiet
 
 
+@command
 def main(argv=None) -> int:
     quiet()
     from ..train.trainer import parse, run

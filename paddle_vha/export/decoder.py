@@ -65,7 +65,8 @@ class Qwen3KVDecoder(nn.Layer):
 
         self.embed = w("model.embed_tokens.weight")  # (V, h)
         self.final_norm = w("model.norm.weight")
-        self.lm_head = w("lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight", True)
+        # tied embeddings: the LM head multiplies by the embedding itself, stored once (None here)
+        self.lm_head = w("lm_head.weight", True) if "lm_head.weight" in tensors else None  # (h, V)
         fam = family_of(cfg)
         self.layer_weights: List[dict] = []
         self.forms = []
@@ -123,5 +124,8 @@ class Qwen3KVDecoder(nn.Layer):
             hdn = rms_norm(x, lw["post_attention_layernorm.weight"], self.eps)
             x = x + swiglu_mlp(hdn, lw["mlp.gate_proj.weight"], lw["mlp.up_proj.weight"], lw["mlp.down_proj.weight"])
         x = rms_norm(x, self.final_norm, self.eps)
-        logits = paddle.matmul(x, self.lm_head)  # (B, S, V)
+        if self.lm_head is None:
+            logits = paddle.matmul(x, self.embed, transpose_y=True)  # (B, S, V), the tied embedding
+        else:
+            logits = paddle.matmul(x, self.lm_head)  # (B, S, V)
         return tuple([logits] + presents)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from ..checkpoint.contract import CheckpointError
 from ..checkpoint.folder import CheckpointFolder
-from ..checkpoint.fsutil import atomic_dir
+from ..checkpoint.fsutil import atomic_dir, check_output_dir
 from ..checkpoint.load import load_tensors_into
 from ..families import family_of
 from .decoder import Qwen3KVDecoder, cache_shapes, io_names
@@ -32,6 +33,7 @@ __all__ = ["export_onnx", "ExportError", "validate_onnx", "load_servable", "refe
 COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
               "merges.txt", "special_tokens_map.json", "added_tokens.json")
 STANDARD_DOMAINS = ("", "ai.onnx")
+OPSETS = range(14, 22)  # Qwen3's causal mask needs Trilu (14); paddle2onnx 2.1.0 converts up to 21
 TWO_GB = 2 * 1024**3
 
 
@@ -52,33 +54,19 @@ class Validation:
         return max(self.prefill_max_abs, self.decode_max_abs)
 
 
-class _captured_output:
-    """Redirect file descriptors 1 and 2 (C++ prints too) into a temp file for the duration of the block."""
-
-    def __enter__(self):
-        import sys
-
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.file = tempfile.TemporaryFile(mode="w+")
-        self.saved = [os.dup(1), os.dup(2)]
-        os.dup2(self.file.fileno(), 1)
-        os.dup2(self.file.fileno(), 2)
-        return self
-
-    def __exit__(self, *exc):
-        import sys
-
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, saved in zip((1, 2), self.saved):
-            os.dup2(saved, fd)
-            os.close(saved)
-        return False
-
-    def text(self) -> str:
-        self.file.seek(0)
-        return self.file.read()
+def _run_paddle2onnx(model_json: str, params: str, out: str, opset: int, external_file: str) -> None:
+    """paddle2onnx in a child process: its C++ code aborts the whole process on some inputs (an unsupported opset
+    exits 134 with no message), and prints progress lines we do not want on the terminal. Its own words reach the
+    user when it fails."""
+    code = ("import sys, paddle2onnx; paddle2onnx.export(sys.argv[1], sys.argv[2], sys.argv[3], "
+            "opset_version=int(sys.argv[4]), auto_upgrade_opset=False, optimize_tool='None', external_file=sys.argv[5])")
+    r = subprocess.run([sys.executable, "-c", code, model_json, params, out, str(opset), external_file],
+                       capture_output=True, text=True, errors="replace")
+    said = [ln.strip() for ln in (r.stdout + "\n" + r.stderr).splitlines() if ln.strip()]
+    if r.returncode != 0 or not os.path.isfile(out):
+        how = f"exit code {r.returncode}" if r.returncode >= 0 else f"killed by signal {-r.returncode}"
+        last = said[-1] if said else "no output"
+        raise ExportError(f"paddle2onnx failed ({how}): {last[:400]}")
 
 
 def load_servable(src):
@@ -93,7 +81,12 @@ def load_servable(src):
     if why:
         raise CheckpointError(f"{ck.path}: {why}")
     fam.check_tensors(ck, cfg)
-    return cfg, ck.read_all(float32=True)
+    tensors = ck.read_all(float32=True)
+    for name, a in tensors.items():  # a NaN would pass the export's own checks unnoticed (it compares two NaN models)
+        bad = int(np.size(a) - np.isfinite(a).sum())
+        if bad:
+            raise CheckpointError(f"{ck.path}: {name} holds {bad} non-finite value(s) (NaN or Inf); refusing to export")
+    return cfg, tensors
 
 
 def reference_model(cfg, tensors: dict):
@@ -184,6 +177,11 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
 
     from ..serve.ort_session import OrtDecoder
 
+    def finite(x, what):
+        if not np.isfinite(x).all():
+            raise ExportError(f"validation failed: {what} are not finite (NaN or Inf)")
+        return x
+
     onnx.checker.check_model(onnx_path, full_check=True)
     model = onnx.load(onnx_path, load_external_data=False)
     bad = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain not in STANDARD_DOMAINS})
@@ -204,15 +202,18 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
     rng = np.random.default_rng(seed)
     seq = rng.integers(0, cfg.vocab_size, size=(batch, prompt_len)).astype(np.int64)
     logits, cache = sess.prefill(seq)
+    finite(logits, "onnxruntime's prefill logits")
     with paddle.no_grad():
-        want = ref(paddle.to_tensor(seq), return_dict=True).logits.numpy()
+        want = finite(ref(paddle.to_tensor(seq), return_dict=True).logits.numpy(), "Paddle's prefill logits")
     val.prefill_max_abs = float(np.abs(logits - want).max())
-    for _ in range(decode_steps):
+    for step in range(decode_steps):
         nxt = logits[:, -1].argmax(-1)[:, None].astype(np.int64)  # (B, 1)
         seq = np.concatenate([seq, nxt], axis=1)
         logits, cache = sess.step(nxt, cache)
+        finite(logits, f"onnxruntime's logits at decode step {step + 1}")
         with paddle.no_grad():
             full = ref(paddle.to_tensor(seq), return_dict=True).logits.numpy()[:, -1:]
+        finite(full, f"Paddle's logits at decode step {step + 1}")
         val.decode_max_abs = max(val.decode_max_abs, float(np.abs(logits - full).max()))
         val.tokens_match &= bool((logits[:, -1].argmax(-1) == full[:, -1].argmax(-1)).all())
         val.steps += 1
@@ -231,19 +232,20 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     """
     import onnx
     import paddle
-    import paddle2onnx
 
-    if opset < 14:
+    if opset < OPSETS[0]:
         raise ExportError(f"opset {opset} < 14: Qwen3's causal mask needs Trilu-era ops (opset >= 14)")
-    if os.path.exists(out_dir) and not force:
-        raise ExportError(f"{out_dir} exists; pass --force to replace it")
+    if opset > OPSETS[-1]:
+        raise ExportError(f"opset {opset}: paddle2onnx 2.1.0 converts to opsets {OPSETS[0]}..{OPSETS[-1]}")
+    ckpt_path = ckpt_dir.path if isinstance(ckpt_dir, CheckpointFolder) else ckpt_dir
+    check_output_dir(out_dir, [ckpt_path], force, ExportError, input_label="the checkpoint")
     t0 = time.time()
     ck = CheckpointFolder.open(ckpt_dir)
     ckpt_dir = ck.path
     cfg, tensors = load_servable(ck)
     log(f"loaded {ckpt_dir}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
         f"{cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}")
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, tool="export_onnx", replace=force, error=ExportError) as tmp:
         paddle.set_default_dtype("float32")
         decoder = Qwen3KVDecoder(cfg, tensors)
         decoder.eval()
@@ -252,12 +254,8 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         param_bytes = sum(a.nbytes for a in tensors.values())
         too_big = param_bytes > TWO_GB * 0.9  # protobuf cannot hold it: paddle2onnx must write external data
         external = too_big if external_data is None else bool(external_data) or too_big
-        with _captured_output() as converter_log:  # paddle2onnx prints progress lines from C++
-            paddle2onnx.export(os.path.join(tmp, "paddle", "model.json"), os.path.join(tmp, "paddle", "model.pdiparams"),
-                               raw_onnx, opset_version=opset, auto_upgrade_opset=False, optimize_tool="None",
-                               external_file=os.path.join(tmp, "model.onnx.data") if too_big else "")
-        if not os.path.isfile(raw_onnx):
-            raise ExportError(f"paddle2onnx wrote no model: {converter_log.text().strip().splitlines()[-1:]}")
+        _run_paddle2onnx(os.path.join(tmp, "paddle", "model.json"), os.path.join(tmp, "paddle", "model.pdiparams"),
+                         raw_onnx, opset, os.path.join(tmp, "model.onnx.data") if too_big else "")
         model = _finalize_graph(onnx.load(raw_onnx, load_external_data=False), cfg)
         onnx_path = os.path.join(tmp, "model.onnx")
         if external and not os.path.exists(os.path.join(tmp, "model.onnx.data")):
@@ -282,6 +280,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         info = dict(format="paddle-vha onnx decoder v1", opset=opset, inputs=ins, outputs=outs,
                     num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
                     num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
+                    max_position_embeddings=cfg.max_position_embeddings,
                     kv_layout="[batch, num_key_value_heads, past_sequence, head_dim]", dtype="float32",
                     model_type=cfg.model_type, cache_shapes=[list(x) for x in cache_shapes(cfg)],
                     validation=dict(prefill_max_abs=val.prefill_max_abs, decode_max_abs=val.decode_max_abs,

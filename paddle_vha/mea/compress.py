@@ -86,6 +86,7 @@ class CompressPlan:
     out_shapes: Dict[str, Tuple[int, ...]]
     layers: List[int]
     copy_files: List[str]
+    force: bool = False  # replace an existing OUT_DIR (one this project wrote)
     errors: Dict[int, Tuple[float, float]] = field(default_factory=dict)  # layer -> (rel err W_K, rel err W_V)
 
     @property
@@ -118,7 +119,7 @@ def plan_compress(src, out_dir: str, kv_heads: int, layers: str = "all", k_norm:
         layer_list = parse_layer_spec(layers, src_cfg.num_hidden_layers)
     except MEAConfigError as e:
         raise CompressError(f"--layers: {e}") from None
-    check_output_dir(in_dir, out_dir, force, CompressError)
+    check_output_dir(out_dir, [in_dir], force, CompressError)
 
     ck.require_float()
     inputs = ck.tensors
@@ -135,7 +136,7 @@ def plan_compress(src, out_dir: str, kv_heads: int, layers: str = "all", k_norm:
         raise CompressError(f"{in_dir}/config.json: cannot describe the compressed model ({e})") from None
     copy_files, _ = ck.side_files()
     return CompressPlan(in_dir, out_dir, raw, out_raw, cfg, out_code, inputs, mea_tensor_shapes(cfg), layer_list,
-                        copy_files)
+                        copy_files, force)
 
 
 def format_plan(plan: CompressPlan) -> str:
@@ -168,14 +169,24 @@ def _ranges(layers: List[int]) -> str:
     return ",".join(out)
 
 
-def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_size="5GB") -> str:
-    """Compute the compressed tensors and write OUT_DIR atomically; fills plan.errors. Returns OUT_DIR."""
+def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_size="5GB", check=None) -> str:
+    """Compute the compressed tensors and write OUT_DIR atomically; fills plan.errors. Returns OUT_DIR.
+
+    check(folder): run on the complete folder before it becomes OUT_DIR (the CLI's logit KL); if it raises, nothing is
+    written. CompressError (one line naming the tensor) for a NaN or Inf in an input, or a value --dtype cannot hold.
+    """
     from tqdm import tqdm
 
     c = plan.cfg
     H_kv, n_p, d = c.mea_kv_heads, c.num_key_value_heads, c.head_dim
     out: Dict[str, np.ndarray] = {}
-    read = lambda n: st.read_tensor(plan.inputs[n]).astype(np.float64)  # noqa: E731
+
+    def read(n):  # float64 math on finite inputs only
+        try:
+            return st.to_float64(st.cast_finite(st.read_tensor(plan.inputs[n]), plan.inputs[n].dtype, n))
+        except ValueError as e:
+            raise CompressError(f"{e}; refusing to compress") from None
+
     for i in tqdm(plan.layers, desc="svd", disable=not progress, leave=False):
         p = f"model.layers.{i}.self_attn."
         errs = []
@@ -200,13 +211,19 @@ def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_siz
         arr = out[name] if name in out else st.read_tensor(plan.inputs[name])
         if tuple(arr.shape) != tuple(shape):
             raise CompressError(f"{name}: produced shape {list(arr.shape)}, planned {list(shape)} (a bug)")
-        yield st.cast(np.asarray(arr), code)
+        try:
+            yield st.cast_finite(np.asarray(arr), code, name)
+        except ValueError as e:
+            raise CompressError(f"{e}; refusing to compress") from None
 
-    with atomic_dir(out_dir) as tmp:  # --force: the old folder is replaced only by a complete new one
+    # --force: an existing OUT_DIR is replaced only by a complete, checked new folder (fsutil's output rule)
+    with atomic_dir(out_dir, tool="compress_kv", replace=plan.force, error=CompressError) as tmp:
         bar = tqdm(total=len(names), desc="write", disable=not progress, leave=False)
         write_checkpoint_folder(tmp, shards, chunks, plan.out_config, plan.bytes_out, plan.in_dir, plan.copy_files,
-                                   on_written=lambda name, nbytes: bar.update(1))
+                                on_written=lambda name, nbytes: bar.update(1))
         bar.close()
+        if check is not None:
+            check(tmp)
     return out_dir
 
 
@@ -240,6 +257,10 @@ def logit_kl(in_dir: str, out_dir: str, batches: int = 4, seq_len: int = 128, ba
             del model
     a, b = logits["orig"], logits["mea"]
     cmp = compare_logits(a, b)
+    if cmp["nonfinite"]:
+        which = {"reference": "the original model's", "compared": "the compressed model's"}
+        raise CompressError("logit KL: " + " and ".join(which[w] for w in cmp["nonfinite"].split(" and ")) +
+                            " logits are not finite (NaN or Inf)")
     labels = np.concatenate([y for _, y in windows]) % a.shape[-1]
     ce = -np.take_along_axis(log_softmax(a), labels[..., None], axis=-1).mean()
     return {"mean_kl": cmp["mean_kl"], "max_rel": cmp["max_rel"], "orig_ce": float(ce),

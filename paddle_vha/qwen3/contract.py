@@ -5,9 +5,46 @@ of its layers and adds the HLC coefficients; a folded VHA checkpoint is exactly 
 """
 from __future__ import annotations
 
+import math
+
 from ..checkpoint.contract import Shapes
 
-__all__ = ["tensor_shapes", "layer_prefix"]
+__all__ = ["tensor_shapes", "layer_prefix", "check_config", "check_config_fields", "sliding_window_layers"]
+
+_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+          "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def check_config_fields(fields: dict) -> None:
+    """ValueError (one line naming the field) for a Qwen3 size that is not a positive int, or an eps / RoPE base that
+    is not a positive finite number, among the fields present in `fields` (config.json as read, before a config
+    class sees it: Qwen3Config itself turns a 4.0 or a null into a traceback that names no field)."""
+    for name in _SIZES:
+        if name in fields:
+            v = fields[name]
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+    rope = fields.get("rope_parameters")
+    numbers = [("rms_norm_eps", fields[k]) for k in ("rms_norm_eps",) if k in fields]
+    numbers += [("rope_theta", fields["rope_theta"])] if "rope_theta" in fields else []
+    numbers += [("rope_theta", rope["rope_theta"])] if isinstance(rope, dict) and "rope_theta" in rope else []
+    for name, v in numbers:
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+
+
+def check_config(cfg) -> None:
+    """check_config_fields over every field of a built config object (defaults included)."""
+    fields = {name: getattr(cfg, name, None) for name in _SIZES + ("rms_norm_eps", "rope_theta")}
+    fields["rope_parameters"] = getattr(cfg, "rope_parameters", None)
+    check_config_fields(fields)
+
+
+def sliding_window_layers(cfg) -> list:
+    """Indices of the layers that attend through a sliding window (Qwen3's layer_types + sliding_window)."""
+    if not getattr(cfg, "sliding_window", None):
+        return []
+    return [i for i, t in enumerate(getattr(cfg, "layer_types", None) or []) if t == "sliding_attention"]
 
 
 def layer_prefix(i: int) -> str:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .session import ServeError
+
 __all__ = ["generate", "GenerationResult"]
 
 
@@ -61,6 +63,8 @@ def generate(session, prompt_ids, max_new_tokens: int, do_sample: bool = False, 
     out = []
     done = np.zeros(ids.shape[0], bool)
     for step in range(max_new_tokens):
+        if not np.isfinite(logits[:, -1]).all():  # argmax of NaN rows is token 0: say so instead of emitting it
+            raise ServeError(f"the model's logits are not finite (NaN or Inf) at generation step {step + 1}")
         nxt = _choose(logits[:, -1], rng, do_sample, temperature, top_k, top_p)
         if eos_token_id is not None:
             nxt = np.where(done, eos_token_id, nxt)

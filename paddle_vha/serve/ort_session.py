@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .session import DecoderSession
+from .session import DecoderSession, ServeError, read_export_info
 
 __all__ = ["OrtDecoder"]
 
@@ -16,7 +16,11 @@ class OrtDecoder(DecoderSession):
         opts.log_severity_level = 3
         if threads:
             opts.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types for unreadable or truncated models
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise ServeError(f"{onnx_path}: onnxruntime cannot load it ({type(e).__name__}: {first})") from None
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
         # [batch, heads, past_sequence, width] per cache input (MEA layers: one wide head)
@@ -24,8 +28,7 @@ class OrtDecoder(DecoderSession):
 
     @classmethod
     def from_dir(cls, export_dir: str, threads: int = 0):
-        if not os.path.isfile(os.path.join(export_dir, "export_info.json")):
-            raise FileNotFoundError(f"{export_dir}: no export_info.json (not written by tools/export_onnx.py)")
+        read_export_info(export_dir)  # ServeError (one line) for a folder tools/export_onnx.py did not write whole
         return cls(os.path.join(export_dir, "model.onnx"), threads)
 
     def _run(self, arrays):

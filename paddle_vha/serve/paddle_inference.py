@@ -1,10 +1,9 @@
 """Paddle Inference predictor over the exported static program (EXPORT_DIR/paddle/model.{json,pdiparams})."""
 from __future__ import annotations
 
-import json
 import os
 
-from .session import DecoderSession
+from .session import DecoderSession, ServeError, read_export_info
 
 __all__ = ["PaddleInferenceDecoder"]
 
@@ -13,12 +12,11 @@ class PaddleInferenceDecoder(DecoderSession):
     def __init__(self, export_dir: str, threads: int = 1):
         from paddle import inference
 
-        info_path = os.path.join(export_dir, "export_info.json")
-        if not os.path.isfile(info_path):
-            raise FileNotFoundError(f"{export_dir}: no export_info.json (not written by tools/export_onnx.py)")
-        with open(info_path) as f:
-            info = json.load(f)  # the static program's input shapes are not queryable before a run
+        info = read_export_info(export_dir)  # the static program's input shapes are not queryable before a run
         prefix = os.path.join(export_dir, "paddle", "model")
+        for ext in (".json", ".pdiparams"):
+            if not os.path.isfile(prefix + ext):
+                raise ServeError(f"{prefix + ext}: missing (the export's Paddle program)")
         config = inference.Config(prefix + ".json", prefix + ".pdiparams")
         config.disable_gpu()
         # oneDNN, on by default on CPU, silently computed wrong results for a graph taking cos and sin of the same
@@ -29,8 +27,7 @@ class PaddleInferenceDecoder(DecoderSession):
         self.predictor = inference.create_predictor(config)
         self.inputs = self.predictor.get_input_names()
         self.outputs = self.predictor.get_output_names()
-        per_layer = info.get("cache_shapes") or [[info["num_key_value_heads"], info["head_dim"]]] * info["num_hidden_layers"]
-        self.cache_shapes = [tuple(s) for s in per_layer for _ in ("key", "value")]
+        self.cache_shapes = [tuple(s) for s in info["cache_shapes"] for _ in ("key", "value")]
 
     def _run(self, arrays):
         for name, value in zip(self.inputs, arrays):

@@ -1,11 +1,50 @@
 """What every decoder session shares: building one call's inputs, the empty cache, prefill and step."""
 from __future__ import annotations
 
+import json
+import os
 from typing import List, Tuple
 
 import numpy as np
 
-__all__ = ["DecoderSession", "decoder_feeds"]
+__all__ = ["DecoderSession", "decoder_feeds", "ServeError", "read_export_info"]
+
+
+class ServeError(ValueError):
+    """An export folder a session cannot serve; the message is one line naming the problem."""
+
+
+def _positive_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def read_export_info(export_dir: str) -> dict:
+    """export_info.json of an export folder, checked: the fields the sessions and tools/generate.py use, and the model
+    file beside it (present, not empty). ServeError (one line) otherwise."""
+    path = os.path.join(export_dir, "export_info.json")
+    if not os.path.isdir(export_dir):
+        raise ServeError(f"{export_dir}: not a directory")
+    if not os.path.isfile(path):
+        raise ServeError(f"{export_dir}: no export_info.json (write the folder with tools/export_onnx.py)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ServeError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(info, dict):
+        raise ServeError(f"{path}: expected a JSON object")
+    for key in ("vocab_size", "num_hidden_layers"):
+        if not _positive_int(info.get(key)):
+            raise ServeError(f"{path}: {key} must be a positive int, got {info.get(key)!r}")
+    shapes = info.get("cache_shapes")
+    if not (isinstance(shapes, list) and len(shapes) == info["num_hidden_layers"]
+            and all(isinstance(s, list) and len(s) == 2 and all(_positive_int(v) for v in s) for s in shapes)):
+        raise ServeError(f"{path}: cache_shapes must list (heads, width) for each of the {info['num_hidden_layers']} "
+                         "layers")
+    model = os.path.join(export_dir, "model.onnx")
+    if not os.path.isfile(model) or os.path.getsize(model) == 0:
+        raise ServeError(f"{model}: missing or empty")
+    return info
 
 
 def decoder_feeds(ids, past_len: int, attention_mask=None):

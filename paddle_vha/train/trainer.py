@@ -21,8 +21,10 @@ from typing import Optional
 
 from ..checkpoint.contract import CheckpointError
 from ..checkpoint.folder import save_pretrained_atomic
+from ..checkpoint.fsutil import MARKER, check_no_overlap
 from ..cli import fail
 from ..families import DEFAULT_MODEL_TYPE, FAMILIES, UnknownFamily, family
+from ..qwen3.contract import check_config, check_config_fields
 
 
 def _hf_datasets_importable() -> bool:
@@ -100,13 +102,22 @@ class VHATrainingArguments(TrainingArguments):
 
 class TrainLog(TrainerCallback):
     """Prints each log record in one line and appends it to OUTPUT_DIR/train_log.jsonl (PaddleFormers 1.0.0 keeps no
-    log history in trainer_state.json); on each save, writes checkpoint-N/model in the documented format."""
+    log history in trainer_state.json); on each save, writes checkpoint-N/model in the documented format.
+
+    A NaN or Inf loss, gradient norm or validation loss, or a parameter holding one (checked at every log step: with
+    NaN weights PaddleFormers' loss can still read as a finite ln(vocab)), stops training at once (`nonfinite` says
+    what and when): it is written to the log as null (strict JSON) and `run` exits with one line, saving nothing."""
 
     KEYS = ("loss", "eval_loss", "learning_rate", "global_norm")
 
     def __init__(self, model, path: str, save_models: bool):
         self.model, self.path, self.save_models = model, path, save_models
         self.last = {}  # key -> (step, value) of the latest record
+        self.nonfinite = None  # (what, step) of the first non-finite number seen
+        self.steps_run = 0  # optimizer steps this process has run
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps_run += 1
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs:
@@ -117,15 +128,27 @@ class TrainLog(TrainerCallback):
         for k, v in rec.items():  # on every rank: main() decides from it whether to evaluate (a collective)
             if k != "step":
                 self.last[k] = (rec["step"], v)
+                if not math.isfinite(v) and self.nonfinite is None:
+                    self.nonfinite = (f"{k} is {v}", rec["step"])
+        if self.nonfinite is None:
+            bad = _nonfinite_parameter(self.model)  # every rank, at the same steps: the decision is collective
+            if bad is not None:
+                self.nonfinite = (f"parameter {bad} holds NaN or Inf", rec["step"])
+        if self.nonfinite is not None:
+            control.should_training_stop = True
+            control.should_save = False
         if not state.is_world_process_zero:
             return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        strict = {k: (v if math.isfinite(v) else None) for k, v in rec.items()}
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
+            f.write(json.dumps(strict, allow_nan=False) + "\n")
         print("  ".join([f"step {rec['step']}"] + [f"{k} {v:.4g}" for k, v in rec.items() if k != "step"]),
               file=sys.stderr)
 
     def on_save(self, args, state, control, **kwargs):
+        if self.nonfinite is not None:
+            return
         if self.save_models and args.should_save:
             ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             if os.path.isdir(ckpt):
@@ -267,9 +290,11 @@ def build_config(model_args, data_args, training_args, tp: int):
         fail(f"max_seq_len={data_args.max_seq_len} exceeds the model's max_position_embeddings="
              f"{fields['max_position_embeddings']}")
     try:
+        check_config_fields(fields)  # Qwen3's sizes and numbers as written, then with the class's defaults
         config = config_cls(**fields)
+        check_config(config)
     except (ValueError, TypeError) as e:  # VHAConfigError / MEAConfigError are ValueErrors
-        fail(f"model_config: {e}")
+        fail(f"model_config: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     LlmMetaConfig.set_llm_config(config, training_args)  # parallel degrees, recompute, fusions: as PaddleFormers does
     check = getattr(config, "check_runtime_support", None)
     if check is not None:  # the model's own refusals, judged on the degrees the config asks for
@@ -344,8 +369,62 @@ def describe(config, data_args, training_args) -> str:
             f"{fl / 1e9:.3g} GFLOPs per training token at S={S} (causal)")
 
 
+def check_arguments(model_args, data_args, training_args) -> None:
+    """One line and exit 2 for arguments PaddleFormers would accept but that cannot mean what the user wants."""
+    lr = training_args.learning_rate
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+        fail(f"learning_rate must be a finite number >= 0, got {lr!r}")
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        if getattr(training_args, name) < 1:
+            fail(f"{name} must be >= 1, got {getattr(training_args, name)}")
+    if training_args.max_steps == 0 or training_args.max_steps < -1:
+        fail(f"max_steps must be > 0, or -1 to train num_train_epochs, got {training_args.max_steps}")
+    out = training_args.output_dir
+    if os.path.lexists(out) and not os.path.isdir(out):
+        fail(f"output_dir {out}: exists and is not a folder")
+    inputs = [model_args.model_name_or_path, data_args.input_dir if data_args.dataset == "pretrain" else None]
+    if model_args.model_config and not model_args.model_config.lstrip().startswith("{"):
+        inputs.append(model_args.model_config)
+    inputs = [p for p in inputs if p and " " not in p.strip()]  # input_dir may also be a weighted blend "w1 P1 ..."
+    try:  # the rule of every tool that writes, but an existing output_dir is a run to resume
+        check_no_overlap(out, inputs, input_label="the input", out_label="output_dir")
+    except CheckpointError as e:
+        fail(str(e))
+    model_dir = os.path.join(out, "model")
+    if os.path.isdir(model_dir) and not os.path.isfile(os.path.join(model_dir, MARKER)):
+        fail(f"{model_dir}: exists and was not written by paddle-vha; the trained model would replace it (move it away "
+             "first)")
+
+
+def _nonfinite_parameter(model):
+    """The name of the first parameter holding a NaN or Inf (on any rank: "a parameter on another rank"), or None.
+    Collective when several processes run: call it on every rank at the same step."""
+    import paddle
+    import paddle.distributed as dist
+
+    bad = next((name for name, p in model.named_parameters() if not bool(paddle.isfinite(p).all())), None)
+    if dist.get_world_size() > 1:
+        flag = paddle.to_tensor([0 if bad is None else 1], dtype="int32")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if int(flag.numpy()[0]) and bad is None:
+            bad = "on another rank"
+    return bad
+
+
 def run(model_args, data_args, training_args, requested: dict) -> int:
-    """Build, train, evaluate and save as the arguments say; returns the exit status."""
+    """Build, train, evaluate and save as the arguments say; returns the exit status. A run that fails leaves no empty
+    output folder behind."""
+    out, existed = training_args.output_dir, os.path.exists(training_args.output_dir)
+    try:
+        return _run(model_args, data_args, training_args, requested)
+    except BaseException:
+        if not existed and os.path.isdir(out) and not os.listdir(out):
+            os.rmdir(out)
+        raise
+
+
+def _run(model_args, data_args, training_args, requested: dict) -> int:
+    check_arguments(model_args, data_args, training_args)
     # The datasets shuffle themselves with a seeded permutation (as PaddleFormers' pretraining data does), so a
     # resumed run, which skips the batches already consumed, sees the same batches as an uninterrupted one.
     training_args.dataloader_shuffle = False
@@ -416,7 +495,24 @@ def run(model_args, data_args, training_args, requested: dict) -> int:
     trainer = Trainer(model=model, args=training_args, train_dataset=train if training_args.do_train else None,
                       eval_dataset=val if training_args.do_eval else None, callbacks=[log])
     if training_args.do_train:
-        result = trainer.train(resume_from_checkpoint=resume)
+        try:
+            result = trainer.train(resume_from_checkpoint=resume)
+        except Exception as e:  # noqa: BLE001 - reported in one line where the cause is known
+            if isinstance(e, ValueError) and "inf or nan" in str(e):  # PaddleFormers' loss check before each step
+                fail(f"training stopped: the loss is not finite at step {trainer.state.global_step + 1} "
+                     f"({str(e).split('. ')[-1]}); nothing saved (lower learning_rate?)")
+            if resume is None or log.steps_run:
+                raise  # not a resume problem: the whole traceback is the useful report
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            fail(f"resuming from {resume} failed ({type(e).__name__}: {first}); remove that checkpoint folder or set "
+                 "overwrite_output_dir")
+        if log.nonfinite is None:
+            bad = _nonfinite_parameter(model)  # after the last step, whether or not it was logged
+            if bad is not None:
+                log.nonfinite = (f"parameter {bad} holds NaN or Inf", trainer.state.global_step)
+        if log.nonfinite is not None:
+            what, step = log.nonfinite
+            fail(f"training stopped: {what} at step {step}; nothing saved (lower learning_rate?)")
         trainer.save_state()
         if "loss" in log.last:
             step, loss = log.last["loss"]
@@ -425,6 +521,8 @@ def run(model_args, data_args, training_args, requested: dict) -> int:
         step, loss = log.last.get("eval_loss", (None, None))
         if step != trainer.state.global_step:  # not evaluated at the last step yet
             loss = trainer.evaluate().get("eval_loss")
+        if loss is not None and not math.isfinite(loss):
+            fail(f"validation loss is {loss} at step {trainer.state.global_step}; nothing saved")
         if loss is not None:
             print(f"validation: loss {loss:.4f} (perplexity {math.exp(min(loss, 50)):.2f} per token) "
                   f"at step {trainer.state.global_step}")

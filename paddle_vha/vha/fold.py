@@ -175,6 +175,7 @@ class FoldPlan:
     shards: List[List[Entry]]
     copy_files: List[str]
     skipped: List[str] = field(default_factory=list)
+    force: bool = False  # replace an existing OUT_DIR (one this project wrote)
 
     @property
     def bytes_in(self) -> int:
@@ -196,7 +197,7 @@ def plan_fold(src, out_dir: str, dtype: str = "auto", force: bool = False, max_s
     cfg = vha.load_config(ck)  # not qwen3_vha, invalid VHA fields: one line
     _check_foldable(cfg, in_dir)
     vha.check_tensors(ck, cfg)  # tensor names and shapes, from the headers (read once)
-    check_output_dir(in_dir, out_dir, force, FoldError)
+    check_output_dir(out_dir, [in_dir], force, FoldError)
     ck.require_float()
     inputs = ck.tensors
 
@@ -221,15 +222,13 @@ def plan_fold(src, out_dir: str, dtype: str = "auto", force: bool = False, max_s
         max_bytes = st.parse_size(max_shard_size)
     except ValueError as e:
         raise FoldError(f"--max-shard-size: {e}") from None
-    if max_bytes <= 0:
-        raise FoldError(f"--max-shard-size must be positive, got {max_shard_size!r}")
     by_name = {e.name: e for e in entries}
     shards = [[by_name[s[0]] for s in shard]
               for shard in st.plan_shards([(e.name, e.dtype, e.shape) for e in entries], max_bytes)]
 
     copy_files, skipped = ck.side_files()
     return FoldPlan(in_dir, out_dir, cfg, ck.config, fold_config(ck.config, st.dtype_name(out_code)), out_code, inputs,
-                    entries, shards, copy_files, skipped)
+                    entries, shards, copy_files, skipped, force)
 
 
 def format_plan(plan: FoldPlan) -> str:
@@ -276,17 +275,21 @@ def format_plan(plan: FoldPlan) -> str:
 
 
 def _produce(entry: Entry, inputs: Mapping[str, st.TensorRef], chunk_bytes: int):
-    """Yield consecutive row blocks of one output tensor, in its output dtype."""
-    if entry.kind == "copy":
-        ref = inputs[entry.sources[0]]
-        for a, b in st.row_chunks(ref, chunk_bytes):
-            yield st.cast(st.read_rows(ref, a, b), entry.dtype)
-        return
-    args = [st.read_tensor(inputs[s]) for s in entry.sources]
-    fn = {"fold_q": fold_q_proj, "fold_q_bias": fold_q_bias, "fold_o": fold_o_proj}[entry.kind]
-    out = fn(*[st.to_float64(a) for a in args])  # float64 math
-    del args
-    yield st.cast(out, entry.dtype)  # one rounding, at the end
+    """Yield consecutive row blocks of one output tensor, in its output dtype. FoldError naming the tensor for a NaN or
+    Inf among its inputs, or a value the output dtype cannot hold."""
+    try:
+        if entry.kind == "copy":
+            ref = inputs[entry.sources[0]]
+            for a, b in st.row_chunks(ref, chunk_bytes):
+                yield st.cast_finite(st.read_rows(ref, a, b), entry.dtype, entry.name)
+            return
+        args = [st.cast_finite(st.read_tensor(inputs[s]), inputs[s].dtype, s) for s in entry.sources]  # inputs finite
+        fn = {"fold_q": fold_q_proj, "fold_q_bias": fold_q_bias, "fold_o": fold_o_proj}[entry.kind]
+        out = fn(*[st.to_float64(a) for a in args])  # float64 math
+        del args
+        yield st.cast_finite(out, entry.dtype, entry.name)  # one rounding, at the end
+    except ValueError as e:  # refused: the output folder is removed (fold_checkpoint writes inside atomic_dir)
+        raise FoldError(f"{e}; refusing to fold") from None
 
 
 def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 << 20,
@@ -306,11 +309,12 @@ def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 
         if on_tensor is not None:  # runs once the tensor's last rows are written
             on_tensor(entries[name])
 
-    with atomic_dir(out_dir) as tmp:  # --force: the old folder is replaced only by a complete new one
+    # --force: an existing OUT_DIR is replaced only by a complete new folder (fsutil's output rule)
+    with atomic_dir(out_dir, tool="fold", replace=plan.force, error=FoldError) as tmp:
         bar = tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="fold", disable=not progress, leave=False)
         shards = [[(e.name, e.dtype, e.shape) for e in shard] for shard in plan.shards]
         write_checkpoint_folder(tmp, shards, chunks, plan.out_config, plan.bytes_out, plan.in_dir, plan.copy_files,
-                                   on_written=lambda name, nbytes: bar.update(nbytes))
+                                on_written=lambda name, nbytes: bar.update(nbytes))
         bar.close()
     return out_dir
 
