@@ -20,6 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from .checkpoint.contract import read_json_object
 from .families import DEFAULT_MODEL_TYPE, FAMILIES
 from .units import fmt_bytes
 
@@ -438,7 +439,6 @@ def resolve_models(spec: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
     """A command-line model argument: a named shape ('1.7b': the paper's comparison set), a config.json / a
     checkpoint folder holding one, or a tools/train.py trainer config (its model_config) — that model, plus its
     folded form for VHA. ArchError with one line otherwise."""
-    import json
     import os
 
     if spec.strip().lower().replace("qwen3-", "") in NAMED_SHAPES:
@@ -446,12 +446,8 @@ def resolve_models(spec: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
     path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
     if not os.path.isfile(path):
         raise ArchError(f"{spec}: not a named shape ({', '.join(NAMED_SHAPES)}), a config.json or a checkpoint folder")
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArchError(f"{path}: not valid JSON ({e})") from None
-    if isinstance(cfg, dict) and isinstance(cfg.get("model_config"), dict):  # a tools/train.py trainer config
+    cfg = read_json_object(path, ArchError)
+    if isinstance(cfg.get("model_config"), dict):  # a tools/train.py trainer config
         cfg = {**cfg["model_config"], "model_type": cfg.get("model_type", DEFAULT_MODEL_TYPE)}
         cfg.setdefault("vocab_size", 256)  # the byte corpus, train.py's default
     label = spec.rstrip("/")

@@ -7,11 +7,12 @@ checks a folder against them with one-line errors.
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Dict, Tuple
 
 __all__ = ["CheckpointError", "Shapes", "INDEX_FILE", "SINGLE_FILE", "WEIGHT_FILES", "is_linear_weight",
-           "compare_shapes", "few"]
+           "compare_shapes", "few", "read_json_object"]
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -28,6 +29,19 @@ class CheckpointError(ValueError):
 def is_linear_weight(name: str, ndim: int) -> bool:
     """A Linear weight: [out, in] on disk, [in, out] in Paddle's memory (transposed on every load and save)."""
     return ndim == 2 and name.endswith("_proj.weight")
+
+
+def read_json_object(path: str, error=CheckpointError) -> dict:
+    """A JSON file holding an object (config.json, export_info.json, tp_plan.json, a trainer config), or `error` with
+    one line: not valid JSON (or not UTF-8), or not an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a JSON object")
+    return data
 
 
 def few(names, n: int = 3) -> str:

@@ -21,7 +21,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import numpy as np
 
 from . import safetensors_io as st
-from .contract import INDEX_FILE, SINGLE_FILE, WEIGHT_FILES, CheckpointError, Shapes, few
+from .contract import INDEX_FILE, SINGLE_FILE, WEIGHT_FILES, CheckpointError, Shapes, few, read_json_object
 from .fsutil import MARKER, atomic_dir
 
 __all__ = ["CheckpointFolder", "tensor_refs", "write_checkpoint_folder", "save_pretrained_atomic", "remove_save_marker"]
@@ -33,14 +33,7 @@ def _read_config(path: str) -> dict:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise CheckpointError(f"{cfg_path}: missing (a checkpoint folder needs config.json)")
-    try:
-        with open(cfg_path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{cfg_path}: expected a JSON object")
-    return cfg
+    return read_json_object(cfg_path)
 
 
 def tensor_refs(path: str) -> Dict[str, st.TensorRef]:

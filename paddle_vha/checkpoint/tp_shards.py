@@ -23,7 +23,7 @@ import numpy as np
 
 from ..families import family_of
 from . import safetensors_io as st
-from .contract import INDEX_FILE, SINGLE_FILE, CheckpointError, is_linear_weight
+from .contract import INDEX_FILE, SINGLE_FILE, CheckpointError, is_linear_weight, read_json_object
 from .folder import tensor_refs
 from .fsutil import atomic_dir, check_output_dir
 
@@ -111,14 +111,9 @@ def read_tp_plan(in_dir: str) -> dict:
     path = os.path.join(in_dir, PLAN_FILE)
     if not os.path.isfile(path):
         raise CheckpointError(f"{in_dir}: no {PLAN_FILE} (not a tensor-parallel sharded save)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            plan = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(plan, dict) or plan.get("format") != FORMAT:
-        found = plan.get("format") if isinstance(plan, dict) else type(plan).__name__
-        raise CheckpointError(f"{path}: format {found!r}, expected {FORMAT!r}")
+    plan = read_json_object(path)
+    if plan.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {plan.get('format')!r}, expected {FORMAT!r}")
     t, files, tensors = plan.get("tensor_parallel_size"), plan.get("files"), plan.get("tensors")
     if not (isinstance(t, int) and t >= 1 and isinstance(files, list) and len(files) == t):
         raise CheckpointError(f"{path}: tensor_parallel_size and files do not describe t rank files")

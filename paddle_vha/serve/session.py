@@ -1,11 +1,12 @@
 """What every decoder session shares: building one call's inputs, the empty cache, prefill and step."""
 from __future__ import annotations
 
-import json
 import os
 from typing import List, Tuple
 
 import numpy as np
+
+from ..checkpoint.contract import read_json_object
 
 __all__ = ["DecoderSession", "decoder_feeds", "ServeError", "read_export_info"]
 
@@ -26,13 +27,7 @@ def read_export_info(export_dir: str) -> dict:
         raise ServeError(f"{export_dir}: not a directory")
     if not os.path.isfile(path):
         raise ServeError(f"{export_dir}: no export_info.json (write the folder with tools/export_onnx.py)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            info = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ServeError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(info, dict):
-        raise ServeError(f"{path}: expected a JSON object")
+    info = read_json_object(path, ServeError)
     for key in ("vocab_size", "num_hidden_layers"):
         if not _positive_int(info.get(key)):
             raise ServeError(f"{path}: {key} must be a positive int, got {info.get(key)!r}")
