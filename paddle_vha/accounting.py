@@ -80,6 +80,9 @@ class Arch:
     vha_q_head_dim: Optional[int] = None
     vha_postmix_rank: int = 0
     vha_gated: bool = False
+    # Shared KV (VHA's vha_shared_kv, and the stock-shaped model it folds into): one projection is both keys and
+    # values, so the cache holds one tensor per layer.
+    shared_kv: bool = False
     # MLA (kind "mla"), DeepSeek-V2 parameterisation: latent c_kv plus a decoupled RoPE key.
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
@@ -186,7 +189,8 @@ def named_shape(name: str, kind: str = "gqa", num_kv_heads: int = 8, **overrides
 
 def paper_variants(name: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
     """The comparison set at a named shape: MHA (GQA-8's attention weights), GQA-8 / 4 / 2, GQA-2 with halved query
-    heads, MLA, VHA as trained and folded, MEA (GQA-8's 8 KV heads composed from `mea_kv_heads` cached ones)."""
+    heads, MLA, VHA and shared-KV VHA as trained and folded, MEA (GQA-8's 8 KV heads composed from `mea_kv_heads`
+    cached ones)."""
     key = _shape_key(name)
     h_q = NAMED_SHAPES[key]["num_heads"]
     mha_heads = (2 * h_q + 2 * 8) // 4
@@ -200,6 +204,8 @@ def paper_variants(name: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
     ]
     vha = named_shape(key, "vha", 2, label="VHA (trained)", **overrides)
     out += [vha, fold_vha(vha, label="VHA (folded)")]
+    skv = named_shape(key, "vha", 2, shared_kv=True, label="VHA shared-KV (trained)", **overrides)
+    out += [skv, fold_vha(skv, label="VHA shared-KV (folded)")]
     out.append(named_shape(key, "mea", mea_kv_heads, mea_kv_heads=8, label=f"MEA ({mea_kv_heads} of 8 KV)", **overrides))
     return out
 
@@ -282,7 +288,8 @@ def kv_bytes_per_token(a: Arch, bytes_per_elem: float = 2, all_layers: bool = Fa
     if a.kind == "mla":
         per_layer = (a.kv_lora_rank + a.qk_rope_head_dim) * bytes_per_elem  # latent + decoupled RoPE key
         return per_layer * (a.num_layers if all_layers else 1)
-    per_layer = 2 * a.num_kv_heads * a.head_dim * bytes_per_elem
+    tensors = 1 if a.shared_kv else 2  # K and V, or the one shared K = V
+    per_layer = tensors * a.num_kv_heads * a.head_dim * bytes_per_elem
     if not all_layers:
         return per_layer
     if a.kind == "mea":  # layers without MEA keep their stock KV heads (n_v unless stated)
@@ -309,12 +316,12 @@ def _attn_weights(a: Arch, mea_layer: bool = True) -> Dict[str, int]:
     kv = a.num_kv_heads
     if a.kind == "mea" and not mea_layer:
         kv = _stock_kv(a)
-    parts = {
-        "q_proj": h * a.physical_heads * a.q_head_dim,
-        "k_proj": h * kv * d,
-        "v_proj": h * kv * d,
-        "o_proj": H * d * h,
-    }
+    parts = {"q_proj": h * a.physical_heads * a.q_head_dim}
+    if a.shared_kv:
+        parts["shared_kv_proj"] = h * kv * d
+    else:
+        parts.update(k_proj=h * kv * d, v_proj=h * kv * d)
+    parts["o_proj"] = H * d * h
     if a.kind == "vha":
         parts["premix"] = a.num_kv_heads * a.q_head_dim * d
         parts["postmix"] = 2 * H * a.vha_postmix_rank
@@ -341,8 +348,8 @@ def attention_parameters_per_layer(a: Arch) -> Dict[str, int]:
     h, d = a.hidden_size, a.head_dim
     if a.attention_bias:
         parts["q_proj"] += a.physical_heads * a.q_head_dim
-        parts["k_proj"] += a.num_kv_heads * d
-        parts["v_proj"] += a.num_kv_heads * d
+        for name in ("shared_kv_proj",) if a.shared_kv else ("k_proj", "v_proj"):
+            parts[name] += a.num_kv_heads * d
         parts["o_proj"] += h
     parts["qk_norm"] = 2 * d
     if a.kind == "mea" and a.mea_group_norm:

@@ -30,6 +30,24 @@ def rope(x, positions, theta):
     return x * cos + rot * sin
 
 
+def causal_mask(positions, T, window=None):
+    """True where key position t is hidden from the query at position s: t > s, or t <= s - window (a sliding-window
+    layer sees the `window` positions ending at its own, as Hugging Face's Qwen3 does)."""
+    key_pos = np.arange(T)[None, None, :]
+    pos = np.asarray(positions)[:, :, None]
+    hidden = key_pos > pos
+    if window:
+        hidden |= key_pos <= pos - window
+    return hidden
+
+
+def layer_window(cfg, layer):
+    """The sliding window of decoder layer `layer` (None: full attention), from config.json's layer_types."""
+    types = cfg.get("layer_types") or []
+    return cfg.get("sliding_window") if layer is not None and layer < len(types) and types[layer] == "sliding_attention" \
+        else None
+
+
 def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -38,12 +56,15 @@ def silu(x):
     return x * sigmoid(x)
 
 
-def vha_attention(x, p, cfg, positions, past=None):
-    """One Qwen3-VHA attention layer.
+def vha_attention(x, p, cfg, positions, past=None, layer=None):
+    """One Qwen3-VHA attention layer (layer: its index, for sliding-window layers).
 
     x: (B, S, h); p: dict of this layer's tensors keyed like 'q_proj.weight', 'vha_premix_weight', ...
     positions: (B, S) absolute positions; past: optional (K, V), each (B, P, H_kv, d), already rotated.
     Returns (out (B, S, h), (K, V) including the new tokens).
+
+    Shared KV (cfg vha_shared_kv): S = RoPE(k_norm(x W_S)) is both K and V, and each output head is rotated back
+    by the query's own angle, R(-theta s), before Postmix.
     """
     B, S, _ = x.shape
     h_v, h_kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -52,9 +73,13 @@ def vha_attention(x, p, cfg, positions, past=None):
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     b = (lambda n: p.get(n + ".bias"))
 
+    shared = bool(cfg.get("vha_shared_kv"))
     q_phys = linear(x, p["q_proj.weight"], b("q_proj")).reshape(B, S, h_p, r)
-    k = linear(x, p["k_proj.weight"], b("k_proj")).reshape(B, S, h_kv, d)
-    v = linear(x, p["v_proj.weight"], b("v_proj")).reshape(B, S, h_kv, d)
+    if shared:
+        k = linear(x, p["shared_kv_proj.weight"], b("shared_kv_proj")).reshape(B, S, h_kv, d)
+    else:
+        k = linear(x, p["k_proj.weight"], b("k_proj")).reshape(B, S, h_kv, d)
+        v = linear(x, p["v_proj.weight"], b("v_proj")).reshape(B, S, h_kv, d)
 
     # Premix: virtual head j = g * H_p + i is Q_i @ W_premix[g].
     premix = np.asarray(p["vha_premix_weight"], np.float64)  # (H_kv, r, d)
@@ -65,23 +90,26 @@ def vha_attention(x, p, cfg, positions, past=None):
 
     q = rope(rms_norm(q, p["q_norm.weight"], eps), positions, theta)
     k = rope(rms_norm(k, p["k_norm.weight"], eps), positions, theta)
+    if shared:
+        v = k  # K = V: the normed, rotated shared projection
     if past is not None:
         k = np.concatenate([past[0], k], axis=1)
         v = np.concatenate([past[1], v], axis=1)
     T = k.shape[1]
 
-    # Attention: virtual head j reads KV head j // H_p; causal over absolute positions.
-    key_pos = np.arange(T)
+    # Attention: virtual head j reads KV head j // H_p; causal over absolute positions (and the layer's window).
+    mask = causal_mask(positions, T, layer_window(cfg, layer))
     y = np.empty((B, S, h_v, d))
     for j in range(h_v):
         g = j // h_p
         scores = np.einsum("bsd,btd->bst", q[:, :, j], k[:, :, g]) / np.sqrt(d)
-        mask = key_pos[None, None, :] > np.asarray(positions)[:, :, None]
         scores = np.where(mask, -np.inf, scores)
         scores = scores - scores.max(-1, keepdims=True)
         w = np.exp(scores)
         w /= w.sum(-1, keepdims=True)
         y[:, :, j] = np.einsum("bst,btd->bsd", w, v[:, :, g])
+    if shared:
+        y = rope(y, -np.asarray(positions, np.float64), theta)  # R(-theta s): rotation by the negated angle
 
     # Postmix: Y'_j = sum_k M[j, k] Y_k, M = I + V U^T.
     M = np.eye(h_v) + np.asarray(p["vha_postmix_V"], np.float64) @ np.asarray(p["vha_postmix_U"], np.float64).T
@@ -115,6 +143,7 @@ def causal_lm(input_ids, state, cfg, positions=None, past=None, attention=None):
             cfg,
             positions,
             None if past is None else past[i],
+            layer=i,
         )
         cache.append(kv)
         x = x + a
@@ -126,7 +155,7 @@ def causal_lm(input_ids, state, cfg, positions=None, past=None, attention=None):
     return linear(x, head), cache
 
 
-def gqa_attention(x, p, cfg, positions, past=None):
+def gqa_attention(x, p, cfg, positions, past=None, layer=None):
     """One stock Qwen3 GQA attention layer (query head j reads KV head j // (H_q / H_kv)); same I/O as vha_attention."""
     B, S, _ = x.shape
     h_q, h_kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -139,12 +168,12 @@ def gqa_attention(x, p, cfg, positions, past=None):
     k = rope(rms_norm(k, p["k_norm.weight"], eps), positions, theta)
     if past is not None:
         k, v = np.concatenate([past[0], k], axis=1), np.concatenate([past[1], v], axis=1)
-    key_pos = np.arange(k.shape[1])
+    mask = causal_mask(positions, k.shape[1], layer_window(cfg, layer))
     y = np.empty((B, S, h_q, d))
     for j in range(h_q):
         g = j // (h_q // h_kv)
         scores = np.einsum("bsd,btd->bst", q[:, :, j], k[:, :, g]) / np.sqrt(d)
-        scores = np.where(key_pos[None, None, :] > np.asarray(positions)[:, :, None], -np.inf, scores)
+        scores = np.where(mask, -np.inf, scores)
         w = np.exp(scores - scores.max(-1, keepdims=True))
         y[:, :, j] = np.einsum("bst,btd->bsd", w / w.sum(-1, keepdims=True), v[:, :, g])
     return linear(y.reshape(B, S, h_q * d), p["o_proj.weight"], b("o_proj")), (k, v)

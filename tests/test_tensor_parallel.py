@@ -1,8 +1,8 @@
 """Tensor-parallel Qwen3-VHA and Qwen3-MEA on CPU (gloo) through paddle.distributed.launch, exact against TP = 1.
 
 Each launch runs tests/tp/tp_worker.py on t = 2 ranks (KV heads split) and t = 4 ranks (H_kv = 2: KV heads
-replicated) for five tiny VHA models (composed prologue; gate + biases + r < d; H_kv 4; fused prologue + gate + r < d;
-float64) and three tiny MEA models (stock + MEA layers with virtual heads split; virtual and stock KV heads
+replicated) for six tiny VHA models (composed prologue; gate + biases + r < d; H_kv 4; fused prologue + gate + r < d;
+shared KV + gate + biases; float64) and three tiny MEA models (stock + MEA layers with virtual heads split; virtual and stock KV heads
 replicated at t = 4 with the serving form; float64).
 Every rank compares against the single-device model it built itself: logits, loss, every gradient (gathered),
 global gradient norm, 3 SGD-momentum steps (asserted <= 1e-5), 3 AdamW steps (asserted no worse than TP = 1 fp32
@@ -113,7 +113,7 @@ def tp_run(request, tmp_path_factory):
     n = request.param
     out = str(tmp_path_factory.mktemp(f"tp{n}"))
     cases = (["base", "gated-bias-r9", "kv4"] + (["fused"] if _fused_available() else [])
-             + ["fp64", "mea", "mea-rep", "mea-fp64"])
+             + ["shared-kv", "fp64", "mea", "mea-rep", "mea-fp64"])
     results = launch(n, out, ",".join(cases))
     return n, results.pop("out_dir", out), cases, results
 

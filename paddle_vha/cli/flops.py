@@ -28,7 +28,7 @@ from paddle_vha.accounting import (
 )
 from paddle_vha.cli import command, report_models
 
-PARTS = ("q_proj", "q_a_proj", "q_b_proj", "premix", "k_proj", "v_proj", "kv_a_proj", "kv_b_proj", "hlc",
+PARTS = ("q_proj", "q_a_proj", "q_b_proj", "premix", "k_proj", "v_proj", "shared_kv_proj", "kv_a_proj", "kv_b_proj", "hlc",
          "attention", "postmix", "gate_proj", "o_proj", "mlp", "lm_head")
 
 

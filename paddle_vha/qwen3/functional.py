@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import paddle
 
-__all__ = ["rms_norm", "rotate_half", "apply_rope", "rope_tables", "grouped_attention", "swiglu_mlp"]
+__all__ = ["rms_norm", "rotate_half", "apply_rope", "inverse_rope", "rope_tables", "grouped_attention", "swiglu_mlp"]
 
 
 def rms_norm(x, weight, eps: float):
@@ -22,6 +22,12 @@ def rotate_half(x, half: int):
 def apply_rope(x, cos, sin):
     """Rotate-half RoPE; x (..., d) with cos / sin broadcast to it."""
     return x * cos + rotate_half(x, x.shape[-1] // 2) * sin
+
+
+def inverse_rope(x, cos, sin):
+    """RoPE's inverse, R(-theta t) x: what rotating by the negated angle gives (shared-KV attention rotates its output
+    back to the query's position with it)."""
+    return apply_rope(x, cos, -sin)
 
 
 def rope_tables(position_ids, inv_freq, dtype):

@@ -18,7 +18,7 @@ from ..checkpoint.folder import remove_save_marker
 from ..families import family
 
 __all__ = ["ContractCheckpointMixin", "init_qwen3_backbone", "init_qwen3_causal_lm", "cache_continuation_positions",
-           "single_device_linear", "attention_core", "register_auto_classes"]
+           "single_device_linear", "attention_core", "update_shared_kv_cache", "register_auto_classes"]
 
 
 def single_device_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
@@ -42,6 +42,14 @@ def attention_core(layer, q, k, v, attention_mask=None, attn_mask_startend_row_i
         dropout=0.0 if not layer.training else layer.attention_dropout,
         scaling=layer.scaling,
     )
+
+
+def update_shared_kv_cache(cache, s, layer_idx: int):
+    """A shared K = V tensor s (B, H_kv, S, d) through a PaddleFormers cache: stored once (the cache's value slot gets
+    a zero-width tensor, so it holds no bytes), the whole cached tensor (B, H_kv, T, d) returned. Sliding-window cache
+    layers trim it as they trim keys."""
+    keys, _ = cache.update(s, s[..., :0], layer_idx)
+    return keys
 
 
 def init_qwen3_backbone(model, config, decoder_layer_cls) -> None:

@@ -10,6 +10,10 @@ Single-device math, read top to bottom as the method's equations (docs/method.md
     Y''  = Y' * sigmoid(x W_gate)                            only with vha_gated_attention
     out  = Y'' W_O
 
+Shared KV (vha_shared_kv): one projection S = RoPE(k_norm(x W_S)) (B, S, H_kv, d) is both K and V, the cache holds
+it once, and the attention output is rotated back to the query's position before Postmix:
+    Y    = R(-theta s) Attention(Q_v, S, S)                  (on the head width d, per query position s)
+
 Every deviation from PaddleFormers' Qwen3Attention is marked `# VHA:`.
 """
 from __future__ import annotations
@@ -21,7 +25,8 @@ import paddle
 from paddle import nn
 from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rotary_pos_emb
 
-from ..qwen3.modeling import attention_core, single_device_linear
+from ..qwen3.functional import inverse_rope
+from ..qwen3.modeling import attention_core, single_device_linear, update_shared_kv_cache
 from .config import Qwen3VHAConfig
 from .prologue import fused_prologue, should_use_fused
 
@@ -79,6 +84,10 @@ class Qwen3VHAAttention(Qwen3Attention):
 
         # VHA: q_proj emits H_p physical heads of width r, not H_v heads of width d.
         self.q_proj = single_device_linear(h, self.num_physical_heads * self.q_head_dim, config.attention_bias)
+        self.shared_kv = config.vha_shared_kv
+        if self.shared_kv:  # VHA: one projection for K = V replaces the parent's k_proj and v_proj
+            del self.k_proj, self.v_proj
+            self.shared_kv_proj = single_device_linear(h, self.num_key_value_heads * d, config.attention_bias)
         # VHA: Premix, one (r, d) map per KV group.
         self.vha_premix_weight = self.create_parameter(
             shape=[self.num_key_value_heads, self.q_head_dim, d],
@@ -139,24 +148,32 @@ class Qwen3VHAAttention(Qwen3Attention):
         **kwargs,
     ):
         h_kv, d = self.num_key_value_heads, self.head_dim
-        # VHA: physical queries of width r; K and V exactly as Qwen3.
+        # VHA: physical queries of width r; K and V exactly as Qwen3 (or one shared projection).
         q_phys = self.q_proj(hidden_states).reshape([0, 0, self.num_physical_heads, self.q_head_dim])  # (B, S, H_p, r)
-        key_states = self.k_proj(hidden_states).reshape([0, 0, h_kv, d])  # (B, S, H_kv, d)
-        value_states = self.v_proj(hidden_states).reshape([0, 0, h_kv, d]).transpose([0, 2, 1, 3])  # (B, H_kv, S, d)
+        k_proj = self.shared_kv_proj if self.shared_kv else self.k_proj
+        key_states = k_proj(hidden_states).reshape([0, 0, h_kv, d])  # (B, S, H_kv, d)
 
         cos, sin = position_embeddings
         # VHA: Premix before q_norm and RoPE, so both act on virtual heads.
         query_states, key_states = self.prologue(q_phys, key_states, cos, sin)  # (B, H_v, S, d), (B, H_kv, S, d)
 
-        if past_key_values is not None:
-            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+        if self.shared_kv:  # VHA: the normed, rotated S is the keys and the values, cached once
+            if past_key_values is not None:
+                key_states = update_shared_kv_cache(past_key_values, key_states, self.layer_idx)  # (B, H_kv, T, d)
+            value_states = key_states
+        else:
+            value_states = self.v_proj(hidden_states).reshape([0, 0, h_kv, d]).transpose([0, 2, 1, 3])  # (B, H_kv, S, d)
+            if past_key_values is not None:
+                key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
 
         attn_output, attn_weights = attention_core(self, query_states, key_states, value_states, attention_mask,
                                                    attn_mask_startend_row_indices)  # (B, S, H_v * d)
+        y = attn_output.reshape([0, 0, self.num_heads, d])  # (B, S, H_v, d)
+        if self.shared_kv:  # VHA: values were rotated with the keys: rotate the output back to the query's position
+            y = inverse_rope(y, cos.unsqueeze(2).astype(y.dtype), sin.unsqueeze(2).astype(y.dtype))
 
         # VHA: Postmix along the head axis, then the optional gate.
-        y = postmix(attn_output.reshape([0, 0, self.num_heads, d]), self.vha_postmix_U, self.vha_postmix_V,
-                    self.postmix_reduce)  # (B, S, H_v, d)
+        y = postmix(y, self.vha_postmix_U, self.vha_postmix_V, self.postmix_reduce)  # (B, S, H_v, d)
         y = y.flatten(2)  # (B, S, H_v * d)
         if self.config.vha_gated_attention:
             y = y * nn.functional.sigmoid(self.gate_proj(hidden_states))

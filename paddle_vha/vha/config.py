@@ -42,6 +42,9 @@ class Qwen3VHAConfig(Qwen3Config):
         vha_fused_prologue (bool or None): fused Premix + q/k RMSNorm + RoPE operator (ops/, docs/prologue.md).
             None (default): use it when it builds and loads, else the composed path with one logged line;
             True: require it; False: always the composed path.
+        vha_shared_kv (bool): one projection `shared_kv_proj` (hidden -> H_kv*d) replaces k_proj and v_proj; after
+            k_norm and RoPE it is both the keys and the values, and the attention output is rotated back (inverse
+            RoPE at the query's position) before Postmix. The cache holds one tensor per layer. Default False.
     """
 
     model_type = "qwen3_vha"
@@ -55,6 +58,7 @@ class Qwen3VHAConfig(Qwen3Config):
         vha_postmix_u_init_std: float = 0.01,
         vha_postmix_v_init_std: float = 0.0,
         vha_fused_prologue: bool | None = None,
+        vha_shared_kv: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -65,6 +69,7 @@ class Qwen3VHAConfig(Qwen3Config):
         self.vha_postmix_u_init_std = vha_postmix_u_init_std
         self.vha_postmix_v_init_std = vha_postmix_v_init_std
         self.vha_fused_prologue = vha_fused_prologue
+        self.vha_shared_kv = vha_shared_kv
         self.validate_vha()
 
     # Derived sizes, named as in the docs.
@@ -101,6 +106,8 @@ class Qwen3VHAConfig(Qwen3Config):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise VHAConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+        if not isinstance(self.vha_shared_kv, bool):
+            raise VHAConfigError(f"vha_shared_kv must be a bool, got {self.vha_shared_kv!r}")
         fused = getattr(self, "vha_fused_prologue", None)
         if fused is not None and not isinstance(fused, bool):
             raise VHAConfigError(f"vha_fused_prologue must be None (auto), True or False, got {fused!r}")

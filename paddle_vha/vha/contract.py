@@ -21,6 +21,13 @@ def tensor_shapes(cfg) -> Shapes:
         shapes[p + "q_proj.weight"] = (h_p * r, h)
         if cfg.attention_bias:
             shapes[p + "q_proj.bias"] = (h_p * r,)
+        if cfg.vha_shared_kv:  # one projection, K = V
+            for t in ("k", "v"):
+                shapes.pop(p + f"{t}_proj.weight")
+                shapes.pop(p + f"{t}_proj.bias", None)
+            shapes[p + "shared_kv_proj.weight"] = (h_kv * d, h)
+            if cfg.attention_bias:
+                shapes[p + "shared_kv_proj.bias"] = (h_kv * d,)
         shapes[p + "vha_premix_weight"] = (h_kv, r, d)
         shapes[p + "vha_postmix_U"] = (h_v, rank)
         shapes[p + "vha_postmix_V"] = (h_v, rank)

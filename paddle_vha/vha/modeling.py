@@ -37,19 +37,24 @@ class Qwen3VHAPretrainedModel(ContractCheckpointMixin, Qwen3PretrainedModel):
 
     @classmethod
     def _gen_aoa_config(cls, config: Qwen3VHAConfig):
-        return cls._add_gate_rule(super()._gen_aoa_config(config), config, to_disk=False)
+        return cls._linear_rules(super()._gen_aoa_config(config), config, to_disk=False)
 
     @classmethod
     def _gen_inv_aoa_config(cls, config: Qwen3VHAConfig):
-        return cls._add_gate_rule(super()._gen_inv_aoa_config(config), config, to_disk=True)
+        return cls._linear_rules(super()._gen_inv_aoa_config(config), config, to_disk=True)
 
     @classmethod
-    def _add_gate_rule(cls, aoa: dict, config: Qwen3VHAConfig, to_disk: bool) -> dict:
-        # VHA: the attention gate is a Linear: [out, in] on disk, [in, out] in memory. New Linears need a
-        # transpose rule both ways, or PaddleFormers writes them untransposed (breaking the HF layout).
-        if config.vha_gated_attention:
-            memory = ("" if cls == cls.base_model_class else "model.") + "layers.$LAYER_ID.self_attn.gate_proj.weight"
-            disk = "model.layers.$LAYER_ID.self_attn.gate_proj.weight"
+    def _linear_rules(cls, aoa: dict, config: Qwen3VHAConfig, to_disk: bool) -> dict:
+        # VHA: the gate and the shared KV projection are Linears: [out, in] on disk, [in, out] in memory. New Linears
+        # need a transpose rule both ways, or PaddleFormers writes them untransposed (breaking the HF layout); with
+        # shared KV the parent's k_proj / v_proj rules name tensors that do not exist and are dropped.
+        extra = (["gate_proj"] if config.vha_gated_attention else []) + (["shared_kv_proj"] if config.vha_shared_kv else [])
+        if config.vha_shared_kv:
+            aoa["aoa_statements"] = [s for s in aoa["aoa_statements"]
+                                     if ".self_attn.k_proj." not in s and ".self_attn.v_proj." not in s]
+        for name in extra:
+            memory = ("" if cls == cls.base_model_class else "model.") + f"layers.$LAYER_ID.self_attn.{name}.weight"
+            disk = f"model.layers.$LAYER_ID.self_attn.{name}.weight"
             src, dst = (memory, disk) if to_disk else (disk, memory)
             aoa["aoa_statements"].append(f"{src}^T -> {dst}")
         return aoa

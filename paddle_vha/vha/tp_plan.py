@@ -108,6 +108,8 @@ def tensor_shards(cfg, t: int) -> Dict[str, TensorShard]:
         a + "k_proj.bias": TensorShard(0) if kv_split else REPLICATED_SUMMED,
         a + "v_proj.weight": TensorShard(1) if kv_split else REPLICATED_SUMMED,
         a + "v_proj.bias": TensorShard(0) if kv_split else REPLICATED_SUMMED,
+        a + "shared_kv_proj.weight": TensorShard(1) if kv_split else REPLICATED_SUMMED,  # shared KV: as the keys
+        a + "shared_kv_proj.bias": TensorShard(0) if kv_split else REPLICATED_SUMMED,
         a + "vha_postmix_U": TensorShard(0),
         a + "vha_postmix_V": TensorShard(0),
         a + "gate_proj.weight": TensorShard(1),
@@ -129,8 +131,8 @@ def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
     if not lay.kv_sharded:
         # K/V and Premix stay whole; this rank computes its KV head and its physical heads only.
         (g0, g1), (p0, p1) = lay.groups, lay.physical
-        columns = {"self_attn.q_proj": (p0 * r, p1 * r), "self_attn.k_proj": (g0 * d, g1 * d),
-                   "self_attn.v_proj": (g0 * d, g1 * d)}
+        kv = ("shared_kv_proj",) if cfg.vha_shared_kv else ("k_proj", "v_proj")
+        columns = {"self_attn.q_proj": (p0 * r, p1 * r), **{f"self_attn.{n}": (g0 * d, g1 * d) for n in kv}}
         attrs["premix_groups"] = lay.groups
     return LayerPlan(params=tensor_shards(cfg, t), column_slices=columns, attributes={"self_attn": attrs},
                      collectives={"self_attn.postmix_reduce": "all_reduce_partial"})

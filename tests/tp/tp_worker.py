@@ -41,6 +41,9 @@ CASES = {
     "fused": dict(num_attention_heads=8, vha_fused_prologue=True, vha_gated_attention=True, vha_q_head_dim=12),
     # H_kv = 4: two KV groups per rank at t = 2, KV still split at t = 4
     "kv4": dict(num_attention_heads=8, num_key_value_heads=4, vha_fused_prologue=False),
+    # shared-KV VHA: one projection for K = V (split like the keys at t = 2, replicated at t = 4), gate, biases
+    "shared-kv": dict(num_attention_heads=8, vha_shared_kv=True, vha_gated_attention=True, attention_bias=True,
+                      vha_fused_prologue=False),
     # everything in float64: what is left is float64 rounding, i.e. the sharded computation is the same function.
     # PaddleFormers' Qwen3 takes the attention softmax and the RMSNorm variance in float32 even for float64 models,
     # and those CPU kernels round differently for 8 heads than for 4 (k_norm over 2 KV heads vs 1 differed by 1e-7);

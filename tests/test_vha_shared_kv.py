@@ -1,0 +1,202 @@
+"""Shared-KV VHA (vha_shared_kv): one projection is both keys and values, the output is rotated back by the query's
+angle, the cache holds one tensor per layer. Against the float64 oracle (tests/oracle.py, from the equations)."""
+import numpy as np
+import paddle
+import pytest
+from paddleformers.transformers.cache_utils import DynamicCache
+
+import oracle
+from _utils import attention_tensors, config_dict, read_tensor_shapes, rel_err, tiny_config, to_numpy
+from _utils import validate_vha_checkpoint
+from paddle_vha import Qwen3VHAAttention, Qwen3VHAForCausalLM, VHAConfigError
+from paddle_vha.checkpoint.contract import CheckpointError
+from test_checkpoint import _rewrite_tensors
+from test_vha_layer import oracle_layer, run_layer
+from test_vha_model import load_checkpoint_numpy, randomize_postmix
+
+# (B, S, H_v, H_kv, d, r, gated, bias): S = 1, prime S, batch > 1, r < d, odd head counts, H_kv = 1 and 3.
+GRID = [
+    (2, 7, 4, 2, 16, 16, False, False),
+    (1, 1, 4, 2, 16, 16, False, False),
+    (3, 13, 4, 2, 16, 10, False, True),
+    (2, 5, 3, 1, 16, 16, True, False),
+    (2, 7, 9, 3, 8, 5, True, True),
+]
+IDS = [f"B{b}-S{s}-Hv{hv}-Hkv{hkv}-d{d}-r{r}{'-gated' if g else ''}{'-bias' if bi else ''}"
+       for b, s, hv, hkv, d, r, g, bi in GRID]
+
+
+def make_layer(B, S, h_v, h_kv, d, r, gated, bias, fused=False):
+    cfg = tiny_config(num_attention_heads=h_v, num_key_value_heads=h_kv, head_dim=d, vha_q_head_dim=r,
+                      vha_gated_attention=gated, attention_bias=bias, vha_postmix_v_init_std=0.3, vha_shared_kv=True,
+                      vha_fused_prologue=fused)
+    cfg._attn_implementation = "eager"
+    attn = Qwen3VHAAttention(cfg, 0)
+    attn.eval()
+    for name, p in attn.named_parameters():
+        if name.endswith(".bias"):  # zero at init; make them count
+            p.set_value(paddle.randn(p.shape) * 0.5)
+    return cfg, attn, paddle.randn([B, S, cfg.hidden_size])
+
+
+@pytest.mark.parametrize("shape", GRID, ids=IDS)
+def test_layer_matches_oracle(shape):
+    cfg, attn, x = make_layer(*shape)
+    assert not hasattr(attn, "k_proj") and not hasattr(attn, "v_proj")
+    out = run_layer(cfg, attn, x)
+    ref = oracle_layer(cfg, attention_tensors(attn), to_numpy(x))
+    assert rel_err(to_numpy(out), ref, "shared-KV layer fp32 vs float64 oracle") <= 1e-5
+
+
+def test_inverse_rope_is_what_makes_it_shared_kv():
+    """Without the rotation back, the output differs from the oracle: the oracle (and the layer) use it."""
+    cfg, attn, x = make_layer(2, 9, 4, 2, 16, 16, False, False)
+    tensors = attention_tensors(attn)
+    ref = oracle_layer(cfg, tensors, to_numpy(x))
+    c = dict(config_dict(cfg))
+    B, S = 2, 9
+    plain = dict(tensors)
+    plain["k_proj.weight"] = plain["v_proj.weight"] = plain.pop("shared_kv_proj.weight")
+    c["vha_shared_kv"] = False  # K = x W_S rotated, V = x W_S unrotated: not the same function
+    other = oracle.vha_attention(to_numpy(x), plain, c, np.broadcast_to(np.arange(S), (B, S)))[0]
+    assert np.abs(other - ref).max() > 1e-3 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("shape", [GRID[0], GRID[3], GRID[4]], ids=[IDS[0], IDS[3], IDS[4]])
+def test_layer_gradients_match_oracle_finite_differences(shape):
+    cfg, attn, x = make_layer(*shape)
+    x.stop_gradient = False
+    out = run_layer(cfg, attn, x)
+    g_out = np.random.randn(*out.shape)
+    (out * paddle.to_tensor(g_out, dtype="float32")).sum().backward()
+    tensors = attention_tensors(attn)
+    grads = {n: to_numpy(p.grad).T if n.endswith("_proj.weight") else to_numpy(p.grad)
+             for n, p in attn.named_parameters()}
+    tensors["__x__"], grads["__x__"] = to_numpy(x), to_numpy(x.grad)
+
+    def loss(ts):
+        ts = dict(ts)
+        xx = ts.pop("__x__")
+        return float((oracle_layer(cfg, ts, xx) * g_out).sum())
+
+    eps = 1e-6
+    assert "shared_kv_proj.weight" in tensors
+    for name in sorted(tensors):
+        direction = np.random.randn(*tensors[name].shape)
+        fd = (loss({**tensors, name: tensors[name] + eps * direction})
+              - loss({**tensors, name: tensors[name] - eps * direction})) / (2 * eps)
+        an = float((grads[name] * direction).sum())
+        err = abs(fd - an) / max(abs(fd), np.linalg.norm(grads[name]), 1e-12)
+        print(f"d/d{name}: autograd {an:+.6e}  finite-diff {fd:+.6e}  rel err {err:.2e}")
+        assert err <= 2e-4, name
+
+
+def test_fused_prologue_serves_the_shared_keys():
+    from paddle_vha.vha.prologue import fused_unavailable_reason
+
+    if fused_unavailable_reason() is not None:
+        pytest.skip(f"fused prologue unavailable: {fused_unavailable_reason()}")
+    cfg, attn, x = make_layer(2, 11, 4, 2, 16, 12, True, True)
+    composed = to_numpy(run_layer(cfg, attn, x))
+    cfg.vha_fused_prologue = True
+    fused = to_numpy(run_layer(cfg, attn, x))
+    ref = oracle_layer(cfg, attention_tensors(attn), to_numpy(x))
+    assert rel_err(fused, ref, "fused prologue, shared KV, vs oracle") <= 1e-5
+    assert rel_err(fused, composed, "fused vs composed") <= 1e-5
+
+
+MODEL_GRID = {
+    "base": dict(),
+    "r<d-gated-bias-3layers": dict(vha_q_head_dim=9, vha_gated_attention=True, attention_bias=True, num_hidden_layers=3),
+    "Hkv1-oddheads-tied": dict(num_attention_heads=3, num_key_value_heads=1, tie_word_embeddings=True),
+}
+
+
+@pytest.mark.parametrize("name", list(MODEL_GRID))
+def test_model_matches_oracle_from_checkpoint_and_round_trips(tmp_path, name):
+    cfg = tiny_config(vha_shared_kv=True, **MODEL_GRID[name])
+    model = Qwen3VHAForCausalLM(cfg)
+    model.eval()
+    randomize_postmix(model)
+    model.save_pretrained(tmp_path)
+    assert validate_vha_checkpoint(str(tmp_path)).vha_shared_kv is True
+    shapes = read_tensor_shapes(str(tmp_path))
+    assert "model.layers.0.self_attn.shared_kv_proj.weight" in shapes and not any("k_proj" in n for n in shapes)
+    assert shapes["model.layers.0.self_attn.shared_kv_proj.weight"] == (cfg.num_key_value_heads * cfg.head_dim,
+                                                                      cfg.hidden_size)  # [out, in] on disk
+    ids = np.random.randint(0, cfg.vocab_size, size=(2, 13))
+    logits = to_numpy(model(paddle.to_tensor(ids), return_dict=True).logits)
+    ref, _ = oracle.causal_lm(ids, load_checkpoint_numpy(tmp_path), config_dict(cfg))
+    assert rel_err(logits, ref, f"{name}: logits vs oracle") <= 1e-5
+    loaded = Qwen3VHAForCausalLM.from_pretrained(str(tmp_path))
+    loaded.eval()
+    assert np.array_equal(to_numpy(loaded(paddle.to_tensor(ids), return_dict=True).logits), logits)
+
+
+def test_cached_decode_and_one_tensor_per_layer():
+    cfg = tiny_config(vha_shared_kv=True, vha_gated_attention=True)
+    model = Qwen3VHAForCausalLM(cfg)
+    model.eval()
+    randomize_postmix(model)
+    B, P, T = 2, 7, 5
+    ids = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(B, P + T)))
+    full = to_numpy(model(ids, return_dict=True).logits)
+    cache = DynamicCache(config=cfg)
+    for a, b in [(0, P), (P, P + 2)] + [(t, t + 1) for t in range(P + 2, P + T)]:
+        pos = paddle.arange(a, b, dtype="int64").expand([B, b - a])
+        out = model(ids[:, a:b], position_ids=pos, past_key_values=cache, use_cache=True, return_dict=True)
+        cache = out.past_key_values
+        assert rel_err(to_numpy(out.logits), full[:, a:b], f"cached {a}:{b} vs full forward") <= 1e-5
+    # the real cache objects: one (B, H_kv, T, d) tensor per layer, nothing in the value slot
+    plain = Qwen3VHAForCausalLM(tiny_config(vha_gated_attention=True))
+    plain_cache = plain(ids, use_cache=True, return_dict=True).past_key_values
+    nbytes = lambda c: sum(int(l.keys.numel()) * l.keys.element_size() + int(l.values.numel()) * l.values.element_size()  # noqa: E731
+                           for l in c.layers)
+    for layer in cache.layers:
+        assert list(layer.keys.shape) == [B, cfg.num_key_value_heads, P + T, cfg.head_dim]
+        assert int(layer.values.numel()) == 0
+    print(f"cache bytes: shared KV {nbytes(cache)}, VHA {nbytes(plain_cache)}")
+    assert 2 * nbytes(cache) == nbytes(plain_cache)
+
+
+def test_generate_matches_full_forwards():
+    cfg = tiny_config(vha_shared_kv=True, num_hidden_layers=3)
+    model = Qwen3VHAForCausalLM(cfg)
+    model.eval()
+    randomize_postmix(model)
+    prompt = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(2, 5)))
+    gen, _ = model.generate(prompt, max_new_tokens=8, decode_strategy="greedy_search", use_cache=True)
+    seq = prompt
+    for _ in range(8):
+        seq = paddle.concat([seq, model(seq, return_dict=True).logits[:, -1].argmax(-1, keepdim=True)], axis=1)
+    assert np.array_equal(gen.numpy(), seq[:, 5:].numpy())
+
+
+def test_refusals(tmp_path):
+    with pytest.raises(VHAConfigError, match="vha_shared_kv must be a bool"):
+        tiny_config(vha_shared_kv="yes")
+    model = Qwen3VHAForCausalLM(tiny_config(vha_shared_kv=True))
+    model.save_pretrained(tmp_path)
+    _rewrite_tensors(str(tmp_path), lambda t: t.update({"model.layers.0.self_attn.k_proj.weight":
+                                                        t["model.layers.0.self_attn.shared_kv_proj.weight"]}))
+    with pytest.raises(CheckpointError, match="unexpected tensors: model.layers.0.self_attn.k_proj.weight"):
+        Qwen3VHAForCausalLM.from_pretrained(str(tmp_path))
+
+
+def test_calculators_count_the_shared_tensor():
+    """kv_calc / flops: 0.5 KB per token per layer at the Qwen3-1.7B shape in bf16 (the issue's figure, half of VHA's
+    1 KB, an eighth of GQA-8's 4 KB), and the bytes a real cache holds."""
+    from paddle_vha.accounting import arch_from_config, attention_parameters_per_layer, kv_bytes_per_token, paper_variants
+
+    v = {a.label: a for a in paper_variants("1.7b")}
+    assert kv_bytes_per_token(v["VHA shared-KV (trained)"], 2) == 512 == kv_bytes_per_token(v["VHA shared-KV (folded)"], 2)
+    assert kv_bytes_per_token(v["VHA (trained)"], 2) == 1024 and kv_bytes_per_token(v["GQA-8"], 2) == 4096
+    cfg = tiny_config(vha_shared_kv=True, attention_bias=True, vha_q_head_dim=12)
+    model = Qwen3VHAForCausalLM(cfg)
+    arch = arch_from_config(cfg.to_dict())
+    assert arch.shared_kv
+    layer = dict(model.model.layers[0].self_attn.named_parameters())
+    assert attention_parameters_per_layer(arch)["total"] == sum(p.size for p in layer.values())
+    cache = model(paddle.to_tensor(np.arange(5).reshape(1, 5)), use_cache=True, return_dict=True).past_key_values
+    held = sum(int(l.keys.numel()) + int(l.values.numel()) for l in cache.layers) * 4
+    assert held == kv_bytes_per_token(arch, 4, all_layers=True) * 5
