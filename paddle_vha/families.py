@@ -27,6 +27,9 @@ from .mea import contract as mea_contract
 from .mea import cost as mea_cost
 from .mea import tp_plan as mea_tp_plan
 from .qwen3 import contract as qwen3_contract
+from .shared_kv import contract as shared_kv_contract
+from .shared_kv import cost as shared_kv_cost
+from .shared_kv import tp_plan as shared_kv_tp_plan
 from .vha import contract as vha_contract
 from .vha import cost as vha_cost
 from .vha import tp_plan as vha_tp_plan
@@ -56,9 +59,9 @@ class Family:
     # parallel.plan.LayerPlan; None: the family is not sharded by this project.
     tp_plan: Optional[ModuleType] = None
     # Serving: a module with export_form(cfg, layer index, tensors, const) -> the layer's form in the exported decoder
-    # (paddle_vha/export/decoder.py), cache_shape(cfg, layer index) -> (heads, width) of its cache, and
-    # export_refusal(cfg) -> why a checkpoint cannot be exported as it is, or None. A family without one is not
-    # exported; `not_exported` says what to do instead.
+    # (paddle_vha/export/decoder.py), cache_shape(cfg, layer index) -> (heads, width) of its cache tensors,
+    # cache_names(cfg, layer index) -> their names ("key", "value"), and export_refusal(cfg) -> why a checkpoint
+    # cannot be exported as it is, or None. A family without one is not exported; `not_exported` says what to do.
     serving_ref: Optional[str] = None
     not_exported: str = "cannot be exported"
     # Cost model (paddle_vha/accounting.py): config.json dict -> Arch fields of its attention (None: stock GQA / MHA).
@@ -86,9 +89,14 @@ class Family:
         return importlib.import_module(self.serving_ref).export_form(cfg, layer_idx, tensors, const)
 
     def export_cache_shapes(self, cfg) -> List[tuple]:
-        """(heads, width) of every layer's cache in the exported decoder."""
+        """(heads, width) of every layer's cache tensors in the exported decoder."""
         serving = importlib.import_module(self.serving_ref)
         return [serving.cache_shape(cfg, i) for i in range(cfg.num_hidden_layers)]
+
+    def export_cache_names(self, cfg) -> List[tuple]:
+        """The names of every layer's cache tensors in the exported decoder: ("key", "value"), or ("key",)."""
+        serving = importlib.import_module(self.serving_ref)
+        return [serving.cache_names(cfg, i) for i in range(cfg.num_hidden_layers)]
 
     def load_config(self, folder):
         """The typed config of a checkpoint folder of this family; config errors become one-line CheckpointErrors."""
@@ -148,6 +156,16 @@ FAMILIES: Dict[str, Family] = {
             tp_plan=mea_tp_plan,
             serving_ref="paddle_vha.mea.serving",
             arch_fields=mea_cost.arch_fields,
+        ),
+        Family(
+            model_type="qwen3_shared_kv",
+            label="Qwen3 shared-KV",
+            config_ref="paddle_vha.shared_kv.config:Qwen3SharedKVConfig",
+            model_ref="paddle_vha.shared_kv.modeling:Qwen3SharedKVForCausalLM",
+            tensor_shapes=shared_kv_contract.tensor_shapes,
+            tp_plan=shared_kv_tp_plan,
+            serving_ref="paddle_vha.shared_kv.serving",
+            arch_fields=shared_kv_cost.arch_fields,
         ),
     )
 }

@@ -156,16 +156,20 @@ def causal_lm(input_ids, state, cfg, positions=None, past=None, attention=None):
 
 
 def gqa_attention(x, p, cfg, positions, past=None, layer=None):
-    """One stock Qwen3 GQA attention layer (query head j reads KV head j // (H_q / H_kv)); same I/O as vha_attention."""
+    """One stock Qwen3 GQA attention layer (query head j reads KV head j // (H_q / H_kv)); same I/O as vha_attention.
+    With a shared_kv_proj tensor (Qwen3 shared-KV, the folded form of shared-KV VHA): K = V = RoPE(k_norm(x W_S)) and
+    each output head is rotated back by the query's angle."""
     B, S, _ = x.shape
     h_q, h_kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     b = (lambda n: p.get(n + ".bias"))
+    shared = "shared_kv_proj.weight" in p
     q = linear(x, p["q_proj.weight"], b("q_proj")).reshape(B, S, h_q, d)
-    k = linear(x, p["k_proj.weight"], b("k_proj")).reshape(B, S, h_kv, d)
-    v = linear(x, p["v_proj.weight"], b("v_proj")).reshape(B, S, h_kv, d)
+    k = linear(x, p["shared_kv_proj.weight" if shared else "k_proj.weight"],
+               b("shared_kv_proj" if shared else "k_proj")).reshape(B, S, h_kv, d)
     q = rope(rms_norm(q, p["q_norm.weight"], eps), positions, theta)
     k = rope(rms_norm(k, p["k_norm.weight"], eps), positions, theta)
+    v = k if shared else linear(x, p["v_proj.weight"], b("v_proj")).reshape(B, S, h_kv, d)
     if past is not None:
         k, v = np.concatenate([past[0], k], axis=1), np.concatenate([past[1], v], axis=1)
     mask = causal_mask(positions, k.shape[1], layer_window(cfg, layer))
@@ -176,6 +180,8 @@ def gqa_attention(x, p, cfg, positions, past=None, layer=None):
         scores = np.where(mask, -np.inf, scores)
         w = np.exp(scores - scores.max(-1, keepdims=True))
         y[:, :, j] = np.einsum("bst,btd->bsd", w / w.sum(-1, keepdims=True), v[:, :, g])
+    if shared:
+        y = rope(y, -np.asarray(positions, np.float64), theta)
     return linear(y.reshape(B, S, h_q * d), p["o_proj.weight"], b("o_proj")), (k, v)
 
 

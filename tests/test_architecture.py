@@ -106,7 +106,7 @@ def _model_types():
     return set(FAMILIES)
 
 
-ALLOWED = ("paddle_vha/families.py", "paddle_vha/vha/", "paddle_vha/mea/", "paddle_vha/qwen3/")
+ALLOWED = ("paddle_vha/families.py", "paddle_vha/vha/", "paddle_vha/mea/", "paddle_vha/qwen3/", "paddle_vha/shared_kv/")
 
 
 def test_model_type_strings_live_in_the_registry_and_family_folders():
@@ -133,7 +133,7 @@ def test_registry_entries_agree_with_their_classes():
         assert fam.config_class.model_type == model_type, model_type
         assert fam.model_class.config_class.model_type == model_type, model_type
         assert family_of(fam.config_class) is fam
-    with pytest.raises(UnknownFamily, match="model_type 'llama' is not one of qwen3, qwen3_vha, qwen3_mea"):
+    with pytest.raises(UnknownFamily, match="model_type 'llama' is not one of qwen3, qwen3_vha, qwen3_mea, qwen3_shared_kv"):
         family("llama")
 
 

@@ -113,7 +113,7 @@ def tp_run(request, tmp_path_factory):
     n = request.param
     out = str(tmp_path_factory.mktemp(f"tp{n}"))
     cases = (["base", "gated-bias-r9", "kv4"] + (["fused"] if _fused_available() else [])
-             + ["shared-kv", "fp64", "mea", "mea-rep", "mea-fp64"])
+             + ["shared-kv", "skv-folded", "fp64", "mea", "mea-rep", "mea-fp64"])
     results = launch(n, out, ",".join(cases))
     return n, results.pop("out_dir", out), cases, results
 
@@ -203,6 +203,8 @@ def test_tp_sharded_save_merge_fold(tp_run):
     from _utils import validate_mea_checkpoint
     from paddle_vha.mea.config import Qwen3MEAConfig
     from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
+    from paddle_vha.shared_kv.config import Qwen3SharedKVConfig
+    from paddle_vha.shared_kv.modeling import Qwen3SharedKVForCausalLM
 
     n, out, cases, _ = tp_run
     for i, case in enumerate(cases):
@@ -210,8 +212,10 @@ def test_tp_sharded_save_merge_fold(tp_run):
         with open(os.path.join(d, "overrides.json")) as f:
             overrides = json.load(f)
         dtype = overrides.pop("dtype")
-        mea = overrides.pop("model") == "mea"
-        config_cls, model_cls = (Qwen3MEAConfig, Qwen3MEAForCausalLM) if mea else (Qwen3VHAConfig, Qwen3VHAForCausalLM)
+        kind = overrides.pop("model")
+        mea = kind == "mea"
+        config_cls, model_cls = {"mea": (Qwen3MEAConfig, Qwen3MEAForCausalLM), "vha": (Qwen3VHAConfig, Qwen3VHAForCausalLM),
+                                 "skv": (Qwen3SharedKVConfig, Qwen3SharedKVForCausalLM)}[kind]
         tol = 1e-12 if dtype == "float64" else TOL
         paddle.set_default_dtype(dtype)
         cfg = config_cls(**{**TINY, **overrides})
@@ -230,7 +234,12 @@ def test_tp_sharded_save_merge_fold(tp_run):
             from paddle_vha.parallel import merge_tp_checkpoint
 
             merge_tp_checkpoint(os.path.join(d, "shards"), merged)
-        (validate_mea_checkpoint if mea else validate_vha_checkpoint)(merged)
+        if kind == "skv":
+            from paddle_vha.families import family_of
+
+            family_of(merged).validate(merged)
+        else:
+            (validate_mea_checkpoint if mea else validate_vha_checkpoint)(merged)
         if i == 0:  # refusals: one line each, nothing written
             import shutil
 
@@ -270,7 +279,7 @@ def test_tp_sharded_save_merge_fold(tp_run):
             print(f"t={n} {case}: merged checkpoint reloaded, logits vs the TP model's: rel {e:.2e}")
             assert e <= tol
 
-        if mea:  # nothing to fold: the merged Qwen3-MEA checkpoint is what export / serving read
+        if kind != "vha":  # nothing to fold: the merged checkpoint is what export / serving read
             continue
         if cfg.vha_gated_attention:
             with pytest.raises(fold.FoldError):
@@ -375,7 +384,8 @@ def test_parallelize_refuses_other_models():
     from _utils import TINY
     from paddle_vha.parallel import parallelize_model
 
-    with pytest.raises(TypeError, match="Qwen3-VHA and Qwen3-MEA attention only; this model has Qwen3Attention"):
+    with pytest.raises(TypeError, match="Qwen3-VHA, Qwen3-MEA and Qwen3 shared-KV attention only; this model has "
+                                        "Qwen3Attention"):
         parallelize_model(Qwen3ForCausalLM(Qwen3Config(**TINY)))
 
 

@@ -200,3 +200,86 @@ def test_calculators_count_the_shared_tensor():
     cache = model(paddle.to_tensor(np.arange(5).reshape(1, 5)), use_cache=True, return_dict=True).past_key_values
     held = sum(int(l.keys.numel()) + int(l.values.numel()) for l in cache.layers) * 4
     assert held == kv_bytes_per_token(arch, 4, all_layers=True) * 5
+
+
+# --- fold -> Qwen3 shared-KV -> export -> serve ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def folded(tmp_path_factory):
+    """A shared-KV VHA checkpoint (r < d, biases, 3 layers), folded by the real command line, and exported."""
+    import subprocess
+    import sys
+
+    from paddle_vha.export.onnx_export import export_onnx
+
+    root = tmp_path_factory.mktemp("skv")
+    paddle.seed(21)
+    cfg = tiny_config(vha_shared_kv=True, vha_q_head_dim=12, attention_bias=True, num_hidden_layers=3)
+    model = Qwen3VHAForCausalLM(cfg)
+    randomize_postmix(model)
+    model.save_pretrained(str(root / "vha"))
+    r = subprocess.run([sys.executable, "tools/fold.py", str(root / "vha"), str(root / "folded"), "--verify", "2",
+                        "--no-progress"], capture_output=True, text=True, cwd=__import__("os").path.dirname(
+                            __import__("os").path.dirname(__import__("os").path.abspath(__file__))))
+    print(r.stdout, r.stderr[-1500:])
+    assert r.returncode == 0, r.stderr[-2000:]
+    val = export_onnx(str(root / "folded"), str(root / "onnx"), log=print)
+    return cfg, model, root, r.stdout, val
+
+
+def test_fold_says_it_is_not_stock_and_is_exact(folded):
+    from paddle_vha.families import family_of
+
+    cfg, model, root, stdout, _ = folded
+    notes = [ln for ln in stdout.splitlines() if "note: vha_shared_kv" in ln]
+    assert len(notes) == 1 and "not stock Qwen3" in notes[0] and "qwen3_shared_kv" in notes[0]
+    verify = [ln for ln in stdout.splitlines() if ln.startswith("verify")]
+    assert verify and verify[0].endswith("-> OK")
+    fam = family_of(str(root / "folded"))
+    assert fam.model_type == "qwen3_shared_kv"
+    fam.validate(str(root / "folded"))
+    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+
+    # the fold's own exactness: float64 output, so the only rounding left is float64's
+    fold_checkpoint(plan_fold(str(root / "vha"), str(root / "folded64"), dtype="float64"), progress=False)
+    state_v, state_f = load_checkpoint_numpy(root / "vha"), load_checkpoint_numpy(root / "folded64")
+    assert "model.layers.0.self_attn.shared_kv_proj.weight" in state_f and not any("vha_" in n for n in state_f)
+    c = config_dict(cfg)
+    for B, S in [(1, 1), (2, 13)]:
+        ids = np.random.randint(0, cfg.vocab_size, size=(B, S))
+        ref, _ = oracle.causal_lm(ids, state_v, c)
+        got, _ = oracle.stock_causal_lm(ids, state_f, c)  # the folded tensors through the shared-KV GQA oracle
+        assert rel_err(got, ref, f"B={B} S={S}: folded shared-KV vs shared-KV VHA (float64 oracles)") <= 1e-10
+
+
+def test_exported_decoder_caches_one_tensor_and_serves_like_paddleformers(folded):
+    import json
+    import os
+
+    from paddle_vha.families import family_of
+    from paddle_vha.serve.generate import generate
+    from paddle_vha.serve.ort_session import OrtDecoder
+    from paddle_vha.serve.paddle_inference import PaddleInferenceDecoder
+
+    cfg, model, root, _, val = folded
+    assert val.max_abs <= 1e-4 and val.tokens_match
+    info = json.load(open(os.path.join(root, "onnx", "export_info.json")))
+    assert info["model_type"] == "qwen3_shared_kv"
+    assert info["inputs"][3:] == [f"past_key_values.{i}.key" for i in range(cfg.num_hidden_layers)]
+    assert info["outputs"][1:] == [f"present.{i}.key" for i in range(cfg.num_hidden_layers)]
+    folded_model = family_of(str(root / "folded")).model_class.from_pretrained(str(root / "folded"))
+    folded_model.eval()
+    model.eval()
+    prompt = np.random.randint(0, cfg.vocab_size, size=(2, 6))
+    want, _ = folded_model.generate(paddle.to_tensor(prompt), max_new_tokens=12, decode_strategy="greedy_search",
+                                    use_cache=True)
+    trained, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=12, decode_strategy="greedy_search",
+                                use_cache=True)
+    assert np.array_equal(want.numpy(), trained.numpy()), "the folded model generates what the VHA model does"
+    for session in (OrtDecoder.from_dir(str(root / "onnx")), PaddleInferenceDecoder(str(root / "onnx"))):
+        got = generate(session, prompt, 12)
+        print(type(session).__name__, got.tokens.tolist())
+        assert np.array_equal(got.tokens, want.numpy()), type(session).__name__
+        cache = session.prefill(prompt)[1]
+        assert len(cache) == cfg.num_hidden_layers and all(c.shape == (2, cfg.num_key_value_heads, 6, cfg.head_dim)
+                                                           for c in cache)

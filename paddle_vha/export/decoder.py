@@ -4,13 +4,15 @@ Same function as the family's PaddleFormers model (checked by the export's self-
 in and out as tensors, named as onnxruntime-genai / Optimum expect:
 
     inputs : input_ids (B, S) int64, attention_mask (B, P+S) int64, position_ids (B, S) int64,
-             past_key_values.{i}.key / .value (B, heads_i, P, width_i)
+             past_key_values.{i}.key / .value (B, heads_i, P, width_i)   (.key only for a shared-KV layer)
     outputs: logits (B, S, V), present.{i}.key / .value (B, heads_i, P+S, width_i)
 
 Each layer is the stock Qwen3 layer (paddle_vha/qwen3/functional.py) with its family's export form (asked from the
 registry): a stock GQA layer caches its KV heads as they are (paddle_vha/qwen3/serving.py); a Qwen3-MEA layer caches
-one wide head and carries its HLC coefficients in the queries and outputs (paddle_vha/mea/serving.py). Attention runs
-in the grouped layout (B, H_kv, G*S, w), so each cached K/V head is read once per step, not once per query head.
+one wide head and carries its HLC coefficients in the queries and outputs (paddle_vha/mea/serving.py); a shared-KV
+layer caches one tensor, both keys and values, and rotates its output back (paddle_vha/shared_kv/serving.py).
+Attention runs in the grouped layout (B, H_kv, G*S, w), so each cached head is read once per step, not once per query
+head.
 """
 from __future__ import annotations
 
@@ -27,21 +29,37 @@ __all__ = ["Qwen3KVDecoder", "io_names", "cache_shapes"]
 
 NEG_INF = -1e9  # additive mask value; finite so fully-masked (padding) rows stay NaN-free
 _LAYER_WEIGHTS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
-                  "self_attn.k_norm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                  "self_attn.v_proj.weight", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                  "mlp.down_proj.weight")
-_ATTENTION_BIASES = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "self_attn.o_proj.bias")
+                  "self_attn.k_norm.weight", "self_attn.q_proj.weight", "self_attn.o_proj.weight",
+                  "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+_ATTENTION_BIASES = ("self_attn.q_proj.bias", "self_attn.o_proj.bias")
 
 
-def io_names(num_layers: int):
-    past = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
-    present = [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+def io_names(num_layers: int, cache_names=None):
+    """Graph input and output names; cache_names: per layer the names of its cache tensors (default key and value)."""
+    cache_names = cache_names or [("key", "value")] * num_layers
+    past = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in cache_names[i]]
+    present = [f"present.{i}.{kv}" for i in range(num_layers) for kv in cache_names[i]]
     return ["input_ids", "attention_mask", "position_ids"] + past, ["logits"] + present
 
 
 def cache_shapes(cfg) -> List[tuple]:
-    """Per layer (heads, width) of the exported cache, as the family serves it."""
+    """Per layer (heads, width) of the exported cache tensors, as the family serves it."""
     return family_of(cfg).export_cache_shapes(cfg)
+
+
+def cache_names(cfg) -> List[tuple]:
+    """Per layer the names of its cache tensors, as the family serves it."""
+    return family_of(cfg).export_cache_names(cfg)
+
+
+def cache_inputs(cfg) -> List[tuple]:
+    """(heads, width) of every cache input of the graph, in order."""
+    return [shape for shape, names in zip(cache_shapes(cfg), cache_names(cfg)) for _ in names]
+
+
+def graph_io_names(cfg):
+    """io_names for this config's family."""
+    return io_names(cfg.num_hidden_layers, cache_names(cfg))
 
 
 class Qwen3KVDecoder(nn.Layer):
@@ -72,9 +90,12 @@ class Qwen3KVDecoder(nn.Layer):
         self.forms = []
         for i in range(self.num_layers):
             p = f"model.layers.{i}."
-            names = _LAYER_WEIGHTS + (_ATTENTION_BIASES if self.bias else ())
+            form = fam.export_form(cfg, i, tensors, self._const)
+            names = _LAYER_WEIGHTS + tuple(f"self_attn.{n}.weight" for n in form.kv_projections)
+            if self.bias:
+                names += _ATTENTION_BIASES + tuple(f"self_attn.{n}.bias" for n in form.kv_projections)
             self.layer_weights.append({k: w(p + k, transpose=k.endswith("proj.weight")) for k in names})
-            self.forms.append(fam.export_form(cfg, i, tensors, self._const))
+            self.forms.append(form)
 
     def _const(self, array):
         t = paddle.to_tensor(np.ascontiguousarray(np.asarray(array, np.float32))).astype(self.dtype_name)
@@ -88,7 +109,7 @@ class Qwen3KVDecoder(nn.Layer):
         return y + lw[f"{name}.bias"] if self.bias and f"{name}.bias" in lw else y
 
     def forward(self, input_ids, attention_mask, position_ids, past_key_values):
-        past = past_key_values  # list: key_0, value_0, key_1, ...
+        past = list(past_key_values)  # the cache inputs in order: key_0, value_0, key_1, ... (key_i only if shared)
         h_q, d = self.h_q, self.d
         x = paddle.nn.functional.embedding(input_ids, self.embed)  # (B, S, h)
         cos, sin = rope_tables(position_ids, self.inv_freq, x.dtype)  # (B, S, 1, d), computed once
@@ -109,17 +130,17 @@ class Qwen3KVDecoder(nn.Layer):
                 masks[g] = paddle.tile(base_mask.unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T), row gi*S + s
             hdn = rms_norm(x, lw["input_layernorm.weight"], self.eps)
             q = self._lin(hdn, lw, "self_attn.q_proj").reshape([0, 0, h_q, d])  # (B, S, H, d)
-            k = self._lin(hdn, lw, "self_attn.k_proj").reshape([0, 0, form.kv_heads, d])  # (B, S, n_k, d)
-            v = self._lin(hdn, lw, "self_attn.v_proj").reshape([0, 0, form.kv_heads, d])
+            kv = [self._lin(hdn, lw, f"self_attn.{n}").reshape([0, 0, form.kv_heads, d])  # (B, S, n_k, d) each
+                  for n in form.kv_projections]
             q = apply_rope(rms_norm(q, lw["self_attn.q_norm.weight"], self.eps), cos, sin)
-            k = apply_rope(rms_norm(k, lw["self_attn.k_norm.weight"], self.eps), cos, sin)
-            k, v = form.keys_values(k, v)  # (B, heads, S, width): the cached layout
-            k = paddle.concat([past[2 * i], k], axis=2)  # (B, heads, T, width)
-            v = paddle.concat([past[2 * i + 1], v], axis=2)
-            presents += [k, v]
+            k = apply_rope(rms_norm(kv[0], lw["self_attn.k_norm.weight"], self.eps), cos, sin)
+            new = form.to_cache(k, kv[1] if len(kv) > 1 else None)  # (B, heads, S, width) each: the cached layout
+            cached = [paddle.concat([past.pop(0), t], axis=2) for t in new]  # (B, heads, T, width): past + new
+            presents += cached
+            k, v = form.attention_kv(cached)
             q = form.queries(q.transpose([0, 2, 1, 3]))  # (B, H, S, width)
             y = grouped_attention(q, k, v, masks[g], self.scale)  # (B, H, S, width); scale is 1/sqrt(d)
-            y = form.output(y.transpose([0, 2, 1, 3]))  # (B, S, H, d)
+            y = form.output(y.transpose([0, 2, 1, 3]), cos, sin)  # (B, S, H, d)
             x = x + self._lin(y.reshape([0, 0, h_q * d]), lw, "self_attn.o_proj")
             hdn = rms_norm(x, lw["post_attention_layernorm.weight"], self.eps)
             x = x + swiglu_mlp(hdn, lw["mlp.gate_proj.weight"], lw["mlp.up_proj.weight"], lw["mlp.down_proj.weight"])

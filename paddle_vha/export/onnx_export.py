@@ -26,7 +26,7 @@ from ..checkpoint.folder import CheckpointFolder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir
 from ..checkpoint.load import load_tensors_into
 from ..families import family_of
-from .decoder import Qwen3KVDecoder, cache_shapes, io_names
+from .decoder import Qwen3KVDecoder, cache_inputs, cache_names, cache_shapes, graph_io_names
 
 __all__ = ["export_onnx", "ExportError", "validate_onnx", "load_servable", "reference_model"]
 
@@ -101,8 +101,8 @@ def _static_program(decoder, cfg, dest_prefix):
     import paddle
     from paddle.static import InputSpec
 
-    ins, _ = io_names(cfg.num_hidden_layers)
-    shapes = [s for s in cache_shapes(cfg) for _ in ("key", "value")]
+    ins, _ = graph_io_names(cfg)
+    shapes = cache_inputs(cfg)
     kv = [InputSpec([None, h, None, w], "float32", n) for n, (h, w) in zip(ins[3:], shapes)]
     specs = [InputSpec([None, None], "int64", n) for n in ins[:3]] + [kv]
     static = paddle.jit.to_static(decoder, input_spec=specs, full_graph=True)
@@ -111,7 +111,7 @@ def _static_program(decoder, cfg, dest_prefix):
 
 def _finalize_graph(model, cfg):
     """Name outputs as the KV-cache convention says, drop Identity copies, name the dynamic axes."""
-    ins, outs = io_names(cfg.num_hidden_layers)
+    ins, outs = graph_io_names(cfg)
     graph = model.graph
     if len(graph.output) != len(outs):
         raise ExportError(f"paddle2onnx produced {len(graph.output)} outputs, expected {len(outs)}")
@@ -187,10 +187,10 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
     bad = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain not in STANDARD_DOMAINS})
     if bad:
         raise ExportError(f"non-standard ONNX ops in the graph: {', '.join(bad)}")
-    ins, outs = io_names(cfg.num_hidden_layers)
+    ins, outs = graph_io_names(cfg)
     if [i.name for i in model.graph.input] != ins or [o.name for o in model.graph.output] != outs:
         raise ExportError("graph inputs/outputs are not named by the KV-cache convention")
-    want = [s for s in cache_shapes(cfg) for _ in ("key", "value")]
+    want = cache_inputs(cfg)
     for vi, (h, w) in zip(model.graph.input[3:], want):
         dims = vi.type.tensor_type.shape.dim
         if (dims[1].dim_value, dims[3].dim_value) != (h, w):
@@ -276,13 +276,14 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
             src = os.path.join(ckpt_dir, name)
             if os.path.isfile(src):
                 shutil.copy2(src, os.path.join(tmp, name))
-        ins, outs = io_names(cfg.num_hidden_layers)
+        ins, outs = graph_io_names(cfg)
         info = dict(format="paddle-vha onnx decoder v1", opset=opset, inputs=ins, outputs=outs,
                     num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
                     num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
                     max_position_embeddings=cfg.max_position_embeddings,
                     kv_layout="[batch, num_key_value_heads, past_sequence, head_dim]", dtype="float32",
                     model_type=cfg.model_type, cache_shapes=[list(x) for x in cache_shapes(cfg)],
+                    cache_names=[list(x) for x in cache_names(cfg)],
                     validation=dict(prefill_max_abs=val.prefill_max_abs, decode_max_abs=val.decode_max_abs,
                                     decode_steps=val.steps, tolerance=tolerance), ops=val.ops)
         with open(os.path.join(tmp, "export_info.json"), "w") as f:

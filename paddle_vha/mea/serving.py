@@ -15,11 +15,11 @@ import paddle
 from ..qwen3.serving import GQAForm
 from .functional import apply_value_coefficients, head_rms_norm, query_coefficients, wide_kv_head, widen_queries
 
-__all__ = ["MEAServingForm", "export_form", "cache_shape", "export_refusal"]
+__all__ = ["MEAServingForm", "export_form", "cache_shape", "cache_names", "export_refusal"]
 
 
-class MEAServingForm:
-    """One MEA layer in the exported decoder: the same four members as qwen3.serving.GQAForm."""
+class MEAServingForm(GQAForm):
+    """One MEA layer in the exported decoder: qwen3.serving.GQAForm's members, with one wide head."""
 
     def __init__(self, cfg, layer_idx: int, tensors, const):
         p = f"model.layers.{layer_idx}.self_attn."
@@ -34,15 +34,15 @@ class MEAServingForm:
         self.norm = const(tensors[p + "mea_norm.weight"]) if cfg.mea_group_norm else None
         self.eps = float(cfg.rms_norm_eps)
 
-    def keys_values(self, k, v):
+    def to_cache(self, k, v):
         """(B, S, n_p, d) each -> one wide head (B, 1, S, n_p*d)."""
-        return wide_kv_head(k.transpose([0, 2, 1, 3])), wide_kv_head(v.transpose([0, 2, 1, 3]))
+        return [wide_kv_head(k.transpose([0, 2, 1, 3])), wide_kv_head(v.transpose([0, 2, 1, 3]))]
 
     def queries(self, q):
         """(B, H, S, d) -> (B, H, S, n_p*d): the K-side HLC coefficients absorbed into every query head."""
         return widen_queries(q, self.coef_k)
 
-    def output(self, y):
+    def output(self, y, cos, sin):
         """(B, S, H, n_p*d) -> (B, S, H, d): V-side HLC, then the head norm."""
         y = apply_value_coefficients(y, self.coef_v)
         return y if self.norm is None else head_rms_norm(y, self.norm, self.eps)
@@ -59,6 +59,10 @@ def cache_shape(cfg, layer_idx: int) -> tuple:
     if cfg.is_mea_layer(layer_idx):
         return (1, cfg.num_key_value_heads * cfg.head_dim)
     return (cfg.mea_stock_kv_heads, cfg.head_dim)
+
+
+def cache_names(cfg, layer_idx: int) -> tuple:
+    return GQAForm.cache_names
 
 
 def export_refusal(cfg) -> Optional[str]:

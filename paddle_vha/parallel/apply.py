@@ -195,8 +195,9 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
     fam = family_of(config)
     if fam.tp_plan is None:
         kinds = sorted({type(layer.self_attn).__name__ for layer in layers})
-        raise TypeError(f"paddle_vha.parallel shards {' and '.join(f.label for f in trainable_with_plan())} attention "
-                        f"only; this model has {', '.join(kinds)}")
+        labels = [f.label for f in trainable_with_plan()]
+        listed = ", ".join(labels[:-1]) + f" and {labels[-1]}" if len(labels) > 1 else labels[0]
+        raise TypeError(f"paddle_vha.parallel shards {listed} attention only; this model has {', '.join(kinds)}")
     t, rank = group_size(group), group_rank(group)
     plans = layer_plans(config, t, rank)
     if t > 1 and sync_from_first_rank:

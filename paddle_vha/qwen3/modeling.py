@@ -18,7 +18,8 @@ from ..checkpoint.folder import remove_save_marker
 from ..families import family
 
 __all__ = ["ContractCheckpointMixin", "init_qwen3_backbone", "init_qwen3_causal_lm", "cache_continuation_positions",
-           "single_device_linear", "attention_core", "update_shared_kv_cache", "register_auto_classes"]
+           "single_device_linear", "attention_core", "update_shared_kv_cache", "linear_transpose_rules",
+           "register_auto_classes"]
 
 
 def single_device_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
@@ -111,6 +112,22 @@ class ContractCheckpointMixin:
         if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(pretrained_model_name_or_path):
             family(cls.config_class.model_type).validate(pretrained_model_name_or_path)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+
+def linear_transpose_rules(cls, aoa: dict, names, to_disk: bool, shared_kv: bool = False) -> dict:
+    """PaddleFormers' flex-checkpoint name rules (`_gen_aoa_config` / `_gen_inv_aoa_config`) for a model class `cls`
+    with extra attention Linears `names` (e.g. gate_proj, shared_kv_proj): each is [out, in] on disk and [in, out]
+    in memory, so it needs a transpose rule both ways, or PaddleFormers writes it untransposed (breaking the HF
+    layout). With shared_kv the parent's k_proj / v_proj rules name tensors that do not exist and are dropped."""
+    if shared_kv:
+        aoa["aoa_statements"] = [s for s in aoa["aoa_statements"]
+                                 if ".self_attn.k_proj." not in s and ".self_attn.v_proj." not in s]
+    for name in names:
+        memory = ("" if cls == cls.base_model_class else "model.") + f"layers.$LAYER_ID.self_attn.{name}.weight"
+        disk = f"model.layers.$LAYER_ID.self_attn.{name}.weight"
+        src, dst = (memory, disk) if to_disk else (disk, memory)
+        aoa["aoa_statements"].append(f"{src}^T -> {dst}")
+    return aoa
 
 
 def register_auto_classes(config_cls, causal_lm_cls) -> None:

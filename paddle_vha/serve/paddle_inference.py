@@ -27,7 +27,7 @@ class PaddleInferenceDecoder(DecoderSession):
         self.predictor = inference.create_predictor(config)
         self.inputs = self.predictor.get_input_names()
         self.outputs = self.predictor.get_output_names()
-        self.cache_shapes = [tuple(s) for s in info["cache_shapes"] for _ in ("key", "value")]
+        self.cache_shapes = [tuple(s) for s, names in zip(info["cache_shapes"], info["cache_names"]) for _ in names]
 
     def _run(self, arrays):
         for name, value in zip(self.inputs, arrays):

@@ -36,6 +36,10 @@ def read_export_info(export_dir: str) -> dict:
             and all(isinstance(s, list) and len(s) == 2 and all(_positive_int(v) for v in s) for s in shapes)):
         raise ServeError(f"{path}: cache_shapes must list (heads, width) for each of the {info['num_hidden_layers']} "
                          "layers")
+    names = info.setdefault("cache_names", [["key", "value"]] * info["num_hidden_layers"])  # older exports: pairs
+    if not (isinstance(names, list) and len(names) == info["num_hidden_layers"]
+            and all(isinstance(n, list) and n and all(isinstance(x, str) for x in n) for n in names)):
+        raise ServeError(f"{path}: cache_names must list the cache tensor names of each layer")
     model = os.path.join(export_dir, "model.onnx")
     if not os.path.isfile(model) or os.path.getsize(model) == 0:
         raise ServeError(f"{model}: missing or empty")

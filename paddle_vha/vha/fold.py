@@ -35,8 +35,8 @@ from ..checkpoint.contract import INDEX_FILE, CheckpointError
 from ..checkpoint.folder import CheckpointFolder, write_checkpoint_folder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir, linked_view
 from ..evaluate import compare_logits
-from ..families import family
-from ..qwen3.contract import tensor_shapes as qwen3_tensor_shapes
+from ..families import family, family_of
+from ..shared_kv.config import Qwen3SharedKVConfig
 from ..units import fmt_bytes
 from .config import Qwen3VHAConfig
 from .contract import VHA_ONLY
@@ -132,11 +132,22 @@ def fold_state_dict(state: Mapping[str, np.ndarray], cfg) -> Dict[str, np.ndarra
     return out
 
 
+# What a shared-KV model folds into, said in one line by tools/fold.py (docs/fold.md, "Shared KV").
+SHARED_KV_NOTE = ("vha_shared_kv: the folded model keeps one shared K = V projection and rotates its attention output "
+                  "back (inverse RoPE), so it is Qwen3 shared-KV (model_type qwen3_shared_kv), not stock Qwen3; "
+                  "tools/export_onnx.py and paddle_vha serve it")
+
+
+def folded_model_type(raw: Mapping) -> str:
+    """The model_type a Qwen3-VHA config.json folds into: stock qwen3, or qwen3_shared_kv with vha_shared_kv."""
+    return Qwen3SharedKVConfig.model_type if raw.get("vha_shared_kv") else Qwen3Config.model_type
+
+
 def fold_config(raw: Mapping, dtype: Optional[str] = None) -> dict:
-    """config.json of the folded model: stock qwen3, num_attention_heads = H_v, no vha_* keys."""
+    """config.json of the folded model: stock qwen3 (or Qwen3 shared-KV), num_attention_heads = H_v, no vha_* keys."""
     out = {k: v for k, v in raw.items() if not k.startswith("vha_") and k != "auto_map"}
-    out["model_type"] = Qwen3Config.model_type  # stock Qwen3
-    out["architectures"] = ["Qwen3ForCausalLM"]
+    out["model_type"] = folded_model_type(raw)
+    out["architectures"] = ["Qwen3SharedKVForCausalLM" if raw.get("vha_shared_kv") else "Qwen3ForCausalLM"]
     if dtype is not None:
         if "dtype" in raw:
             out["dtype"] = dtype
@@ -202,7 +213,8 @@ def plan_fold(src, out_dir: str, dtype: str = "auto", force: bool = False, max_s
     inputs = ck.tensors
 
     out_code = inputs["model.embed_tokens.weight"].dtype if dtype == "auto" else st.dtype_code(dtype)
-    out_shapes = qwen3_tensor_shapes(cfg)  # num_attention_heads = H_v, head_dim = d: the served GQA shapes
+    # num_attention_heads = H_v, head_dim = d: the served GQA shapes (the folded family's contract)
+    out_shapes = family(folded_model_type(ck.config)).tensor_shapes(cfg)
     entries: List[Entry] = []
     for name in sorted(out_shapes, key=st.natural_key):
         m = _ATTN.match(name)
@@ -240,7 +252,8 @@ def format_plan(plan: FoldPlan) -> str:
         f"  Qwen3-VHA: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {h_v} virtual / "
         f"H_p {h_v // h_kv} physical query heads (r {cfg.vha_q_head_dim}), H_kv {h_kv}, d {cfg.head_dim}, "
         f"Postmix rank {cfg.vha_postmix_rank}",
-        f"  -> stock Qwen3: num_attention_heads {h_v}, num_key_value_heads {h_kv}, head_dim {cfg.head_dim}, "
+        f"  -> {family(plan.out_config['model_type']).label if cfg.vha_shared_kv else 'stock Qwen3'}: "
+        f"num_attention_heads {h_v}, num_key_value_heads {h_kv}, head_dim {cfg.head_dim}, "
         f"dtype {st.dtype_name(plan.out_dtype)}",
         "  tensors (name pattern, count, in -> out):",
     ]
@@ -265,12 +278,14 @@ def format_plan(plan: FoldPlan) -> str:
     lines += [
         f"  bytes: {fmt_bytes(plan.bytes_in, fixed=True)} in -> {fmt_bytes(plan.bytes_out, fixed=True)} out, "
         f"{len(plan.shards)} shard(s) + {INDEX_FILE}",
-        "  config.json: model_type qwen3_vha -> qwen3, architectures -> [Qwen3ForCausalLM], "
-        f"drop {', '.join(sorted(k for k in plan.raw_config if k.startswith('vha_')))}",
+        f"  config.json: model_type {plan.raw_config['model_type']} -> {plan.out_config['model_type']}, architectures -> "
+        f"[{plan.out_config['architectures'][0]}], drop {', '.join(sorted(k for k in plan.raw_config if k.startswith('vha_')))}",
         f"  files copied: {', '.join(plan.copy_files) if plan.copy_files else '(none)'}",
     ]
     if plan.skipped:
         lines.append(f"  not copied (folders): {', '.join(plan.skipped)}")
+    if cfg.vha_shared_kv:
+        lines.append(f"  note: {SHARED_KV_NOTE}")
     return "\n".join(lines)
 
 
@@ -335,7 +350,6 @@ def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int 
     listings (names, sizes, mtimes) are checked afterwards.
     """
     import paddle
-    from paddleformers.transformers import Qwen3ForCausalLM
 
     from .modeling import Qwen3VHAForCausalLM
 
@@ -348,7 +362,8 @@ def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int 
         with paddle.no_grad():
             a = vha(paddle.to_tensor(ids), return_dict=True).logits.astype("float64").numpy()
         del vha
-        gqa = Qwen3ForCausalLM.from_pretrained(linked_view(out_dir, os.path.join(tmp, "out")), dtype=dtype)
+        folded_cls = family_of(out_dir).model_class  # stock Qwen3, or Qwen3 shared-KV
+        gqa = folded_cls.from_pretrained(linked_view(out_dir, os.path.join(tmp, "out")), dtype=dtype)
         gqa.eval()
         with paddle.no_grad():
             b = gqa(paddle.to_tensor(ids), return_dict=True).logits.astype("float64").numpy()

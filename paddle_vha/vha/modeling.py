@@ -18,6 +18,7 @@ from ..qwen3.modeling import (
     cache_continuation_positions,
     init_qwen3_backbone,
     init_qwen3_causal_lm,
+    linear_transpose_rules,
     register_auto_classes,
 )
 from .attention import Qwen3VHAAttention
@@ -45,19 +46,9 @@ class Qwen3VHAPretrainedModel(ContractCheckpointMixin, Qwen3PretrainedModel):
 
     @classmethod
     def _linear_rules(cls, aoa: dict, config: Qwen3VHAConfig, to_disk: bool) -> dict:
-        # VHA: the gate and the shared KV projection are Linears: [out, in] on disk, [in, out] in memory. New Linears
-        # need a transpose rule both ways, or PaddleFormers writes them untransposed (breaking the HF layout); with
-        # shared KV the parent's k_proj / v_proj rules name tensors that do not exist and are dropped.
+        # VHA: the gate and the shared KV projection are Linears the parent's name rules do not know
         extra = (["gate_proj"] if config.vha_gated_attention else []) + (["shared_kv_proj"] if config.vha_shared_kv else [])
-        if config.vha_shared_kv:
-            aoa["aoa_statements"] = [s for s in aoa["aoa_statements"]
-                                     if ".self_attn.k_proj." not in s and ".self_attn.v_proj." not in s]
-        for name in extra:
-            memory = ("" if cls == cls.base_model_class else "model.") + f"layers.$LAYER_ID.self_attn.{name}.weight"
-            disk = f"model.layers.$LAYER_ID.self_attn.{name}.weight"
-            src, dst = (memory, disk) if to_disk else (disk, memory)
-            aoa["aoa_statements"].append(f"{src}^T -> {dst}")
-        return aoa
+        return linear_transpose_rules(cls, aoa, extra, to_disk, shared_kv=config.vha_shared_kv)
 
 
 @register_base_model

@@ -44,6 +44,8 @@ CASES = {
     # shared-KV VHA: one projection for K = V (split like the keys at t = 2, replicated at t = 4), gate, biases
     "shared-kv": dict(num_attention_heads=8, vha_shared_kv=True, vha_gated_attention=True, attention_bias=True,
                       vha_fused_prologue=False),
+    # Qwen3 shared-KV (what shared-KV VHA folds into): the stock GQA plan with shared_kv_proj split like the keys
+    "skv-folded": dict(model="skv", num_attention_heads=8, attention_bias=True),
     # everything in float64: what is left is float64 rounding, i.e. the sharded computation is the same function.
     # PaddleFormers' Qwen3 takes the attention softmax and the RMSNorm variance in float32 even for float64 models,
     # and those CPU kernels round differently for 8 heads than for 4 (k_norm over 2 KV heads vs 1 differed by 1e-7);
@@ -65,14 +67,10 @@ CASES = {
 
 
 def model_classes(kind: str):
-    if kind == "mea":
-        from paddle_vha.mea.config import Qwen3MEAConfig
-        from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
+    from paddle_vha.families import family
 
-        return Qwen3MEAConfig, Qwen3MEAForCausalLM
-    from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM
-
-    return Qwen3VHAConfig, Qwen3VHAForCausalLM
+    fam = family({"vha": "qwen3_vha", "mea": "qwen3_mea", "skv": "qwen3_shared_kv"}[kind])
+    return fam.config_class, fam.model_class
 
 
 def eager_fp64(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, **kwargs):
