@@ -48,6 +48,21 @@ def layer_window(cfg, layer):
         else None
 
 
+def layer_sizes(cfg, layer):
+    """(H_v, H_kv, d, r, RoPE base) of decoder layer `layer`: a sliding-window layer takes the vha_window_* values that
+    are set (a new head width d_w makes r = d_w unless vha_window_q_head_dim says otherwise)."""
+    d = cfg["head_dim"]
+    sizes = [cfg["num_attention_heads"], cfg["num_key_value_heads"], d, cfg.get("vha_q_head_dim") or d,
+             cfg["rope_theta"]]
+    if layer_window(cfg, layer) is None:
+        return tuple(sizes)
+    w = lambda k, default: default if cfg.get(k) is None else cfg[k]  # noqa: E731
+    d_w = w("vha_window_head_dim", d)
+    r_w = w("vha_window_q_head_dim", sizes[3] if d_w == d else d_w)
+    return (w("vha_window_num_attention_heads", sizes[0]), w("vha_window_num_key_value_heads", sizes[1]), d_w, r_w,
+            w("vha_window_rope_theta", sizes[4]))
+
+
 def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -67,10 +82,9 @@ def vha_attention(x, p, cfg, positions, past=None, layer=None):
     by the query's own angle, R(-theta s), before Postmix.
     """
     B, S, _ = x.shape
-    h_v, h_kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    h_v, h_kv, d, r, theta = layer_sizes(cfg, layer)
     h_p = h_v // h_kv
-    r = cfg.get("vha_q_head_dim") or d
-    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    eps = cfg["rms_norm_eps"]
     b = (lambda n: p.get(n + ".bias"))
 
     shared = bool(cfg.get("vha_shared_kv"))

@@ -36,14 +36,16 @@ HF_SCRIPT = textwrap.dedent(
     with torch.no_grad():
         full = model(ids).logits
         # cached decode: a prompt, then one token at a time, positions passed explicitly
-        cache, steps, B, S = DynamicCache(), [], ids.shape[0], ids.shape[1]
+        cache, steps, B, S = DynamicCache(config=model.config), [], ids.shape[0], ids.shape[1]
         for a, b in [(0, S - 3), (S - 3, S - 2), (S - 2, S - 1), (S - 1, S)]:
             pos = torch.arange(a, b).expand(B, b - a)
             out = model(ids[:, a:b], position_ids=pos, past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             steps.append(out.logits)
     np.savez(out_path, full=full.double().numpy(), cached=torch.cat(steps, 1).double().numpy(),
-             heads=np.array([model.config.num_attention_heads, model.config.num_key_value_heads]))
+             heads=np.array([model.config.num_attention_heads, model.config.num_key_value_heads]),
+             kept=np.array([layer.keys.shape[2] for layer in cache.layers]),
+             layer_types=np.array(model.config.layer_types))
     """
 )
 
@@ -69,12 +71,17 @@ def run_hf(hf_python, ckpt, ids, tmp_path, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["fp32-bias-r<d", "odd-heads-tied", "bf16"])
+@pytest.mark.parametrize("variant", ["fp32-bias-r<d", "odd-heads-tied", "bf16", "windows-own-r-R"])
 def test_hf_transformers_loads_fold_and_matches(tmp_path, hf_python, variant):
     overrides = {
         "fp32-bias-r<d": dict(attention_bias=True, vha_q_head_dim=10, num_hidden_layers=3),
         "odd-heads-tied": dict(num_attention_heads=9, num_key_value_heads=3, head_dim=10, tie_word_embeddings=True),
         "bf16": dict(),
+        # sliding-window layers 0 and 2 (window 4 < the 11-token prompts; HF's cache keeps the window's positions),
+        # with their own r and R, which fold away
+        "windows-own-r-R": dict(sliding_window=4, use_sliding_window=True, num_hidden_layers=3,
+                                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                vha_q_head_dim=12, vha_window_q_head_dim=6, vha_window_postmix_rank=1),
     }[variant]
     cfg, _ = make_vha(tmp_path / "vha", **overrides)
     # float64 output for the exactness check (fold math in float64, no rounding); bf16 for the storage case
@@ -93,6 +100,9 @@ def test_hf_transformers_loads_fold_and_matches(tmp_path, hf_python, variant):
 
     hf64 = run_hf(hf_python, tmp_path / "gqa", ids, tmp_path, "float64")
     assert list(hf64["heads"]) == [cfg.num_attention_heads, cfg.num_key_value_heads]
+    if variant.startswith("windows"):
+        assert list(hf64["layer_types"]) == ["sliding_attention", "full_attention", "sliding_attention"]
+        assert list(hf64["kept"])[1] == 11 and max(hf64["kept"][[0, 2]]) < 11, hf64["kept"]  # HF trims the windows
     e_full = rel_err(hf64["full"], ref64, f"{variant}: HF torch float64 (folded) vs VHA float64 oracle")
     e_cached = rel_err(hf64["cached"], ref64, f"{variant}: HF cached decode float64 vs VHA float64 oracle")
     hf32 = run_hf(hf_python, tmp_path / "gqa", ids, tmp_path, "float32")

@@ -34,10 +34,16 @@ def check_config_fields(fields: dict) -> None:
 
 
 def check_config(cfg) -> None:
-    """check_config_fields over every field of a built config object (defaults included)."""
+    """check_config_fields over every field of a built config object (defaults included), and sliding-window layers
+    that name their window."""
     fields = {name: getattr(cfg, name, None) for name in _SIZES + ("rms_norm_eps", "rope_theta")}
     fields["rope_parameters"] = getattr(cfg, "rope_parameters", None)
     check_config_fields(fields)
+    window = getattr(cfg, "sliding_window", None)
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or []) and not (
+            isinstance(window, int) and not isinstance(window, bool) and window >= 1):
+        raise ValueError(f"layer_types names sliding_attention layers but sliding_window is {window!r} (set "
+                         "use_sliding_window=true and sliding_window to a positive int)")
 
 
 def sliding_window_layers(cfg) -> list:

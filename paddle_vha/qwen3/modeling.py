@@ -2,6 +2,7 @@
 backbone, cache-continuing positions, single-device Linears, and checkpoint save/load through the family contract."""
 from __future__ import annotations
 
+import copy
 import os
 
 import paddle
@@ -19,7 +20,7 @@ from ..families import family
 
 __all__ = ["ContractCheckpointMixin", "init_qwen3_backbone", "init_qwen3_causal_lm", "cache_continuation_positions",
            "single_device_linear", "attention_core", "update_shared_kv_cache", "linear_transpose_rules",
-           "register_auto_classes"]
+           "register_auto_classes", "RoPETables", "LayerwiseRotaryEmbedding"]
 
 
 def single_device_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
@@ -30,9 +31,13 @@ def single_device_linear(in_features: int, out_features: int, bias: bool) -> nn.
 
 def attention_core(layer, q, k, v, attention_mask=None, attn_mask_startend_row_indices=None):
     """Softmax attention through the backend the config names (`eager`, `sdpa`, ...), as Qwen3Attention.forward calls
-    it. q (B, H, S, d); k, v (B, H_kv, T, d), read in groups of layer.num_key_value_groups. Returns the output
-    (B, S, H*d) and the weights (or None)."""
+    it. q (B, H, S, d); k, v (B, H_kv, T, d), read in groups of layer.num_key_value_groups; attention_mask
+    (B, 1, S, >= T), whose last T columns are the keys'. Returns the output (B, S, H*d) and the weights (or None)."""
     attention_interface = ALL_ATTENTION_FUNCTIONS[layer.config._attn_implementation]
+    if attention_mask is not None and attention_mask.shape[-1] > k.shape[-2]:
+        # Deviation from Qwen3Attention: a sliding-window cache layer returns only its last keys while PaddleFormers
+        # builds the mask over the whole past and the eager backend keeps its *first* columns; keep the last ones.
+        attention_mask = attention_mask[..., -k.shape[-2]:]
     return attention_interface(
         layer,
         query=q,
@@ -53,7 +58,41 @@ def update_shared_kv_cache(cache, s, layer_idx: int):
     return keys
 
 
-def init_qwen3_backbone(model, config, decoder_layer_cls) -> None:
+class RoPETables(tuple):
+    """(cos, sin) at the model's head width and RoPE base, as Qwen3 passes position_embeddings to every layer, plus the
+    tables of the other (head_dim, rope_theta) some layers use (sliding-window layers with their own sizes)."""
+
+    def __new__(cls, cos, sin, others):
+        tables = super().__new__(cls, (cos, sin))
+        tables.others = others
+        return tables
+
+    def for_layer(self, head_dim: int, rope_theta: float):
+        return self.others.get((head_dim, float(rope_theta)), (self[0], self[1]))
+
+
+class LayerwiseRotaryEmbedding(nn.Layer):
+    """Qwen3RotaryEmbedding for the model's head width, and one more per other (head_dim, rope_theta) in `others`;
+    returns RoPETables."""
+
+    def __init__(self, config, others):
+        super().__init__()
+        self.main = Qwen3RotaryEmbedding(config=config)
+        self.others = {}
+        for i, (head_dim, theta) in enumerate(sorted(set(others))):
+            cfg = copy.copy(config)
+            cfg.head_dim, cfg.rope_theta = head_dim, theta
+            cfg.rope_parameters = {**(getattr(config, "rope_parameters", None) or {}), "rope_theta": theta}
+            rotary = Qwen3RotaryEmbedding(config=cfg)
+            self.add_sublayer(f"other_{i}", rotary)
+            self.others[(head_dim, float(theta))] = rotary
+
+    def forward(self, x, position_ids):
+        cos, sin = self.main(x, position_ids)
+        return RoPETables(cos, sin, {key: rotary(x, position_ids) for key, rotary in self.others.items()})
+
+
+def init_qwen3_backbone(model, config, decoder_layer_cls, rotary_others=()) -> None:
     """The body of Qwen3Model.__init__ with another decoder layer class.
 
     PaddleFormers hard-codes Qwen3DecoderLayer there; building the stock layers first and replacing them would
@@ -71,7 +110,9 @@ def init_qwen3_backbone(model, config, decoder_layer_cls) -> None:
         norm_eps=config.rms_norm_eps,
         input_is_parallel=config.sequence_parallel,
     )
-    model.rotary_emb = Qwen3RotaryEmbedding(config=config)
+    # layers with another head width or RoPE base read their own tables (RoPETables.for_layer)
+    model.rotary_emb = LayerwiseRotaryEmbedding(config, rotary_others) if rotary_others else \
+        Qwen3RotaryEmbedding(config=config)
     model.has_sliding_layers = getattr(config, "sliding_window", None) is not None and "sliding_attention" in (
         getattr(config, "layer_types", None) or []
     )

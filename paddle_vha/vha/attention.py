@@ -26,7 +26,7 @@ from paddle import nn
 from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rotary_pos_emb
 
 from ..qwen3.functional import inverse_rope
-from ..qwen3.modeling import attention_core, single_device_linear, update_shared_kv_cache
+from ..qwen3.modeling import RoPETables, attention_core, single_device_linear, update_shared_kv_cache
 from .config import Qwen3VHAConfig
 from .prologue import fused_prologue, should_use_fused
 
@@ -76,6 +76,8 @@ class Qwen3VHAAttention(Qwen3Attention):
 
     def __init__(self, config: Qwen3VHAConfig, layer_idx: int = 0):
         config.check_runtime_support()
+        self.dims = config.layer_dims(layer_idx)  # VHA: a sliding-window layer may have its own sizes
+        config = config.for_layer(layer_idx)
         super().__init__(config, layer_idx)
         h, d = config.hidden_size, self.head_dim
         self.num_physical_heads = config.num_physical_heads  # H_p
@@ -154,6 +156,8 @@ class Qwen3VHAAttention(Qwen3Attention):
         key_states = k_proj(hidden_states).reshape([0, 0, h_kv, d])  # (B, S, H_kv, d)
 
         cos, sin = position_embeddings
+        if isinstance(position_embeddings, RoPETables):  # VHA: this layer's own head width / RoPE base
+            cos, sin = position_embeddings.for_layer(d, self.dims.rope_theta)
         # VHA: Premix before q_norm and RoPE, so both act on virtual heads.
         query_states, key_states = self.prologue(q_phys, key_states, cos, sin)  # (B, H_v, S, d), (B, H_kv, S, d)
 

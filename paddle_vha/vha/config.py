@@ -11,11 +11,14 @@ Notation used throughout the package (see docs/method.md):
 """
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import dataclass
+from typing import List, Optional
 
 from paddleformers.transformers import Qwen3Config
 
-__all__ = ["Qwen3VHAConfig", "VHAConfigError"]
+__all__ = ["Qwen3VHAConfig", "VHAConfigError", "LayerDims"]
 
 
 class VHAConfigError(ValueError):
@@ -24,6 +27,31 @@ class VHAConfigError(ValueError):
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _rope_theta(cfg):
+    return (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", None))
+
+
+@dataclass(frozen=True)
+class LayerDims:
+    """The attention sizes of one decoder layer (sliding-window layers may have their own)."""
+
+    window: Optional[int]  # sliding window in positions, None for full attention
+    num_heads: int  # H_v virtual query heads
+    num_kv_heads: int  # H_kv
+    head_dim: int  # d
+    q_head_dim: int  # r
+    postmix_rank: int  # R
+    rope_theta: float
+
+    @property
+    def num_physical_heads(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+_WINDOW_FIELDS = ("vha_window_num_attention_heads", "vha_window_num_key_value_heads", "vha_window_head_dim",
+                  "vha_window_rope_theta")
 
 
 class Qwen3VHAConfig(Qwen3Config):
@@ -45,6 +73,14 @@ class Qwen3VHAConfig(Qwen3Config):
         vha_shared_kv (bool): one projection `shared_kv_proj` (hidden -> H_kv*d) replaces k_proj and v_proj; after
             k_norm and RoPE it is both the keys and the values, and the attention output is rotated back (inverse
             RoPE at the query's position) before Postmix. The cache holds one tensor per layer. Default False.
+
+    Sliding-window layers are Qwen3's: `sliding_window` (positions a query sees, its own included) and `layer_types`
+    ("sliding_attention" / "full_attention" per layer). VHA on those layers may use its own sizes (None: as the full
+    layers; upstream PaddleFleet's swa_vha_q_lora_rank, swa_vha_postmix_rank, swa_num_attention_heads, ...):
+        vha_window_q_head_dim, vha_window_postmix_rank: r and R of window layers (both fold away).
+        vha_window_num_attention_heads, vha_window_num_key_value_heads, vha_window_head_dim, vha_window_rope_theta:
+            other head counts, head width or RoPE base on window layers. Trainable; such a model has no stock-Qwen3
+            form, so fold refuses it, naming the layer.
     """
 
     model_type = "qwen3_vha"
@@ -59,6 +95,12 @@ class Qwen3VHAConfig(Qwen3Config):
         vha_postmix_v_init_std: float = 0.0,
         vha_fused_prologue: bool | None = None,
         vha_shared_kv: bool = False,
+        vha_window_q_head_dim: Optional[int] = None,
+        vha_window_postmix_rank: Optional[int] = None,
+        vha_window_num_attention_heads: Optional[int] = None,
+        vha_window_num_key_value_heads: Optional[int] = None,
+        vha_window_head_dim: Optional[int] = None,
+        vha_window_rope_theta: Optional[float] = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -70,6 +112,12 @@ class Qwen3VHAConfig(Qwen3Config):
         self.vha_postmix_v_init_std = vha_postmix_v_init_std
         self.vha_fused_prologue = vha_fused_prologue
         self.vha_shared_kv = vha_shared_kv
+        self.vha_window_q_head_dim = vha_window_q_head_dim
+        self.vha_window_postmix_rank = vha_window_postmix_rank
+        self.vha_window_num_attention_heads = vha_window_num_attention_heads
+        self.vha_window_num_key_value_heads = vha_window_num_key_value_heads
+        self.vha_window_head_dim = vha_window_head_dim
+        self.vha_window_rope_theta = vha_window_rope_theta
         self.validate_vha()
 
     # Derived sizes, named as in the docs.
@@ -78,28 +126,96 @@ class Qwen3VHAConfig(Qwen3Config):
         """H_p = H_v / H_kv: physical query heads produced by q_proj."""
         return self.num_attention_heads // self.num_key_value_heads
 
+    def window_layers(self) -> List[int]:
+        """Indices of the sliding-window layers (Qwen3's layer_types with a sliding_window)."""
+        if not getattr(self, "sliding_window", None):
+            return []
+        return [i for i, t in enumerate(getattr(self, "layer_types", None) or []) if t == "sliding_attention"]
+
+    def full_dims(self) -> LayerDims:
+        """The attention sizes of the full-attention layers (the usual config fields)."""
+        return LayerDims(None, self.num_attention_heads, self.num_key_value_heads, self.head_dim, self.vha_q_head_dim,
+                         self.vha_postmix_rank, _rope_theta(self))
+
+    def layer_dims(self, layer_idx: int) -> LayerDims:
+        """The attention sizes of decoder layer `layer_idx` (window layers: the vha_window_* values where set)."""
+        full = self.full_dims()
+        if layer_idx not in self.window_layers():
+            return full
+        pick = lambda v, default: default if v is None else v  # noqa: E731
+        d = pick(self.vha_window_head_dim, full.head_dim)
+        r_default = full.q_head_dim if d == full.head_dim else d  # a new head width: r = d unless stated
+        return LayerDims(self.sliding_window, pick(self.vha_window_num_attention_heads, full.num_heads),
+                         pick(self.vha_window_num_key_value_heads, full.num_kv_heads), d,
+                         pick(self.vha_window_q_head_dim, r_default), pick(self.vha_window_postmix_rank, full.postmix_rank),
+                         pick(self.vha_window_rope_theta, full.rope_theta))
+
+    def stock_shaped_window_layers(self) -> bool:
+        """Whether the window layers have the full layers' head counts, head width and RoPE base (their r and R may
+        differ: both fold away), so the model has a stock-Qwen3 form."""
+        return all(getattr(self, f) in (None, getattr(self, f.replace("vha_window_", ""), None)) for f in _WINDOW_FIELDS
+                   if f != "vha_window_rope_theta") and self.vha_window_rope_theta in (None, _rope_theta(self))
+
+    def for_layer(self, layer_idx: int) -> "Qwen3VHAConfig":
+        """This config, or a copy with layer `layer_idx`'s own sizes in the usual fields (what its attention builds
+        from)."""
+        dims = self.layer_dims(layer_idx)
+        if (dims.num_heads, dims.num_kv_heads, dims.head_dim, dims.q_head_dim, dims.postmix_rank) == (
+                self.num_attention_heads, self.num_key_value_heads, self.head_dim, self.vha_q_head_dim,
+                self.vha_postmix_rank):
+            return self
+        cfg = copy.copy(self)
+        cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = dims.num_heads, dims.num_kv_heads, dims.head_dim
+        cfg.vha_q_head_dim, cfg.vha_postmix_rank = dims.q_head_dim, dims.postmix_rank
+        return cfg
+
     def validate_vha(self) -> None:
         """Raise VHAConfigError (one line naming the field) if the VHA fields are inconsistent."""
-        h_v, h_kv, d = self.num_attention_heads, self.num_key_value_heads, self.head_dim
+        for name in _WINDOW_FIELDS + ("vha_window_q_head_dim", "vha_window_postmix_rank"):
+            v = getattr(self, name)
+            number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            if v is not None and not (number if name == "vha_window_rope_theta" else _is_int(v) and v >= 1):
+                raise VHAConfigError(f"{name} must be None or a positive {'number' if 'theta' in name else 'int'}, "
+                                     f"got {v!r}")
+        types = getattr(self, "layer_types", None) or []
+        window = getattr(self, "sliding_window", None)
+        if "sliding_attention" in types and not (_is_int(window) and window >= 1):
+            raise VHAConfigError(f"layer_types names sliding_attention layers but sliding_window is {window!r} (set "
+                                 "use_sliding_window=true and sliding_window to a positive int)")
+        set_window = [n for n in _WINDOW_FIELDS + ("vha_window_q_head_dim", "vha_window_postmix_rank")
+                      if getattr(self, n) is not None]
+        if set_window and not self.window_layers():
+            raise VHAConfigError(f"{set_window[0]} is set but no layer is a sliding-window layer (sliding_window and "
+                                 "layer_types)")
+        self._check_dims(self.full_dims(), "")
+        for i in self.window_layers()[:1]:  # window layers share their sizes
+            self._check_dims(self.layer_dims(i), "vha_window_")
+        self._check_options()
+
+    @staticmethod
+    def _check_dims(dims: LayerDims, prefix: str) -> None:
+        h_v, h_kv, d, r, rank = dims.num_heads, dims.num_kv_heads, dims.head_dim, dims.q_head_dim, dims.postmix_rank
+        where = " (window layers)" if prefix else ""
         checks = [
-            (_is_int(h_kv) and h_kv >= 1, f"num_key_value_heads must be a positive int, got {h_kv!r}"),
-            (_is_int(h_v) and h_v >= 1, f"num_attention_heads must be a positive int, got {h_v!r}"),
-            (_is_int(d) and d >= 2 and d % 2 == 0, f"head_dim must be a positive even int (RoPE), got {d!r}"),
+            (_is_int(h_kv) and h_kv >= 1, f"{prefix}num_key_value_heads must be a positive int, got {h_kv!r}"),
+            (_is_int(h_v) and h_v >= 1, f"{prefix}num_attention_heads must be a positive int, got {h_v!r}"),
+            (_is_int(d) and d >= 2 and d % 2 == 0, f"{prefix}head_dim must be a positive even int (RoPE), got {d!r}"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise VHAConfigError(msg)
         if h_v % h_kv != 0:
             raise VHAConfigError(
-                f"num_attention_heads (virtual heads H_v={h_v}) must be divisible by "
-                f"num_key_value_heads (H_kv={h_kv}); H_p = H_v / H_kv physical heads per group"
+                f"{prefix}num_attention_heads (virtual heads H_v={h_v}) must be divisible by "
+                f"{prefix}num_key_value_heads (H_kv={h_kv}){where}; H_p = H_v / H_kv physical heads per group"
             )
-        r = self.vha_q_head_dim
         if not (_is_int(r) and 1 <= r <= d):
-            raise VHAConfigError(f"vha_q_head_dim (r) must be an int with 1 <= r <= head_dim={d}, got {r!r}")
-        rank = self.vha_postmix_rank
+            raise VHAConfigError(f"{prefix or 'vha_'}q_head_dim (r) must be an int with 1 <= r <= head_dim={d}{where}, "
+                                 f"got {r!r}")
         if not (_is_int(rank) and rank >= 1):
-            raise VHAConfigError(f"vha_postmix_rank must be an int >= 1, got {rank!r}")
+            raise VHAConfigError(f"{prefix or 'vha_'}postmix_rank must be an int >= 1{where}, got {rank!r}")
+
+    def _check_options(self) -> None:
         if not isinstance(self.vha_gated_attention, bool):
             raise VHAConfigError(f"vha_gated_attention must be a bool, got {self.vha_gated_attention!r}")
         for name in ("vha_premix_init_alpha", "vha_postmix_u_init_std", "vha_postmix_v_init_std"):

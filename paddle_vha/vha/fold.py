@@ -99,6 +99,13 @@ _ATTN = re.compile(r"^(model\.layers\.\d+\.self_attn\.)(.+)$")
 
 
 def _check_foldable(cfg, where: str) -> None:
+    windows = cfg.window_layers() if hasattr(cfg, "window_layers") else []
+    if windows and not cfg.stock_shaped_window_layers():
+        full, win = cfg.full_dims(), cfg.layer_dims(windows[0])
+        raise FoldError(
+            f"{where}: sliding-window layer {windows[0]} has {win.num_heads} heads over {win.num_kv_heads} KV heads of "
+            f"width {win.head_dim} (RoPE base {win.rope_theta:g}), the full layers {full.num_heads} / {full.num_kv_heads} "
+            f"/ {full.head_dim} ({full.rope_theta:g}): stock Qwen3 has one set of sizes for all layers; refusing to fold")
     if cfg.vha_gated_attention:
         raise FoldError(
             f"{where}: vha_gated_attention=true: {GATE_REASON} (the elementwise gate sits between Postmix and "
@@ -257,23 +264,28 @@ def format_plan(plan: FoldPlan) -> str:
         f"dtype {st.dtype_name(plan.out_dtype)}",
         "  tensors (name pattern, count, in -> out):",
     ]
-    groups: Dict[Tuple[str, str], list] = {}
-    for e in plan.entries:
-        key = (re.sub(r"layers\.\d+\.", "layers.{i}.", e.name), e.kind)
+    windows = cfg.window_layers()
+    if windows:
+        win = cfg.layer_dims(windows[0])
+        lines.insert(3, f"  sliding-window layers {windows} (window {win.window}, r {win.q_head_dim}, Postmix rank "
+                        f"{win.postmix_rank}): kept as Qwen3 sliding_attention layers")
+    groups: Dict[Tuple[str, str, tuple], list] = {}
+    for e in plan.entries:  # window layers with their own r or R are a group of their own
+        key = (re.sub(r"layers\.\d+\.", "layers.{i}.", e.name), e.kind, tuple(plan.inputs[e.sources[0]].shape))
         groups.setdefault(key, []).append(e)
-    dropped: Dict[str, list] = {}
+    dropped: Dict[Tuple[str, tuple], list] = {}
     for n, r in plan.inputs.items():
         leaf = n.rsplit(".", 1)[-1]
         if leaf in VHA_ONLY:
-            dropped.setdefault(re.sub(r"layers\.\d+\.", "layers.{i}.", n), []).append(r)
+            dropped.setdefault((re.sub(r"layers\.\d+\.", "layers.{i}.", n), tuple(r.shape)), []).append(r)
     how = {"copy": "copy", "fold_q": "fold Premix", "fold_q_bias": "fold Premix", "fold_o": "fold Postmix"}
-    for (pattern, kind), es in groups.items():
+    for (pattern, kind, _), es in groups.items():
         src = plan.inputs[es[0].sources[0]]
         lines.append(
             f"    {pattern:<48} x{len(es):<3} {how[kind]:<12} {list(src.shape)} {st.dtype_name(src.dtype)} -> "
             f"{list(es[0].shape)} {st.dtype_name(es[0].dtype)}  ({fmt_bytes(sum(e.nbytes for e in es), fixed=True)})"
         )
-    for pattern, rs in dropped.items():
+    for (pattern, _), rs in dropped.items():
         lines.append(f"    {pattern:<48} x{len(rs):<3} {'absorbed':<12} {list(rs[0].shape)} -> (none)")
     lines += [
         f"  bytes: {fmt_bytes(plan.bytes_in, fixed=True)} in -> {fmt_bytes(plan.bytes_out, fixed=True)} out, "

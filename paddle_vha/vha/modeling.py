@@ -55,7 +55,11 @@ class Qwen3VHAPretrainedModel(ContractCheckpointMixin, Qwen3PretrainedModel):
 class Qwen3VHAModel(Qwen3VHAPretrainedModel, Qwen3Model):
     def __init__(self, config: Qwen3VHAConfig):
         config.check_runtime_support()  # VHA: refuse unsupported runtime options before building anything
-        init_qwen3_backbone(self, config, Qwen3VHADecoderLayer)  # VHA: decoder layer
+        full = config.full_dims()
+        others = {(dims.head_dim, float(dims.rope_theta)) for dims in map(config.layer_dims, config.window_layers())}
+        others.discard((full.head_dim, float(full.rope_theta)))
+        init_qwen3_backbone(self, config, Qwen3VHADecoderLayer, sorted(others))  # VHA: decoder layer (and the RoPE
+        # tables of window layers with their own head width or base)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, **kwargs):

@@ -67,18 +67,28 @@ class AttentionLayout:
         return self.physical[1] - self.physical[0]
 
 
+def _heads(cfg, layer_idx):
+    """(H_v, H_kv) of a layer: a sliding-window layer may have its own (config.layer_dims); plain configs: one pair."""
+    if layer_idx is None or not hasattr(cfg, "layer_dims"):
+        return cfg.num_attention_heads, cfg.num_key_value_heads
+    dims = cfg.layer_dims(layer_idx)
+    return dims.num_heads, dims.num_kv_heads
+
+
 def check(cfg, t: int) -> None:
     """TPPlanError (one line) if the Qwen3-VHA config cannot be sharded over t ranks."""
     check_size(t)
-    h_v, h_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    check_head_split(h_v, h_kv, t, f"num_attention_heads (virtual heads H_v={h_v})", f"num_key_value_heads H_kv={h_kv}",
-                     "H_kv")
+    layers = range(cfg.num_hidden_layers) if hasattr(cfg, "layer_dims") else [None]
+    for (h_v, h_kv), i in sorted({_heads(cfg, i): i for i in layers}.items()):
+        window = " on the sliding-window layers" if i is not None and (h_v, h_kv) != _heads(cfg, None) else ""
+        check_head_split(h_v, h_kv, t, f"num_attention_heads (virtual heads H_v={h_v}){window}",
+                         f"num_key_value_heads H_kv={h_kv}{window}", "H_kv")
     mlp_shards(cfg, t)
 
 
-def attention_layout(cfg, t: int, rank: int) -> AttentionLayout:
+def attention_layout(cfg, t: int, rank: int, layer_idx: int = None) -> AttentionLayout:
     check(cfg, t)
-    h_v, h_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    h_v, h_kv = _heads(cfg, layer_idx)
     h_p = h_v // h_kv
     lay = gqa_layout(h_v, h_kv, t, rank)  # virtual heads over KV groups, as any GQA layer
     if lay.kv_sharded:  # whole groups: all H_p physical heads
@@ -90,13 +100,13 @@ def attention_layout(cfg, t: int, rank: int) -> AttentionLayout:
     return AttentionLayout(t, rank, lay.heads, lay.kv, physical, lay.kv_sharded)
 
 
-def tensor_shards(cfg, t: int) -> Dict[str, TensorShard]:
+def tensor_shards(cfg, t: int, layer_idx: int = None) -> Dict[str, TensorShard]:
     """In-memory parameter name suffix (relative to a decoder layer, e.g. 'self_attn.q_proj.weight') -> shard.
 
     Names not listed (embedding, norms, lm_head, ...) are whole on every rank with full gradients.
     """
     check(cfg, t)
-    kv_split = t <= cfg.num_key_value_heads
+    kv_split = t <= _heads(cfg, layer_idx)[1]
     a = "self_attn."
     shards = {
         a + "q_proj.weight": REPLICATED_SUMMED,
@@ -121,9 +131,10 @@ def tensor_shards(cfg, t: int) -> Dict[str, TensorShard]:
 
 
 def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
-    """Rank `rank`'s part of every Qwen3-VHA decoder layer (all layers are alike)."""
-    lay = attention_layout(cfg, t, rank)
-    d, r = cfg.head_dim, cfg.vha_q_head_dim
+    """Rank `rank`'s part of Qwen3-VHA decoder layer `layer_idx` (window layers may have their own sizes)."""
+    lay = attention_layout(cfg, t, rank, layer_idx)
+    dims = cfg.layer_dims(layer_idx)
+    d, r = dims.head_dim, dims.q_head_dim
     attrs = dict(num_heads=lay.num_heads, num_key_value_heads=lay.num_kv_heads,
                  num_key_value_groups=lay.num_heads // lay.num_kv_heads, num_physical_heads=lay.num_physical,
                  premix_groups=None)
@@ -134,5 +145,5 @@ def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
         kv = ("shared_kv_proj",) if cfg.vha_shared_kv else ("k_proj", "v_proj")
         columns = {"self_attn.q_proj": (p0 * r, p1 * r), **{f"self_attn.{n}": (g0 * d, g1 * d) for n in kv}}
         attrs["premix_groups"] = lay.groups
-    return LayerPlan(params=tensor_shards(cfg, t), column_slices=columns, attributes={"self_attn": attrs},
+    return LayerPlan(params=tensor_shards(cfg, t, layer_idx), column_slices=columns, attributes={"self_attn": attrs},
                      collectives={"self_attn.postmix_reduce": "all_reduce_partial"})

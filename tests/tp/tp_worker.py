@@ -46,6 +46,12 @@ CASES = {
                       vha_fused_prologue=False),
     # Qwen3 shared-KV (what shared-KV VHA folds into): the stock GQA plan with shared_kv_proj split like the keys
     "skv-folded": dict(model="skv", num_attention_heads=8, attention_bias=True),
+    # sliding-window layer 0 (window 3 < the 11-token batches and the decode) with its own sizes: 4 virtual heads over
+    # 2 KV heads of width 8, r 6, R 2, RoPE base 500; layer 1 full attention
+    "window": dict(num_attention_heads=8, sliding_window=3, use_sliding_window=True,
+                   layer_types=["sliding_attention", "full_attention"], vha_window_num_attention_heads=4,
+                   vha_window_num_key_value_heads=2, vha_window_head_dim=8, vha_window_q_head_dim=6,
+                   vha_window_postmix_rank=2, vha_window_rope_theta=500.0, vha_fused_prologue=False),
     # everything in float64: what is left is float64 rounding, i.e. the sharded computation is the same function.
     # PaddleFormers' Qwen3 takes the attention softmax and the RMSNorm variance in float32 even for float64 models,
     # and those CPU kernels round differently for 8 heads than for 4 (k_norm over 2 KV heads vs 1 differed by 1e-7);
