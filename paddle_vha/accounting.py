@@ -34,6 +34,7 @@ __all__ = [
     "fold_vha",
     "arch_from_config",
     "kv_bytes_per_token",
+    "kv_cache_bytes",
     "attention_weights_per_layer",
     "attention_parameters_per_layer",
     "query_weights_per_layer",
@@ -51,6 +52,7 @@ __all__ = [
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
 KINDS = ("mha", "gqa", "mla", "vha", "vha_folded", "mea")
+WINDOW_SIZE_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "vha_q_head_dim", "vha_postmix_rank")
 
 
 class ArchError(ValueError):
@@ -100,6 +102,13 @@ class Arch:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     num_moe_layers: Optional[int] = None  # None: all layers are MoE when num_experts > 0
+    # Sliding-window layers (Qwen3's layer_types + sliding_window): `num_window_layers` of the layers attend to the
+    # last `sliding_window` positions and cache at most sliding_window - 1 of them; `window_sizes` holds the
+    # (field, value) pairs in which those layers differ (num_heads, num_kv_heads, head_dim, vha_q_head_dim,
+    # vha_postmix_rank: VHA's vha_window_* options).
+    sliding_window: Optional[int] = None
+    num_window_layers: int = 0
+    window_sizes: tuple = ()
     notes: tuple = ()
 
     def __post_init__(self):
@@ -130,6 +139,27 @@ class Arch:
                 raise ArchError(f"{self.label}: mea_num_layers={self.mea_num_layers} not in [0, {self.num_layers}]")
         if self.num_experts and (self.num_experts_per_tok < 1 or self.moe_intermediate_size < 1):
             raise ArchError(f"{self.label}: MoE needs num_experts_per_tok >= 1 and moe_intermediate_size >= 1")
+        if not 0 <= self.num_window_layers <= self.num_layers:
+            raise ArchError(f"{self.label}: num_window_layers={self.num_window_layers} not in [0, {self.num_layers}]")
+        if self.num_window_layers and not (isinstance(self.sliding_window, int) and self.sliding_window >= 1):
+            raise ArchError(f"{self.label}: sliding-window layers need sliding_window >= 1, got {self.sliding_window!r}")
+        if self.num_window_layers and self.kind in ("mla", "mea"):
+            raise ArchError(f"{self.label}: sliding-window layers are modelled for MHA / GQA / VHA only")
+        unknown = [k for k, _ in self.window_sizes if k not in WINDOW_SIZE_FIELDS]
+        if unknown:
+            raise ArchError(f"{self.label}: window_sizes may set {', '.join(WINDOW_SIZE_FIELDS)}, not {unknown[0]}")
+        if self.num_window_layers:
+            self.window_layer()  # its own sizes are checked like a model's
+
+    def window_layer(self) -> "Arch":
+        """One sliding-window layer as a model of its own sizes (its attention is what the per-layer figures of a
+        window layer are computed from)."""
+        return self.replace(num_window_layers=0, window_sizes=(), **dict(self.window_sizes))
+
+    @property
+    def full_layers(self) -> int:
+        """Layers that attend to (and cache) the whole context."""
+        return self.num_layers - self.num_window_layers
 
     @property
     def q_head_dim(self) -> int:
@@ -216,7 +246,11 @@ def fold_vha(arch: Arch, label: Optional[str] = None) -> Arch:
         raise ArchError(f"{arch.label}: only a VHA model folds (kind {arch.kind!r})")
     if arch.vha_gated:
         raise ArchError(f"{arch.label}: gated VHA does not fold exactly (the gate sits between Postmix and o_proj)")
-    return arch.replace(kind="vha_folded", vha_q_head_dim=None, vha_postmix_rank=0,
+    own = [k for k, _ in arch.window_sizes if k in ("num_heads", "num_kv_heads", "head_dim")]
+    if own:
+        raise ArchError(f"{arch.label}: its sliding-window layers have their own {own[0]}; stock Qwen3 has one set of "
+                        "sizes, so it does not fold")
+    return arch.replace(kind="vha_folded", vha_q_head_dim=None, vha_postmix_rank=0, window_sizes=(),
                         label=label or f"{arch.label} (folded)")
 
 
@@ -228,6 +262,23 @@ def _need(cfg: dict, key: str, where: str):
     if key not in cfg or cfg[key] is None:
         raise ArchError(f"{where}: config has no {key!r}")
     return cfg[key]
+
+
+def _window_fields(cfg: dict, num_layers: int, label: str) -> dict:
+    """sliding_window / num_window_layers from a Qwen3-style config: the sliding_attention entries of layer_types
+    when given, else (Qwen3's default) the layers from max_window_layers on when use_sliding_window is set; none
+    without a sliding_window (Qwen3 then attends fully everywhere)."""
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != num_layers:
+            raise ArchError(f"{label}: layer_types must list one type per layer ({num_layers})")
+        n = sum(1 for t in types if t == "sliding_attention")
+    elif cfg.get("use_sliding_window"):
+        n = max(num_layers - int(cfg.get("max_window_layers") or 0), 0)
+    else:
+        n = 0
+    return dict(sliding_window=window, num_window_layers=n) if n and window else {}
 
 
 def arch_from_config(cfg: dict, label: str = "config") -> Arch:
@@ -246,6 +297,7 @@ def arch_from_config(cfg: dict, label: str = "config") -> Arch:
                   vocab_size=_need(cfg, "vocab_size", label),
                   tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                   attention_bias=bool(cfg.get("attention_bias", False)))
+    common.update(_window_fields(cfg, L, label))
     n_exp = cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
     if n_exp:
         step = cfg.get("decoder_sparse_step") or 1
@@ -295,7 +347,18 @@ def kv_bytes_per_token(a: Arch, bytes_per_elem: float = 2, all_layers: bool = Fa
     if a.kind == "mea":  # layers without MEA keep their stock KV heads (n_v unless stated)
         n_mea = _mea_layers(a)
         return per_layer * n_mea + 2 * _stock_kv(a) * a.head_dim * bytes_per_elem * (a.num_layers - n_mea)
-    return per_layer * a.num_layers
+    window = kv_bytes_per_token(a.window_layer(), bytes_per_elem) * a.num_window_layers if a.num_window_layers else 0
+    return per_layer * a.full_layers + window
+
+
+def kv_cache_bytes(a: Arch, context: int, bytes_per_elem: float = 2) -> float:
+    """KV-cache bytes one sequence of `context` tokens holds, all layers: a sliding-window layer holds at most
+    sliding_window - 1 positions (what a later query can still see), so its share stops growing there."""
+    if not a.num_window_layers:
+        return kv_bytes_per_token(a, bytes_per_elem, all_layers=True) * context
+    full = kv_bytes_per_token(a, bytes_per_elem) * a.full_layers * context
+    window = kv_bytes_per_token(a.window_layer(), bytes_per_elem) * a.num_window_layers
+    return full + window * min(context, a.sliding_window - 1)
 
 
 def _attn_weights(a: Arch, mea_layer: bool = True) -> Dict[str, int]:
@@ -365,7 +428,18 @@ def query_weights_per_layer(a: Arch) -> int:
     return sum(v for k, v in w.items() if k in ("q_proj", "q_a_proj", "q_b_proj", "premix"))
 
 
-def _layer_forward_flops(a: Arch, seq_len: int, causal: bool, mea_layer: bool = True) -> Dict[str, float]:
+def _context(seq_len: int, causal: bool, window: Optional[int]) -> float:
+    """Keys one query attends to: S (a query at the end of the context), S/2 averaged over a causal sequence (the
+    article's convention); with a sliding window W < S, W, or the exact causal average of min(s, W) over s = 1..S."""
+    if window is None or window >= seq_len:
+        return seq_len / 2 if causal else seq_len
+    if not causal:
+        return window
+    return (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len
+
+
+def _layer_forward_flops(a: Arch, seq_len: int, causal: bool, mea_layer: bool = True,
+                         window: Optional[int] = None) -> Dict[str, float]:
     """Forward matmul FLOPs of one attention layer for one token, by part."""
     w = _attn_weights(a, mea_layer)
     f: Dict[str, float] = {}
@@ -378,7 +452,7 @@ def _layer_forward_flops(a: Arch, seq_len: int, causal: bool, mea_layer: bool = 
             f[name] = 2 * 2 * a.num_kv_heads * a.mea_kv_heads * a.head_dim
         else:
             f[name] = 2 * n
-    ctx = seq_len / 2 if causal else seq_len
+    ctx = _context(seq_len, causal, window)
     if a.kind == "mla":
         qk, vd = a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim
     else:
@@ -402,7 +476,9 @@ def forward_flops_per_token(a: Arch, seq_len: int = 4096, causal: bool = False, 
         add(_layer_forward_flops(a, seq_len, causal, True), n_mea)
         add(_layer_forward_flops(a, seq_len, causal, False), a.num_layers - n_mea)
     else:
-        add(_layer_forward_flops(a, seq_len, causal), a.num_layers)
+        add(_layer_forward_flops(a, seq_len, causal), a.full_layers)
+        if a.num_window_layers:
+            add(_layer_forward_flops(a.window_layer(), seq_len, causal, window=a.sliding_window), a.num_window_layers)
     out["attention_block"] = sum(out.values())
     h = a.hidden_size
     n_moe = (a.num_layers if a.num_moe_layers is None else a.num_moe_layers) if a.num_experts else 0
@@ -426,7 +502,9 @@ def model_weights(a: Arch) -> Dict[str, int]:
         n_mea = _mea_layers(a)
         attn = sum(_attn_weights(a, True).values()) * n_mea + sum(_attn_weights(a, False).values()) * (a.num_layers - n_mea)
     else:
-        attn = sum(_attn_weights(a).values()) * a.num_layers
+        attn = sum(_attn_weights(a).values()) * a.full_layers
+        if a.num_window_layers:
+            attn += sum(_attn_weights(a.window_layer()).values()) * a.num_window_layers
     h = a.hidden_size
     n_moe = (a.num_layers if a.num_moe_layers is None else a.num_moe_layers) if a.num_experts else 0
     mlp = 3 * h * a.intermediate_size * (a.num_layers - n_moe)
@@ -436,8 +514,9 @@ def model_weights(a: Arch) -> Dict[str, int]:
 
 
 def variants_for_config(a: Arch) -> List[Arch]:
-    """What a config.json shows: itself, plus its folded form for VHA."""
-    if a.kind == "vha" and not a.vha_gated:
+    """What a config.json shows: itself, plus its folded form for VHA (when it has one)."""
+    own_window_heads = any(k in ("num_heads", "num_kv_heads", "head_dim") for k, _ in a.window_sizes)
+    if a.kind == "vha" and not a.vha_gated and not own_window_heads:
         return [a.replace(label=f"{a.label} (trained)"), fold_vha(a, label=f"{a.label} (folded)")]
     return [a]
 

@@ -331,9 +331,9 @@ EXPORT_CASES = {
                           "model.embed_tokens.weight holds 1 non-finite value(s)"),
     "opset-22": (lambda p: None, ["--opset", "22"], "converts to opsets 14..21"),
     "nan-eps": (lambda p: edit_config(p, rms_norm_eps=float("nan")), [], "rms_norm_eps"),
-    "sliding-window": (lambda p: edit_config(p, sliding_window=4, use_sliding_window=True,
-                                             layer_types=["full_attention", "sliding_attention"]), [],
-                       "sliding-window layers [1]"),
+    "window-without-size": (lambda p: edit_config(p, sliding_window=None, use_sliding_window=False,
+                                                  layer_types=["full_attention", "sliding_attention"]), [],
+                            "layer_types names sliding_attention layers but sliding_window is None"),
     "vha": (lambda p: edit_config(p, model_type="qwen3_vha"), [], "fold it first"),
 }
 

@@ -32,7 +32,7 @@ VARIANTS = {
 
 
 def make_model(name, attn="eager", **extra):
-    cfg = tiny_config(**SWA, **VARIANTS[name], **extra)
+    cfg = tiny_config(**{**SWA, **VARIANTS[name], **extra})
     cfg._attn_implementation = attn
     model = Qwen3VHAForCausalLM(cfg)
     model.eval()
@@ -191,3 +191,138 @@ def test_fold_keeps_the_windows_and_refuses_own_sizes(tmp_path):
     with pytest.raises(FoldError, match="sliding-window layer 0 has 6 heads over 3 KV heads of width 8 .*refusing"):
         plan_fold(str(tmp_path / "own"), str(tmp_path / "never"))
     assert not (tmp_path / "never").exists()
+
+
+# --- accounting ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_calculators_count_window_layers(name):
+    """kv_calc's bytes are what a real PaddleFormers cache holds below and past the window; the attention weights
+    are the model's own; the attention FLOPs count the keys the oracle's windowed mask lets each query see."""
+    from paddle_vha.accounting import arch_from_config, forward_flops_per_token, kv_cache_bytes, model_weights
+
+    cfg, model = make_model(name)
+    arch = arch_from_config(cfg.to_dict())
+    assert (arch.num_window_layers, arch.sliding_window) == (2, W)
+    for ctx in (1, W - 1, W, 11):
+        out = model(paddle.to_tensor(np.arange(ctx).reshape(1, ctx)), use_cache=True, return_dict=True)
+        held = sum(int(l.keys.numel()) + int(l.values.numel()) for l in out.past_key_values.layers) * 4
+        print(f"{name}: {ctx} tokens, cache holds {held} B, kv_cache_bytes {kv_cache_bytes(arch, ctx, 4):.0f} B")
+        assert held == kv_cache_bytes(arch, ctx, 4)
+    weights = sum(int(p.size) for n, p in model.named_parameters()
+                  if "self_attn" in n and (n.endswith("proj.weight") or ".vha_" in n))
+    assert model_weights(arch)["attention"] == weights
+    S = 11
+    for causal in (False, True):
+        f = forward_flops_per_token(arch, seq_len=S, causal=causal)["attention"]
+        want = 0.0
+        for i in range(3):  # 2 (QK^T) + 2 (AV) FLOPs per visible key, head and dim
+            h_v, _, d, _, _ = oracle.layer_sizes(config_dict(cfg), i)
+            visible = ~oracle.causal_mask(np.arange(S)[None], S, oracle.layer_window(config_dict(cfg), i))[0]  # (S, S)
+            keys = visible.sum() / S if causal else visible[-1].sum()  # averaged over queries, or the last query's
+            if causal and oracle.layer_window(config_dict(cfg), i) is None:
+                keys = S / 2  # full layers: the calculators' documented S/2 convention (the article's)
+            want += 4 * keys * h_v * d
+        assert f == pytest.approx(want, rel=1e-12), (causal, f, want)
+
+
+def test_kv_calc_caps_the_window_layers(tmp_path):
+    import subprocess
+    import sys
+
+    cfg, model = make_model("own-r-R-odd-heads")
+    model.save_pretrained(str(tmp_path))
+    r = subprocess.run([sys.executable, "tools/kv_calc.py", str(tmp_path), "--context", "100", "--dtype", "fp32",
+                        "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout)
+    per_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * 4  # K and V, fp32
+    assert rows[0]["total_bytes"] == per_layer * (100 + 2 * (W - 1))  # 1 full layer x 100 + 2 window layers x 3
+    assert rows[0]["window_layers"] == 2 and rows[0]["sliding_window"] == W
+
+
+# --- fold -> export -> serve ---------------------------------------------------------------------------------------
+
+ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module", params=["own-r-R-odd-heads", "shared-kv"])
+def exported(request, tmp_path_factory):
+    """A windowed VHA checkpoint folded (stock Qwen3, or Qwen3 shared-KV) and exported; the export validates itself
+    over a decode that crosses the window."""
+    from paddle_vha.export.onnx_export import export_onnx
+    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+
+    root = tmp_path_factory.mktemp("win-" + request.param)
+    paddle.seed(5)
+    cfg, model = (make_model("own-r-R-odd-heads") if request.param == "own-r-R-odd-heads"
+                  else make_model("gated-bias-shared-kv", vha_gated_attention=False))
+    model.save_pretrained(str(root / "vha"))
+    fold_checkpoint(plan_fold(str(root / "vha"), str(root / "folded")), progress=False)
+    lines = []
+    val = export_onnx(str(root / "folded"), str(root / "onnx"), log=lines.append)
+    print("\n".join(lines))
+    return cfg, model, root, val, lines
+
+
+def test_export_validates_across_the_window(exported):
+    cfg, _, root, val, lines = exported
+    assert val.max_abs <= 1e-4 and val.tokens_match and val.steps == 16
+    assert any("the decode crosses the sliding window (4)" in ln for ln in lines)
+    info = json.load(open(root / "onnx" / "export_info.json"))
+    assert info["cache_windows"] == [W, None, W]
+
+
+def test_window_cache_stops_growing_and_generation_matches_paddle(exported):
+    from paddle_vha.serve.generate import generate
+    from paddle_vha.serve.ort_session import OrtDecoder
+    from paddle_vha.serve.paddle_inference import PaddleInferenceDecoder
+
+    cfg, model, root, _, _ = exported
+    prompt = np.random.randint(0, cfg.vocab_size, size=(2, 6))
+    want, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=12, decode_strategy="greedy_search", use_cache=True)
+    seq = paddle.to_tensor(prompt)  # and full forwards, which need no cache
+    for _ in range(12):
+        seq = paddle.concat([seq, model(seq, return_dict=True).logits[:, -1].argmax(-1, keepdim=True)], axis=1)
+    assert np.array_equal(want.numpy(), seq[:, 6:].numpy())
+    for session in (OrtDecoder.from_dir(str(root / "onnx")), PaddleInferenceDecoder(str(root / "onnx"))):
+        got = generate(session, prompt, 12)
+        assert np.array_equal(got.tokens, want.numpy()), type(session).__name__
+        mask = np.ones((2, 6), np.int64)
+        logits, cache = session.prefill(prompt, mask)
+        held = []
+        for t in range(10):
+            n_per_layer = len(cache) // cfg.num_hidden_layers
+            lengths = [c.shape[2] for c in cache[::n_per_layer]]
+            assert lengths == [min(6 + t, W - 1), 6 + t, min(6 + t, W - 1)], lengths
+            held.append(sum(c.nbytes for c in cache))
+            mask = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
+            logits, cache = session.step(logits[:, -1].argmax(-1)[:, None].astype(np.int64), cache, mask)
+        growth = set(np.diff(held))
+        full_layer = sum(c.nbytes for c in cache[n_per_layer:2 * n_per_layer]) // cache[n_per_layer].shape[2]
+        print(type(session).__name__, "cache bytes per step:", held, "growth", growth)
+        assert growth == {full_layer}, "past the window only the full layer grows"
+
+
+def test_left_padded_batch_and_the_past_length(exported):
+    from paddle_vha.serve.generate import generate
+    from paddle_vha.serve.ort_session import OrtDecoder
+    from paddle_vha.serve.session import ServeError
+
+    cfg, _, root, _, _ = exported
+    sess = OrtDecoder.from_dir(str(root / "onnx"))
+    rng = np.random.default_rng(11)
+    short, long = rng.integers(0, cfg.vocab_size, size=(1, 2)), rng.integers(0, cfg.vocab_size, size=(1, 7))
+    batch = np.concatenate([np.concatenate([np.zeros((1, 5), np.int64), short], 1), long])  # row 0 left-padded
+    mask = np.array([[0] * 5 + [1] * 2, [1] * 7])
+    res = generate(sess, batch, max_new_tokens=6, attention_mask=mask)
+    alone = [generate(sess, row, max_new_tokens=6).tokens[0] for row in (short, long)]
+    assert np.array_equal(res.tokens, np.stack(alone))
+    # without a mask the full layer's cache tells the past length; with windows everywhere nothing does
+    logits, cache = sess.prefill(long)
+    a, _ = sess.step(np.array([[1]]), cache)
+    b, _ = sess.step(np.array([[1]]), cache, np.ones((1, 8), np.int64))
+    assert np.array_equal(a, b)
+    sess.cache_windows = [W] * len(sess.cache_windows)
+    with pytest.raises(ServeError, match="every layer has a sliding window.*pass attention_mask"):
+        sess.step(np.array([[1]]), cache)

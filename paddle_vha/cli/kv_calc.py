@@ -1,4 +1,4 @@
-"""KV-cache bytes per token for MHA, GQA-n, MLA, VHA (as trained and as folded) and MEA.
+"""KV-cache bytes per token for MHA, GQA-n, MLA, VHA (as trained and as folded) and MEA, with sliding-window layers.
 
 MODEL is a named shape of the VHA paper (0.6b, 1.7b, 4b: Qwen3's shapes, shown as the paper's comparison set)
 or a config.json / checkpoint folder (Qwen3, Qwen3-VHA, Qwen3-MEA, Qwen3-MoE, DeepSeek-style MLA).
@@ -15,7 +15,7 @@ import argparse
 import sys
 
 
-from paddle_vha.accounting import DTYPE_BYTES, ArchError, fmt_bytes, kv_bytes_per_token, resolve_models
+from paddle_vha.accounting import DTYPE_BYTES, ArchError, fmt_bytes, kv_bytes_per_token, kv_cache_bytes, resolve_models
 from paddle_vha.cli import command, report_models
 
 
@@ -52,8 +52,9 @@ def rows_for(spec: str, args):
                   else f"{m.num_kv_heads} KV heads" + (f" (-> {m.mea_kv_heads} virtual)" if m.kind == "mea" else ""))
         rows.append(dict(model=spec, variant=m.label, kind=m.kind, cached=cached, query_heads=m.num_heads,
                          group_size=m.group_size, layers=m.num_layers, bytes_per_token_per_layer=per_layer,
-                         bytes_per_token=all_layers, total_bytes=all_layers * args.context * args.batch,
-                         vs_reference=per_layer / ref_bytes, reference=ref.label))
+                         bytes_per_token=all_layers, total_bytes=kv_cache_bytes(m, args.context, elem) * args.batch,
+                         vs_reference=per_layer / ref_bytes, reference=ref.label,
+                         window_layers=m.num_window_layers, sliding_window=m.sliding_window))
     return rows
 
 
@@ -74,6 +75,12 @@ def print_table(spec, rows, args):
         notes.append("MLA caches its 512-wide latent plus a 64-wide decoupled RoPE key (the article's assumption).")
     if any(r["kind"] == "mea" for r in rows):
         notes.append("MEA: per-layer figure is an MEA layer's; layers outside mea_layers cache n_v heads.")
+    for r in rows:
+        if r["window_layers"]:
+            notes.append(f"{r['variant']}: {r['window_layers']} of {r['layers']} layers use a sliding window of "
+                         f"{r['sliding_window']:,} and hold at most {r['sliding_window'] - 1:,} positions; 'per layer' "
+                         "is a full layer's, 'per token' counts every layer up to the window, 'total' caps the window "
+                         "layers.")
     for n in notes:
         print(f"note: {n}")
 

@@ -7,6 +7,11 @@ in and out as tensors, named as onnxruntime-genai / Optimum expect:
              past_key_values.{i}.key / .value (B, heads_i, P, width_i)   (.key only for a shared-KV layer)
     outputs: logits (B, S, V), present.{i}.key / .value (B, heads_i, P+S, width_i)
 
+A sliding-window layer (Qwen3's layer_types + sliding_window W) sees the W positions ending at each query's own, and
+its cache holds only the last W - 1 positions (all a later query can see): its past is (B, heads_i, min(P, W-1),
+width_i) and its present the last W - 1 positions of past + new, so its bytes stop growing past the window. Its keys
+are the last columns of attention_mask.
+
 Each layer is the stock Qwen3 layer (paddle_vha/qwen3/functional.py) with its family's export form (asked from the
 registry): a stock GQA layer caches its KV heads as they are (paddle_vha/qwen3/serving.py); a Qwen3-MEA layer caches
 one wide head and carries its HLC coefficients in the queries and outputs (paddle_vha/mea/serving.py); a shared-KV
@@ -16,16 +21,17 @@ head.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import paddle
 from paddle import nn
 
 from ..families import family_of
+from ..qwen3.contract import sliding_window_layers
 from ..qwen3.functional import apply_rope, grouped_attention, rms_norm, rope_tables, swiglu_mlp
 
-__all__ = ["Qwen3KVDecoder", "io_names", "cache_shapes"]
+__all__ = ["Qwen3KVDecoder", "io_names", "cache_shapes", "cache_windows"]
 
 NEG_INF = -1e9  # additive mask value; finite so fully-masked (padding) rows stay NaN-free
 _LAYER_WEIGHTS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
@@ -50,6 +56,12 @@ def cache_shapes(cfg) -> List[tuple]:
 def cache_names(cfg) -> List[tuple]:
     """Per layer the names of its cache tensors, as the family serves it."""
     return family_of(cfg).export_cache_names(cfg)
+
+
+def cache_windows(cfg) -> List[Optional[int]]:
+    """Per layer the sliding window W of its attention (its cache keeps the last W - 1 positions), or None."""
+    windows = set(sliding_window_layers(cfg))
+    return [int(cfg.sliding_window) if i in windows else None for i in range(cfg.num_hidden_layers)]
 
 
 def cache_inputs(cfg) -> List[tuple]:
@@ -86,6 +98,7 @@ class Qwen3KVDecoder(nn.Layer):
         # tied embeddings: the LM head multiplies by the embedding itself, stored once (None here)
         self.lm_head = w("lm_head.weight", True) if "lm_head.weight" in tensors else None  # (h, V)
         fam = family_of(cfg)
+        self.windows = cache_windows(cfg)
         self.layer_weights: List[dict] = []
         self.forms = []
         for i in range(self.num_layers):
@@ -120,14 +133,17 @@ class Qwen3KVDecoder(nn.Layer):
         q_pos = paddle.arange(seq, dtype="int64") + (total - seq)  # (S,)
         k_pos = paddle.arange(total, dtype="int64")  # (T,)
         allowed = (k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)).unsqueeze(0) & (attention_mask.unsqueeze(1) > 0)  # (B, S, T)
-        base_mask = paddle.where(allowed, paddle.zeros([1], "float32"), paddle.full([1], NEG_INF, "float32"))
+        zero, neg = paddle.zeros([1], "float32"), paddle.full([1], NEG_INF, "float32")
+        base_masks = {None: paddle.where(allowed, zero, neg)}  # (B, S, T) additive, per window (None: full)
+        for w in set(self.windows) - {None}:  # a window layer also hides keys at or before q - W
+            in_window = (k_pos.unsqueeze(0) > q_pos.unsqueeze(1) - w).unsqueeze(0)  # (1, S, T)
+            base_masks[w] = paddle.where(allowed & in_window, zero, neg)
         masks = {}  # rows of the grouped layout are (query head in group, position): tile per group size, once
 
         presents = []
         for i, (lw, form) in enumerate(zip(self.layer_weights, self.forms)):
             g = h_q // form.cache_shape[0]  # query heads per cached head
-            if g not in masks:
-                masks[g] = paddle.tile(base_mask.unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T), row gi*S + s
+            window = self.windows[i]
             hdn = rms_norm(x, lw["input_layernorm.weight"], self.eps)
             q = self._lin(hdn, lw, "self_attn.q_proj").reshape([0, 0, h_q, d])  # (B, S, H, d)
             kv = [self._lin(hdn, lw, f"self_attn.{n}").reshape([0, 0, form.kv_heads, d])  # (B, S, n_k, d) each
@@ -135,11 +151,19 @@ class Qwen3KVDecoder(nn.Layer):
             q = apply_rope(rms_norm(q, lw["self_attn.q_norm.weight"], self.eps), cos, sin)
             k = apply_rope(rms_norm(kv[0], lw["self_attn.k_norm.weight"], self.eps), cos, sin)
             new = form.to_cache(k, kv[1] if len(kv) > 1 else None)  # (B, heads, S, width) each: the cached layout
-            cached = [paddle.concat([past.pop(0), t], axis=2) for t in new]  # (B, heads, T, width): past + new
-            presents += cached
+            cached = [paddle.concat([past.pop(0), t], axis=2) for t in new]  # (B, heads, T_i, width): past + new
+            if (g, window) not in masks:
+                m = base_masks[window]
+                if window is not None:  # this layer's keys are the last T_i positions: the mask's last T_i columns
+                    m = m[:, :, total - paddle.shape(cached[0])[2]:]  # (B, S, T_i)
+                masks[(g, window)] = paddle.tile(m.unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T_i), row gi*S + s
+            if window is None:
+                presents += cached
+            else:  # keep what a later query can still see: the last W - 1 positions
+                presents += [t[:, :, -(window - 1):] if window > 1 else t[:, :, :0] for t in cached]
             k, v = form.attention_kv(cached)
             q = form.queries(q.transpose([0, 2, 1, 3]))  # (B, H, S, width)
-            y = grouped_attention(q, k, v, masks[g], self.scale)  # (B, H, S, width); scale is 1/sqrt(d)
+            y = grouped_attention(q, k, v, masks[(g, window)], self.scale)  # (B, H, S, width); scale is 1/sqrt(d)
             y = form.output(y.transpose([0, 2, 1, 3]), cos, sin)  # (B, S, H, d)
             x = x + self._lin(y.reshape([0, 0, h_q * d]), lw, "self_attn.o_proj")
             hdn = rms_norm(x, lw["post_attention_layernorm.weight"], self.eps)

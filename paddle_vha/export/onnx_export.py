@@ -26,7 +26,7 @@ from ..checkpoint.folder import CheckpointFolder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir
 from ..checkpoint.load import load_tensors_into
 from ..families import family_of
-from .decoder import Qwen3KVDecoder, cache_inputs, cache_names, cache_shapes, graph_io_names
+from .decoder import Qwen3KVDecoder, cache_inputs, cache_names, cache_shapes, cache_windows, graph_io_names
 
 __all__ = ["export_onnx", "ExportError", "validate_onnx", "load_servable", "reference_model"]
 
@@ -199,9 +199,11 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
 
     ref = reference_model(cfg, tensors)
     sess = OrtDecoder(onnx_path)
+    sess.cache_windows = [w for w, names in zip(cache_windows(cfg), cache_names(cfg)) for _ in names]
     rng = np.random.default_rng(seed)
     seq = rng.integers(0, cfg.vocab_size, size=(batch, prompt_len)).astype(np.int64)
-    logits, cache = sess.prefill(seq)
+    mask = np.ones(seq.shape, np.int64)  # the past length, which a sliding-window cache no longer shows
+    logits, cache = sess.prefill(seq, mask)
     finite(logits, "onnxruntime's prefill logits")
     with paddle.no_grad():
         want = finite(ref(paddle.to_tensor(seq), return_dict=True).logits.numpy(), "Paddle's prefill logits")
@@ -209,7 +211,8 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
     for step in range(decode_steps):
         nxt = logits[:, -1].argmax(-1)[:, None].astype(np.int64)  # (B, 1)
         seq = np.concatenate([seq, nxt], axis=1)
-        logits, cache = sess.step(nxt, cache)
+        mask = np.ones(seq.shape, np.int64)
+        logits, cache = sess.step(nxt, cache, mask)
         finite(logits, f"onnxruntime's logits at decode step {step + 1}")
         with paddle.no_grad():
             full = ref(paddle.to_tensor(seq), return_dict=True).logits.numpy()[:, -1:]
@@ -217,9 +220,14 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
         val.decode_max_abs = max(val.decode_max_abs, float(np.abs(logits - full).max()))
         val.tokens_match &= bool((logits[:, -1].argmax(-1) == full[:, -1].argmax(-1)).all())
         val.steps += 1
+    windows = sorted({w for w in cache_windows(cfg) if w})
+    crossing = ""
+    if windows:
+        crossing = (f"; the decode crosses the sliding window ({windows[0]})" if prompt_len + val.steps > windows[0]
+                    else f"; the sliding window ({windows[0]}) is longer than the validation text")
     log(f"validation: onnxruntime vs Paddle logits, prefill {batch}x{prompt_len}: max abs diff "
         f"{val.prefill_max_abs:.2e}; {val.steps} greedy decode steps: max abs diff {val.decode_max_abs:.2e}; "
-        f"greedy tokens {'match' if val.tokens_match else 'DIFFER'}")
+        f"greedy tokens {'match' if val.tokens_match else 'DIFFER'}{crossing}")
     return val
 
 
@@ -283,7 +291,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
                     max_position_embeddings=cfg.max_position_embeddings,
                     kv_layout="[batch, num_key_value_heads, past_sequence, head_dim]", dtype="float32",
                     model_type=cfg.model_type, cache_shapes=[list(x) for x in cache_shapes(cfg)],
-                    cache_names=[list(x) for x in cache_names(cfg)],
+                    cache_names=[list(x) for x in cache_names(cfg)], cache_windows=cache_windows(cfg),
                     validation=dict(prefill_max_abs=val.prefill_max_abs, decode_max_abs=val.decode_max_abs,
                                     decode_steps=val.steps, tolerance=tolerance), ops=val.ops)
         with open(os.path.join(tmp, "export_info.json"), "w") as f:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .contract import sliding_window_layers
-
 __all__ = ["GQAForm", "export_form", "cache_shape", "cache_names", "export_refusal"]
 
 
@@ -52,10 +50,6 @@ def cache_names(cfg, layer_idx: int) -> tuple:
 
 
 def export_refusal(cfg) -> Optional[str]:
-    windows = sliding_window_layers(cfg)
-    if windows:
-        return (f"sliding-window layers {windows} (sliding_window={cfg.sliding_window}) are not supported by the export "
-                "(its decoder attends to the whole cache)")
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         return (f"num_attention_heads {cfg.num_attention_heads} is not a multiple of num_key_value_heads "
                 f"{cfg.num_key_value_heads}")

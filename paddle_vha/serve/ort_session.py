@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .session import DecoderSession, ServeError, read_export_info
+from .session import DecoderSession, ServeError, per_cache_input, read_export_info
 
 __all__ = ["OrtDecoder"]
 
@@ -28,8 +28,10 @@ class OrtDecoder(DecoderSession):
 
     @classmethod
     def from_dir(cls, export_dir: str, threads: int = 0):
-        read_export_info(export_dir)  # ServeError (one line) for a folder tools/export_onnx.py did not write whole
-        return cls(os.path.join(export_dir, "model.onnx"), threads)
+        info = read_export_info(export_dir)  # ServeError (one line) for a folder tools/export_onnx.py did not write whole
+        session = cls(os.path.join(export_dir, "model.onnx"), threads)
+        session.cache_windows = per_cache_input(info, "cache_windows")
+        return session
 
     def _run(self, arrays):
         return self.session.run(self.outputs, dict(zip(self.inputs, arrays)))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .session import DecoderSession, ServeError, read_export_info
+from .session import DecoderSession, ServeError, per_cache_input, read_export_info
 
 __all__ = ["PaddleInferenceDecoder"]
 
@@ -27,7 +27,8 @@ class PaddleInferenceDecoder(DecoderSession):
         self.predictor = inference.create_predictor(config)
         self.inputs = self.predictor.get_input_names()
         self.outputs = self.predictor.get_output_names()
-        self.cache_shapes = [tuple(s) for s, names in zip(info["cache_shapes"], info["cache_names"]) for _ in names]
+        self.cache_shapes = [tuple(s) for s in per_cache_input(info, "cache_shapes")]
+        self.cache_windows = per_cache_input(info, "cache_windows")
 
     def _run(self, arrays):
         for name, value in zip(self.inputs, arrays):

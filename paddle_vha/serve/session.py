@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from ..checkpoint.contract import read_json_object
 
-__all__ = ["DecoderSession", "decoder_feeds", "ServeError", "read_export_info"]
+__all__ = ["DecoderSession", "decoder_feeds", "ServeError", "read_export_info", "per_cache_input"]
 
 
 class ServeError(ValueError):
@@ -36,6 +36,10 @@ def read_export_info(export_dir: str) -> dict:
             and all(isinstance(s, list) and len(s) == 2 and all(_positive_int(v) for v in s) for s in shapes)):
         raise ServeError(f"{path}: cache_shapes must list (heads, width) for each of the {info['num_hidden_layers']} "
                          "layers")
+    windows = info.setdefault("cache_windows", [None] * info["num_hidden_layers"])  # older exports: no windows
+    if not (isinstance(windows, list) and len(windows) == info["num_hidden_layers"]
+            and all(w is None or _positive_int(w) for w in windows)):
+        raise ServeError(f"{path}: cache_windows must give each layer's sliding window (a positive int) or null")
     names = info.setdefault("cache_names", [["key", "value"]] * info["num_hidden_layers"])  # older exports: pairs
     if not (isinstance(names, list) and len(names) == info["num_hidden_layers"]
             and all(isinstance(n, list) and n and all(isinstance(x, str) for x in n) for n in names)):
@@ -63,11 +67,18 @@ def decoder_feeds(ids, past_len: int, attention_mask=None):
     return ids, attention_mask, np.ascontiguousarray(position_ids)
 
 
+def per_cache_input(info: dict, key: str) -> list:
+    """export_info's per-layer list `key`, repeated for each of the layer's cache tensors (the graph's input order)."""
+    return [v for v, names in zip(info[key], info["cache_names"]) for _ in names]
+
+
 class DecoderSession:
-    """Subclasses set cache_shapes ((heads, width) of every cache input, in order) and implement
+    """Subclasses set cache_shapes ((heads, width) of every cache input, in order), optionally cache_windows (the
+    sliding window of each cache input's layer, None for full attention), and implement
     _run(list of input arrays) -> outputs."""
 
     cache_shapes: List[Tuple[int, int]]
+    cache_windows: List[Optional[int]] = []
 
     def _run(self, arrays: List[np.ndarray]) -> List[np.ndarray]:
         raise NotImplementedError
@@ -76,8 +87,20 @@ class DecoderSession:
         return [np.zeros((batch, h, 0, w), np.float32) for h, w in self.cache_shapes]
 
     def run(self, ids, cache, attention_mask=None) -> Tuple[np.ndarray, list]:
-        """logits (B, S, V) and the new cache (each (B, H_kv, past + S, d))."""
-        feeds = decoder_feeds(ids, cache[0].shape[2], attention_mask)
+        """logits (B, S, V) and the new cache (each (B, H_kv, past + S, d); a sliding-window layer's, the last W - 1
+        positions). With sliding-window layers the cache may not tell how many tokens came before: attention_mask
+        (B, past + S) does, and is needed when every layer has a window."""
+        ids = np.asarray(ids)
+        if attention_mask is not None:
+            past_len = np.asarray(attention_mask).shape[1] - ids.shape[1]
+        else:
+            windows = self.cache_windows or [None] * len(cache)
+            full = [c.shape[2] for c, w in zip(cache, windows) if w is None]
+            if not full:
+                raise ServeError("every layer has a sliding window, so the cache does not say how many tokens came "
+                                 "before: pass attention_mask (batch, past + new)")
+            past_len = full[0]
+        feeds = decoder_feeds(ids, past_len, attention_mask)
         out = self._run(list(feeds) + [np.ascontiguousarray(c) for c in cache])
         return out[0], out[1:]
 
