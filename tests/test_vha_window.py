@@ -326,3 +326,26 @@ def test_left_padded_batch_and_the_past_length(exported):
     sess.cache_windows = [W] * len(sess.cache_windows)
     with pytest.raises(ServeError, match="every layer has a sliding window.*pass attention_mask"):
         sess.step(np.array([[1]]), cache)
+
+
+def test_paddleformers_stock_window_cache_bug_is_pinned():
+    """PaddleFormers 1.0's own Qwen3ForCausalLM decodes window layers with the wrong mask columns once the cache
+    passes the window (docs/method.md); ours keeps the right ones. If an upgrade fixes theirs, this fails: drop the
+    note and this test."""
+    from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from _utils import TINY
+
+    cfg = Qwen3Config(**{**TINY, "sliding_window": 3, "use_sliding_window": True,
+                         "layer_types": ["full_attention", "sliding_attention"]})
+    cfg._attn_implementation = "eager"
+    stock = Qwen3ForCausalLM(cfg)
+    stock.eval()
+    B, P = 2, 5
+    ids = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, (B, P + 1)))
+    full = to_numpy(stock(ids, return_dict=True).logits)
+    cache = DynamicCache(config=cfg)
+    cache = stock(ids[:, :P], past_key_values=cache, use_cache=True, return_dict=True).past_key_values
+    pos = paddle.full([B, 1], P, dtype="int64")
+    step = to_numpy(stock(ids[:, P:], position_ids=pos, past_key_values=cache, use_cache=True, return_dict=True).logits)
+    assert rel_err(step, full[:, P:], "PaddleFormers stock Qwen3, cached step past the window") > 1e-2
