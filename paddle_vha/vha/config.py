@@ -12,11 +12,15 @@ Notation used throughout the package (see docs/method.md):
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import math
 from dataclasses import dataclass
 from typing import List, Optional
 
 from paddleformers.transformers import Qwen3Config
+
+from . import fleet_config
 
 __all__ = ["Qwen3VHAConfig", "VHAConfigError", "LayerDims"]
 
@@ -50,6 +54,16 @@ class LayerDims:
         return self.num_heads // self.num_kv_heads
 
 
+@functools.lru_cache(maxsize=None)
+def _qwen3_defaults() -> dict:
+    return {k: p.default for k, p in inspect.signature(Qwen3Config.__init__).parameters.items()}
+
+
+def _qwen3_default(name: str):
+    """Qwen3Config's default for a field not given (what upstream configs leave out)."""
+    return _qwen3_defaults().get(name)
+
+
 _WINDOW_FIELDS = ("vha_window_num_attention_heads", "vha_window_num_key_value_heads", "vha_window_head_dim",
                   "vha_window_rope_theta")
 
@@ -62,7 +76,8 @@ class Qwen3VHAConfig(Qwen3Config):
     Args:
         vha_q_head_dim (int, optional): width r of a physical query head, 1 <= r <= head_dim.
             Defaults to head_dim.
-        vha_postmix_rank (int): rank R of Postmix, M = I + V U^T with U, V of shape [H_v, R]. Default 4.
+        vha_postmix_rank (int): rank R of Postmix, M = I + V U^T with U, V of shape [H_v, R]. Default 4 (upstream
+            configs: H_v // 4, their default).
         vha_gated_attention (bool): sigmoid output gate after Postmix (blocks the Postmix fold). Default False.
         vha_premix_init_alpha (float): Premix starts at I + alpha/sqrt(d) * N(0, 1). Default 0.1.
         vha_postmix_u_init_std (float): U ~ N(0, std). Default 0.01.
@@ -81,6 +96,10 @@ class Qwen3VHAConfig(Qwen3Config):
         vha_window_num_attention_heads, vha_window_num_key_value_heads, vha_window_head_dim, vha_window_rope_theta:
             other head counts, head width or RoPE base on window layers. Trainable; such a model has no stock-Qwen3
             form, so fold refuses it, naming the layer.
+
+    Upstream PaddleFleet's names are read too (use_vha_attention, vha_q_lora_rank, vha_postmix_rank, vha_shared_kv,
+    gated_attention, sliding_window + window_attn_skip_freq, swa_*; and the research fork's attn_type "vha" with
+    physical num_attention_heads), with upstream's defaults, and saved under ours: paddle_vha/vha/fleet_config.py.
     """
 
     model_type = "qwen3_vha"
@@ -88,7 +107,7 @@ class Qwen3VHAConfig(Qwen3Config):
     def __init__(
         self,
         vha_q_head_dim: int | None = None,
-        vha_postmix_rank: int = 4,
+        vha_postmix_rank: Optional[int] = None,
         vha_gated_attention: bool = False,
         vha_premix_init_alpha: float = 0.1,
         vha_postmix_u_init_std: float = 0.01,
@@ -103,9 +122,25 @@ class Qwen3VHAConfig(Qwen3Config):
         vha_window_rope_theta: Optional[float] = None,
         **kwargs,
     ):
+        ours = dict(vha_q_head_dim=vha_q_head_dim, vha_postmix_rank=vha_postmix_rank,
+                    vha_gated_attention=None if vha_gated_attention is False else vha_gated_attention, vha_window_q_head_dim=vha_window_q_head_dim,
+                    vha_window_postmix_rank=vha_window_postmix_rank,
+                    vha_window_num_attention_heads=vha_window_num_attention_heads,
+                    vha_window_num_key_value_heads=vha_window_num_key_value_heads,
+                    vha_window_head_dim=vha_window_head_dim, vha_window_rope_theta=vha_window_rope_theta)
+        try:  # upstream PaddleFleet names (use_vha_attention, vha_q_lora_rank, swa_*, ...) -> ours
+            ours, kwargs = fleet_config.translate(ours, kwargs, _qwen3_default)
+        except ValueError as e:
+            raise VHAConfigError(str(e)) from None
         super().__init__(**kwargs)
+        vha_q_head_dim, vha_postmix_rank = ours["vha_q_head_dim"], ours["vha_postmix_rank"]
+        vha_gated_attention = False if ours["vha_gated_attention"] is None else ours["vha_gated_attention"]
+        vha_window_q_head_dim, vha_window_postmix_rank = ours["vha_window_q_head_dim"], ours["vha_window_postmix_rank"]
+        vha_window_num_attention_heads = ours["vha_window_num_attention_heads"]
+        vha_window_num_key_value_heads = ours["vha_window_num_key_value_heads"]
+        vha_window_head_dim, vha_window_rope_theta = ours["vha_window_head_dim"], ours["vha_window_rope_theta"]
         self.vha_q_head_dim = self.head_dim if vha_q_head_dim is None else vha_q_head_dim
-        self.vha_postmix_rank = vha_postmix_rank
+        self.vha_postmix_rank = 4 if vha_postmix_rank is None else vha_postmix_rank
         self.vha_gated_attention = vha_gated_attention
         self.vha_premix_init_alpha = vha_premix_init_alpha
         self.vha_postmix_u_init_std = vha_postmix_u_init_std

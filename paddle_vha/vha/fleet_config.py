@@ -1,0 +1,163 @@
+"""PaddleFleet's VHA config names -> Qwen3VHAConfig's (Qwen3VHAConfig calls `translate` on its arguments).
+
+Two upstream dialects are read:
+
+* PaddleFleet (`SelfAttentionVHA`, `use_vha_attention: true`): `num_attention_heads` counts VIRTUAL heads, as ours
+  does. `vha_q_lora_rank` is r (default head_dim); `vha_postmix_rank` defaults to the layer's heads // 4;
+  `gated_attention` is the sigmoid output gate; `sliding_window` + `window_attn_skip_freq` pick the window layers
+  (None: every layer; an int N: layer i (0-based) unless i % N == 0; a list: 1 = window layer), and the `swa_*`
+  fields size them (`swa_vha_q_lora_rank` defaults to the window head width, `swa_vha_postmix_rank` to the window
+  layer's heads // 4).
+* The research fork (D-URing/PaddleFleet, `attn_type: "vha"`): `num_attention_heads` counts PHYSICAL heads H_p,
+  so H_v = H_p * H_kv; Premix is [H_kv, d, d] (r = d); `vha_postmix_rank` defaults to 4.
+
+A config that uses any upstream name is read with upstream's defaults. What this project cannot represent (partial
+RoPE, a value head width other than head_dim, a value scale, another softmax scale, per-layer q/k norms, a two-sided
+window, Premix or Postmix switched off, ...) raises VHAConfigError with one line naming the field.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Tuple
+
+__all__ = ["translate", "UPSTREAM_KEYS", "window_layer_types"]
+
+# upstream name -> our name (same meaning, same default once translated)
+_RENAMED = {
+    "vha_q_lora_rank": "vha_q_head_dim",
+    "gated_attention": "vha_gated_attention",
+    "swa_vha_q_lora_rank": "vha_window_q_head_dim",
+    "swa_vha_postmix_rank": "vha_window_postmix_rank",
+    "swa_num_attention_heads": "vha_window_num_attention_heads",
+    "swa_num_key_value_heads": "vha_window_num_key_value_heads",
+    "swa_head_dim": "vha_window_head_dim",
+    "swa_rope_theta": "vha_window_rope_theta",
+}
+# upstream fields that must hold the value that means "as Qwen3 does it" (None = absent is fine too)
+_MUST_BE = {
+    "rotary_percent": (1.0, "partial RoPE (rotary_percent < 1) is not supported: Qwen3 rotates the whole head"),
+    "attention_value_scale": (None, "a value scale is not part of Qwen3's attention"),
+    "use_qk_norm": (True, "Qwen3 always normalises queries and keys (q_norm, k_norm)"),
+    "qk_norm_type": ("per_head", "Qwen3's q_norm / k_norm are per head (qk_norm_type 'per_head')"),
+    "qk_l2_norm": (False, "Qwen3's q_norm / k_norm are RMSNorms, not L2 norms"),
+    "use_bias": (False, "use_bias adds MLP biases, which Qwen3 does not have (attention_bias covers q/k/v)"),
+    "vha_enable_premix": (True, "Premix switched off (the fork's KV-only mode) is not VHA as this project builds it"),
+    "vha_enable_postmix": (True, "Postmix switched off is not supported (set vha_postmix_rank instead)"),
+    "vha_postmix_grouped": (False, "grouped Postmix is PaddleFleet's DeepSeek-V4 hybrid attention, not Qwen3's"),
+    "fuse_inv_rope_into_vha_postmix": (False, "PaddleFleet's DeepSeek-V4 hybrid attention option, not Qwen3's"),
+    "use_vha_premix": (None, "PaddleFleet's DeepSeek-V4 hybrid attention option, not Qwen3's"),
+    "vha_premix_groups": (None, "PaddleFleet's DeepSeek-V4 hybrid attention option, not Qwen3's"),
+    "vha_premix_alpha_init": (None, "the fork's gated-Premix design (a learned alpha per group) is not supported"),
+}
+# names that mark a config as upstream's (softmax_scale is not one: PaddleFormers' configs carry it too, as None)
+UPSTREAM_KEYS = frozenset(_RENAMED) | frozenset(_MUST_BE) | {
+    "use_vha_attention", "attn_type", "window_attn_skip_freq", "v_head_dim", "swa_v_head_dim"}
+
+
+class _Error(ValueError):
+    pass
+
+
+def window_layer_types(num_layers: int, skip_freq) -> list:
+    """Qwen3 layer_types from upstream's window_attn_skip_freq (with a sliding_window set): None -> every layer is a
+    window layer; an int N > 0 -> layer i (0-based) is one unless i % N == 0; a list of num_layers 0/1 -> 1 marks one."""
+    if skip_freq is None:
+        swa = [True] * num_layers
+    elif isinstance(skip_freq, int) and not isinstance(skip_freq, bool):
+        if skip_freq <= 0:
+            raise _Error(f"window_attn_skip_freq must be > 0, got {skip_freq}")
+        swa = [i % skip_freq != 0 for i in range(num_layers)]
+    elif isinstance(skip_freq, list):
+        if len(skip_freq) != num_layers or any(v not in (0, 1, True, False) for v in skip_freq):
+            raise _Error(f"window_attn_skip_freq as a list must hold num_hidden_layers={num_layers} values of 0 or 1, "
+                         f"got {skip_freq!r}")
+        swa = [bool(v) for v in skip_freq]
+    else:
+        raise _Error(f"window_attn_skip_freq must be None, a positive int or a list of 0/1, got {skip_freq!r}")
+    return ["sliding_attention" if s else "full_attention" for s in swa]
+
+
+def _set(ours: Dict, name: str, value, source: str) -> None:
+    """Give our field `name` the upstream value, refusing a different value given under our own name."""
+    if ours.get(name) is not None and ours[name] != value:
+        raise _Error(f"{source}={value!r} and {name}={ours[name]!r} disagree (give one of them)")
+    ours[name] = value
+
+
+def translate(ours: Dict, kwargs: Dict, defaults) -> Tuple[Dict, Dict]:
+    """Read upstream names out of `kwargs` into `ours` (our vha_* arguments, None where not given).
+
+    defaults(name): Qwen3Config's default of a plain field absent from kwargs. Returns (ours, kwargs) with every
+    upstream key removed from kwargs, plus `upstream`: the dialect read ("paddlefleet", "fork" or None) in ours.
+    Raises ValueError (one line) for what cannot be represented; Qwen3VHAConfig turns it into a VHAConfigError.
+    """
+    present = sorted(k for k in kwargs if k in UPSTREAM_KEYS)
+    ours = dict(ours, upstream=None)
+    if not present:
+        return ours, kwargs
+    kwargs = dict(kwargs)
+    up = {k: kwargs.pop(k) for k in present}
+    get = lambda k: kwargs.get(k, defaults(k))  # noqa: E731
+    head_dim = get("head_dim") or get("hidden_size") // get("num_attention_heads")
+
+    if "use_vha_attention" in up and up["use_vha_attention"] is not True:
+        raise _Error(f"use_vha_attention={up['use_vha_attention']!r}: not a VHA config (load it as stock Qwen3)")
+    fork = "attn_type" in up
+    if fork and up["attn_type"] != "vha":
+        raise _Error(f"attn_type={up['attn_type']!r}: only the research fork's attn_type 'vha' is read")
+    ours["upstream"] = "fork" if fork else "paddlefleet"
+    for key in ("model_type", "architectures"):  # upstream files say qwen3 / Qwen3ForCausalLM; this is Qwen3-VHA
+        kwargs.pop(key, None)
+    for key, (want, why) in _MUST_BE.items():
+        if key in up and up[key] is not None and up[key] != want:
+            raise _Error(f"{key}={up[key]!r}: {why}")
+    if up.get("v_head_dim") not in (None, head_dim):
+        raise _Error(f"v_head_dim={up['v_head_dim']!r} differs from head_dim={head_dim}: Qwen3's values are as wide as "
+                     "its keys")
+    scale = kwargs.get("softmax_scale")  # PaddleFormers' field too: checked, kept
+    if scale is not None and not math.isclose(scale, head_dim ** -0.5, rel_tol=1e-9):
+        raise _Error(f"softmax_scale={scale!r}: Qwen3 scales scores by 1/sqrt(head_dim) = {head_dim ** -0.5:.6g}")
+    for key, name in _RENAMED.items():
+        if key in up and up[key] is not None:
+            _set(ours, name, up[key], key)
+
+    if fork:  # num_attention_heads counts physical heads; Premix is d x d
+        h_p, h_kv = get("num_attention_heads"), get("num_key_value_heads")
+        kwargs["num_attention_heads"] = h_p * h_kv
+        _set(ours, "vha_q_head_dim", head_dim, "the fork's Premix (d x d)")
+        if ours.get("vha_postmix_rank") is None:
+            ours["vha_postmix_rank"] = 4  # the fork's default
+        return ours, kwargs
+
+    window = kwargs.get("sliding_window")
+    if isinstance(window, (list, tuple)):
+        raise _Error(f"sliding_window={window!r}: a (left, right) window is not causal Qwen3 attention")
+    h_v = get("num_attention_heads")
+    if ours.get("vha_postmix_rank") is None:  # upstream: the layer's heads // 4
+        if h_v // 4 < 1:
+            raise _Error(f"vha_postmix_rank is absent and upstream's default num_attention_heads // 4 is 0 for "
+                         f"{h_v} heads: set vha_postmix_rank")
+        ours["vha_postmix_rank"] = h_v // 4
+    if ours.get("vha_q_head_dim") is None:
+        ours["vha_q_head_dim"] = head_dim  # upstream's default
+    types = window_layer_types(get("num_hidden_layers"), up.get("window_attn_skip_freq")) if window else None
+    if types is not None and kwargs.get("layer_types") not in (None, types):
+        raise _Error(f"layer_types {kwargs['layer_types']!r} disagree with upstream's window layers {types!r} "
+                     f"(sliding_window={window}, window_attn_skip_freq={up.get('window_attn_skip_freq')!r})")
+    if types is None or "sliding_attention" not in types:  # no window layer: upstream ignores the swa_* sizes
+        for key, name in _RENAMED.items():
+            if key.startswith("swa_"):
+                ours[name] = None
+        return ours, kwargs
+    kwargs.update(layer_types=types, use_sliding_window=True)
+    d_w = ours.get("vha_window_head_dim") or head_dim
+    if up.get("swa_v_head_dim") not in (None, d_w):
+        raise _Error(f"swa_v_head_dim={up['swa_v_head_dim']!r} differs from the window head width {d_w}")
+    if ours.get("vha_window_q_head_dim") is None:
+        ours["vha_window_q_head_dim"] = d_w  # upstream: swa_vha_q_lora_rank defaults to swa_head_dim
+    if ours.get("vha_window_postmix_rank") is None:
+        h_w = ours.get("vha_window_num_attention_heads") or h_v
+        if h_w // 4 < 1:
+            raise _Error(f"swa_vha_postmix_rank is absent and upstream's default (window heads {h_w}) // 4 is 0: set it")
+        ours["vha_window_postmix_rank"] = h_w // 4
+    return ours, kwargs

@@ -1,0 +1,109 @@
+"""Upstream VHA's forward pass in float64 numpy, on an upstream checkpoint's own tensors (names, Paddle [in, out]
+layout, fused projections), written from upstream's equations: what tools/import_fleet.py --verify compares the
+imported model against.
+
+Per layer (PaddleFleet SelfAttentionVHA; the research fork is the same with r = d):
+    q   = x W_q                                   (B, S, g, r)    g = H_v / H_kv physical query heads
+    q_v = einsum("btgr,krd->btkgd", q, P)         (B, S, H_kv, g, d) -> (B, S, H_v, d): virtual head k*g + j
+    k, v = x W_k, x W_v    (shared KV: s = x W_s is both, after k_norm and RoPE; the output is rotated back)
+    q_v, k = RoPE(rms(q_v) w_q), RoPE(rms(k) w_k);  y = softmax(q_v k^T / sqrt(d) + mask) v   (head h reads h // g)
+    y'  = (I + V U^T) y over heads;  y' * sigmoid(x W_gate) if gated;  out = y' W_o
+Sliding-window layers hide keys at or before q - W and use their own sizes and RoPE base.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import numpy as np
+
+__all__ = ["reference_logits"]
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _rope(x, pos, theta, sign=1.0):
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = sign * pos[:, :, None].astype(np.float64) * inv  # (B, S, d/2)
+    ang = np.concatenate([ang, ang], -1)[:, :, None, :]  # (B, S, 1, d)
+    half = d // 2
+    rot = np.concatenate([-x[..., half:], x[..., :half]], -1)
+    return x * np.cos(ang) + rot * np.sin(ang)
+
+
+def reference_logits(ids: np.ndarray, get: Callable[[str], np.ndarray], names: Dict[str, str], cfg, layout: str,
+                     qkv_layout: str, up_gate_order: str) -> np.ndarray:
+    """Logits (B, S, V) of the upstream model. get(name) reads an input tensor (float64); names maps this module's
+    keys ('embed', 'norm', 'lm_head', 'L{i}.<rest>') to input names; cfg is the translated Qwen3VHAConfig (sizes,
+    windows); layout 'paddle' ([in, out]) or 'hf' ([out, in])."""
+    B, S = ids.shape
+    eps = cfg.rms_norm_eps
+    pos = np.broadcast_to(np.arange(S), (B, S))
+    x = get(names["embed"])[ids]  # (B, S, h)
+
+    def lin(key, inp):
+        w = get(names[key])
+        w = w if layout == "paddle" else w.T  # -> [in, out]
+        b = names.get(key[: -len(".weight")] + ".bias") if key.endswith(".weight") else None
+        return inp @ w + (get(b) if b else 0.0)
+
+    def has(key):
+        return key in names
+
+    for i in range(cfg.num_hidden_layers):
+        dims = cfg.layer_dims(i)
+        h_v, h_kv, d, r, theta = dims.num_heads, dims.num_kv_heads, dims.head_dim, dims.q_head_dim, dims.rope_theta
+        g = h_v // h_kv
+        L = f"L{i}."
+        hdn = _rms(x, get(names[L + "input_layernorm.weight"]), eps)
+        shared = has(L + "self_attn.shared_kv_proj.weight")
+        if has(L + "self_attn.qkv_proj.weight"):
+            qkv = lin(L + "self_attn.qkv_proj.weight", hdn)  # (B, S, g*r + 2*H_kv*d)
+            if qkv_layout == "concat":
+                q, k, v = np.split(qkv, [g * r, g * r + h_kv * d], axis=-1)
+            else:  # per KV group: [its g / H_kv query heads | K | V]
+                per = qkv.reshape(B, S, h_kv, g // h_kv * r + 2 * d)
+                q = per[..., : g // h_kv * r].reshape(B, S, g * r)
+                k = per[..., g // h_kv * r: g // h_kv * r + d].reshape(B, S, h_kv * d)
+                v = per[..., g // h_kv * r + d:].reshape(B, S, h_kv * d)
+        else:
+            q = lin(L + "self_attn.q_proj.weight", hdn)
+            k = lin(L + ("self_attn.shared_kv_proj.weight" if shared else "self_attn.k_proj.weight"), hdn)
+            v = None if shared else lin(L + "self_attn.v_proj.weight", hdn)
+        q = q.reshape(B, S, g, r)
+        premix = get(names[L + "self_attn.vha_premix_weight"])  # (H_kv, r, d)
+        qv = np.einsum("btgr,krd->btkgd", q, premix).reshape(B, S, h_v, d)
+        k = k.reshape(B, S, h_kv, d)
+        qv = _rope(_rms(qv, get(names[L + "self_attn.q_norm.weight"]), eps), pos, theta)
+        k = _rope(_rms(k, get(names[L + "self_attn.k_norm.weight"]), eps), pos, theta)
+        v = k if shared else v.reshape(B, S, h_kv, d)
+        hidden = np.arange(S)[None, :] > np.arange(S)[:, None]  # (S, T): key after query
+        if dims.window:
+            hidden |= np.arange(S)[None, :] <= np.arange(S)[:, None] - dims.window
+        kk = np.repeat(k, g, axis=2)  # (B, T, H_v, d): head h reads KV head h // g
+        vv = np.repeat(v, g, axis=2)
+        scores = np.einsum("bshd,bthd->bhst", qv, kk) / np.sqrt(d)
+        scores = np.where(hidden[None, None], -np.inf, scores)
+        w = np.exp(scores - scores.max(-1, keepdims=True))
+        y = np.einsum("bhst,bthd->bshd", w / w.sum(-1, keepdims=True), vv)  # (B, S, H_v, d)
+        if shared:
+            y = _rope(y, pos, theta, sign=-1.0)
+        m = np.eye(h_v) + get(names[L + "self_attn.vha_postmix_V"]) @ get(names[L + "self_attn.vha_postmix_U"]).T
+        y = np.einsum("hj,bsjd->bshd", m, y).reshape(B, S, h_v * d)
+        if has(L + "self_attn.gate_proj.weight"):  # elementwise sigmoid gate after Postmix
+            y = y / (1.0 + np.exp(-lin(L + "self_attn.gate_proj.weight", hdn)))
+        x = x + lin(L + "self_attn.o_proj.weight", y)
+        hdn = _rms(x, get(names[L + "post_attention_layernorm.weight"]), eps)
+        if has(L + "mlp.up_gate_proj.weight"):
+            both = lin(L + "mlp.up_gate_proj.weight", hdn)
+            first, second = np.split(both, 2, axis=-1)
+            gate, up = (first, second) if up_gate_order == "gate-up" else (second, first)
+        else:
+            gate, up = lin(L + "mlp.gate_proj.weight", hdn), lin(L + "mlp.up_proj.weight", hdn)
+        x = x + lin(L + "mlp.down_proj.weight", gate / (1.0 + np.exp(-gate)) * up)
+    x = _rms(x, get(names["norm"]), eps)
+    if "lm_head" in names:
+        return lin("lm_head", x)
+    return x @ get(names["embed"]).T
