@@ -16,7 +16,7 @@ import sys
 from typing import NoReturn
 import warnings
 
-__all__ = ["quiet", "fail", "command", "report_models"]
+__all__ = ["quiet", "fail", "command", "report_models", "add_converter_options", "report_verify"]
 
 _NOISE = ("Due to potential compatibility issues between PaddlePaddle and PyTorch",)
 
@@ -76,4 +76,30 @@ def report_models(specs, rows_for, print_table, as_json: bool, error=ValueError)
         return 0
     for spec, rows in all_rows:
         print_table(spec, rows)
+    return 0
+
+
+def add_converter_options(p, shard_help: str = "largest output shard, e.g. 5GB, 500MB (default 5GB)") -> None:
+    """The options every checkpoint converter (fold, compress_kv, import_fleet) shares."""
+    p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR (only once the new one is complete)")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; write nothing")
+    p.add_argument("--max-shard-size", default="5GB", help=shard_help)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def report_verify(r: dict, tol: float, what: str, sides=("reference", "compared")) -> int:
+    """Print a converter's --verify result (paddle_vha.evaluate.compare_logits' dict) in one line and return the exit
+    status: 1 for non-finite logits (sides names the reference and the compared model, in that order) or a relative
+    difference above `tol`, else 0."""
+    if r["nonfinite"]:
+        which = dict(zip(("reference", "compared"), sides))
+        names = " and ".join(which[w] for w in r["nonfinite"].split(" and "))
+        print(f"error: verify: {names} logits are not finite (NaN or Inf)", file=sys.stderr)
+        return 1
+    ok = r["max_rel"] <= tol
+    print(f"verify ({what}): max abs logit diff {r['max_abs']:.3e}, max rel {r['max_rel']:.3e} (tol {tol:.0e}), "
+          f"mean KL {r['mean_kl']:.3e} nats -> {'OK' if ok else 'FAIL'}")
+    if not ok:
+        print(f"error: verify: relative logit difference {r['max_rel']:.3e} above tolerance {tol:.0e}", file=sys.stderr)
+        return 1
     return 0

@@ -21,7 +21,7 @@ import sys
 import time
 
 
-from paddle_vha.cli import command, fail, quiet
+from paddle_vha.cli import add_converter_options, command, fail, quiet
 
 
 def parse_args(argv=None):
@@ -36,12 +36,9 @@ def parse_args(argv=None):
                         "(cache post-norm/post-RoPE, multi-query serving form); see docs/mea.md")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float64", "bfloat16", "float16"],
                    help="output dtype; auto = the input's (default auto)")
-    p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR (only once the new one is complete)")
-    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; write nothing")
-    p.add_argument("--max-shard-size", default="5GB", help="largest output shard (default 5GB)")
+    add_converter_options(p, shard_help="largest output shard (default 5GB)")
     p.add_argument("--eval-batches", type=int, default=4, help="text batches for the logit KL; 0 skips it (default 4)")
     p.add_argument("--eval-len", type=int, default=128, help="tokens per evaluation sequence (default 128)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.eval_batches < 0 or args.eval_len < 2:
         p.error("--eval-batches must be >= 0 and --eval-len >= 2")

@@ -18,7 +18,7 @@ import sys
 import time
 
 
-from paddle_vha.cli import command, fail, quiet
+from paddle_vha.cli import add_converter_options, command, fail, quiet, report_verify
 
 
 def parse_args(argv=None):
@@ -28,16 +28,13 @@ def parse_args(argv=None):
     p.add_argument("out_dir", metavar="OUT_DIR", help="where the stock Qwen3 checkpoint goes (must not exist)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float64", "bfloat16", "float16"],
                    help="output dtype; auto = the input's (default auto)")
-    p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR (only once the new one is complete)")
-    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; write nothing")
-    p.add_argument("--max-shard-size", default="5GB", help="largest output shard, e.g. 5GB, 500MB (default 5GB)")
+    add_converter_options(p)
     p.add_argument("--verify", type=int, nargs="?", const=4, default=None, metavar="N",
                    help="after folding, load both models in Paddle, run N random sequences (default 4) and compare logits")
     p.add_argument("--verify-len", type=int, default=32, help="tokens per --verify sequence (default 32)")
     p.add_argument("--verify-tol", type=float, default=None,
                    help="max relative logit difference --verify accepts (default by output dtype: "
                         "1e-4 float32/64, 1e-2 float16, 5e-2 bfloat16)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.verify is not None and args.verify < 1:
         p.error("--verify N must be >= 1")
@@ -87,19 +84,8 @@ def main(argv=None) -> int:
     out_name = dtype_name(plan.out_dtype)
     tol = args.verify_tol if args.verify_tol is not None else DEFAULT_VERIFY_TOL[out_name]
     r = verify_fold(args.in_dir, args.out_dir, num_sequences=args.verify, seq_len=args.verify_len)
-    if r["nonfinite"]:
-        which = {"reference": "the VHA model's", "compared": "the folded model's"}
-        what = " and ".join(which[w] for w in r["nonfinite"].split(" and "))
-        print(f"error: verify: {what} logits are not finite (NaN or Inf)", file=sys.stderr)
-        return 1
-    ok = r["max_rel"] <= tol
-    print(f"verify ({args.verify} x {args.verify_len} random tokens, Paddle float32, VHA vs folded stock Qwen3): "
-          f"max abs logit diff {r['max_abs']:.3e}, max rel {r['max_rel']:.3e} (tol {tol:.0e}), "
-          f"mean KL {r['mean_kl']:.3e} nats -> {'OK' if ok else 'FAIL'}")
-    if not ok:
-        print(f"error: verify: relative logit difference {r['max_rel']:.3e} above tolerance {tol:.0e}", file=sys.stderr)
-        return 1
-    return 0
+    return report_verify(r, tol, f"{args.verify} x {args.verify_len} random tokens, Paddle float32, VHA vs folded",
+                         sides=("the VHA model's", "the folded model's"))
 
 
 if __name__ == "__main__":

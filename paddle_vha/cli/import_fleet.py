@@ -20,10 +20,9 @@ import argparse
 import sys
 import time
 
-from paddle_vha.cli import command, fail, quiet
+from paddle_vha.cli import add_converter_options, command, fail, quiet, report_verify
+from paddle_vha.vha.fleet_config import QKV_LAYOUTS, UP_GATE_ORDERS
 
-QKV_LAYOUTS = ("grouped", "concat")
-UP_GATE_ORDERS = ("gate-up", "up-gate")
 
 
 def parse_args(argv=None):
@@ -40,16 +39,13 @@ def parse_args(argv=None):
                    help="a fused up_gate_proj: gate then up (default) or up then gate")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float64", "bfloat16", "float16"],
                    help="output dtype; auto = each tensor's input dtype (default)")
-    p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR (only once the new one is complete)")
-    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; write nothing")
-    p.add_argument("--max-shard-size", default="5GB", help="largest output shard (default 5GB)")
+    add_converter_options(p)
     p.add_argument("--verify", type=int, nargs="?", const=2, default=None, metavar="N",
                    help="after importing, compare upstream's forward on IN_DIR with the imported model on N random "
                         "sequences (default 2)")
     p.add_argument("--verify-len", type=int, default=16, help="tokens per --verify sequence (default 16)")
     p.add_argument("--verify-tol", type=float, default=1e-4,
                    help="max relative logit difference --verify accepts (default 1e-4; the model runs in float32)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.verify is not None and args.verify < 1:
         p.error("--verify N must be >= 1")
@@ -86,18 +82,9 @@ def main(argv=None) -> int:
     if args.verify is None:
         return 0
     r = verify_import(plan, args.qkv_layout, args.up_gate_order, num_sequences=args.verify, seq_len=args.verify_len)
-    if r["nonfinite"]:
-        print(f"error: verify: the {r['nonfinite']} logits are not finite (NaN or Inf)", file=sys.stderr)
-        return 1
-    ok = r["max_rel"] <= args.verify_tol
-    print(f"verify ({args.verify} x {args.verify_len} random tokens): upstream forward on IN_DIR (float64) vs the "
-          f"imported Qwen3-VHA (Paddle float32): max abs logit diff {r['max_abs']:.3e}, max rel {r['max_rel']:.3e} "
-          f"(tol {args.verify_tol:.0e}), mean KL {r['mean_kl']:.3e} nats -> {'OK' if ok else 'FAIL'}")
-    if not ok:
-        print(f"error: verify: relative logit difference {r['max_rel']:.3e} above tolerance {args.verify_tol:.0e}",
-              file=sys.stderr)
-        return 1
-    return 0
+    return report_verify(r, args.verify_tol, f"{args.verify} x {args.verify_len} random tokens, upstream forward on "
+                         "IN_DIR (float64) vs the imported Qwen3-VHA (Paddle float32)",
+                         sides=("upstream's", "the imported model's"))
 
 
 if __name__ == "__main__":

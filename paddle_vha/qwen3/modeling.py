@@ -18,7 +18,7 @@ from paddleformers.transformers.qwen3.modeling import Qwen3PretrainedModel, Qwen
 from ..checkpoint.folder import remove_save_marker
 from ..families import family
 
-__all__ = ["ContractCheckpointMixin", "init_qwen3_backbone", "init_qwen3_causal_lm", "cache_continuation_positions",
+__all__ = ["ContractCheckpointMixin", "CacheContinuingPositionsMixin", "init_qwen3_backbone", "init_qwen3_causal_lm", "cache_continuation_positions",
            "single_device_linear", "attention_core", "update_shared_kv_cache", "linear_transpose_rules",
            "register_auto_classes", "RoPETables", "LayerwiseRotaryEmbedding"]
 
@@ -138,6 +138,18 @@ def cache_continuation_positions(past_key_values, input_ids=None, inputs_embeds=
     batch, seq = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
     start = past_key_values.get_seq_length()
     return paddle.arange(start, start + seq, dtype="int64").expand([batch, seq])
+
+
+class CacheContinuingPositionsMixin:
+    """Put before Qwen3Model in a backbone's bases: without position_ids, positions continue a filled cache
+    (cache_continuation_positions) instead of restarting at 0."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, **kwargs):
+        if position_ids is None:
+            position_ids = cache_continuation_positions(past_key_values, input_ids, inputs_embeds)
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
 
 
 class ContractCheckpointMixin:

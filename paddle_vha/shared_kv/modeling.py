@@ -11,7 +11,7 @@ from paddleformers.transformers.qwen3.modeling import (
 
 from ..qwen3.modeling import (
     ContractCheckpointMixin,
-    cache_continuation_positions,
+    CacheContinuingPositionsMixin,
     init_qwen3_backbone,
     init_qwen3_causal_lm,
     linear_transpose_rules,
@@ -44,17 +44,11 @@ class Qwen3SharedKVPretrainedModel(ContractCheckpointMixin, Qwen3PretrainedModel
 
 
 @register_base_model
-class Qwen3SharedKVModel(Qwen3SharedKVPretrainedModel, Qwen3Model):
+class Qwen3SharedKVModel(Qwen3SharedKVPretrainedModel, CacheContinuingPositionsMixin, Qwen3Model):  # SKV: positions
+    # go on from a filled cache (the mixin; stock Qwen3Model restarts them at 0)
     def __init__(self, config: Qwen3SharedKVConfig):
         config.check_runtime_support()
         init_qwen3_backbone(self, config, Qwen3SharedKVDecoderLayer)  # SKV: decoder layer
-
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, **kwargs):
-        if position_ids is None:  # positions continue a filled cache (stock Qwen3Model restarts them at 0)
-            position_ids = cache_continuation_positions(past_key_values, input_ids, inputs_embeds)
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
 
 
 class Qwen3SharedKVForCausalLM(Qwen3SharedKVPretrainedModel, Qwen3ForCausalLM):

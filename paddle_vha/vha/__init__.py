@@ -5,6 +5,9 @@ modeling.py    Qwen3VHAModel / ForCausalLM         contract.py   tensor names an
 prologue.py    the fused Premix + QK-norm + RoPE   fold.py       Qwen3-VHA -> stock Qwen3 GQA (exact)
                operator (ops/): loader, dispatch   tp_plan.py    tensor-parallel plan (data)
 cost.py        the cost model's fields
+fleet_config.py      upstream PaddleFleet config names -> ours (Qwen3VHAConfig calls it)
+fleet_import.py      upstream checkpoints -> this contract (tools/import_fleet.py)
+fleet_reference.py   upstream's forward in float64 numpy, for import_fleet --verify
 
 Registered in paddle_vha/families.py. Nothing here is imported by this __init__ (Paddle loads on first use).
 """

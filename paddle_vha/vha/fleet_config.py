@@ -20,7 +20,11 @@ from __future__ import annotations
 import math
 from typing import Dict, Tuple
 
-__all__ = ["translate", "UPSTREAM_KEYS", "window_layer_types"]
+__all__ = ["translate", "UPSTREAM_KEYS", "window_layer_types", "QKV_LAYOUTS", "UP_GATE_ORDERS"]
+
+# how fused upstream projections are laid out (tools/import_fleet.py --qkv-layout / --up-gate-order)
+QKV_LAYOUTS = ("grouped", "concat")
+UP_GATE_ORDERS = ("gate-up", "up-gate")
 
 # upstream name -> our name (same meaning, same default once translated)
 _RENAMED = {

@@ -36,13 +36,11 @@ from ..qwen3.contract import check_config_fields
 from ..units import fmt_bytes
 from .config import Qwen3VHAConfig, VHAConfigError
 from .contract import tensor_shapes
-from .fleet_config import UPSTREAM_KEYS
+from .fleet_config import QKV_LAYOUTS, UP_GATE_ORDERS, UPSTREAM_KEYS
 
 __all__ = ["FleetImportError", "ImportPlan", "plan_import", "format_plan", "import_checkpoint", "QKV_LAYOUTS",
            "UP_GATE_ORDERS"]
 
-QKV_LAYOUTS = ("grouped", "concat")
-UP_GATE_ORDERS = ("gate-up", "up-gate")
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _LINEAR = re.compile(r"(_proj)\.weight$")
 

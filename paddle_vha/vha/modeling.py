@@ -15,7 +15,7 @@ from paddleformers.transformers.qwen3.modeling import (
 
 from ..qwen3.modeling import (
     ContractCheckpointMixin,
-    cache_continuation_positions,
+    CacheContinuingPositionsMixin,
     init_qwen3_backbone,
     init_qwen3_causal_lm,
     linear_transpose_rules,
@@ -52,7 +52,8 @@ class Qwen3VHAPretrainedModel(ContractCheckpointMixin, Qwen3PretrainedModel):
 
 
 @register_base_model
-class Qwen3VHAModel(Qwen3VHAPretrainedModel, Qwen3Model):
+class Qwen3VHAModel(Qwen3VHAPretrainedModel, CacheContinuingPositionsMixin, Qwen3Model):  # VHA: positions go on
+    # from a filled cache (the mixin; stock Qwen3Model restarts them at 0)
     def __init__(self, config: Qwen3VHAConfig):
         config.check_runtime_support()  # VHA: refuse unsupported runtime options before building anything
         full = config.full_dims()
@@ -60,13 +61,6 @@ class Qwen3VHAModel(Qwen3VHAPretrainedModel, Qwen3Model):
         others.discard((full.head_dim, float(full.rope_theta)))
         init_qwen3_backbone(self, config, Qwen3VHADecoderLayer, sorted(others))  # VHA: decoder layer (and the RoPE
         # tables of window layers with their own head width or base)
-
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, **kwargs):
-        if position_ids is None:  # positions continue a filled cache (stock Qwen3Model restarts them at 0)
-            position_ids = cache_continuation_positions(past_key_values, input_ids, inputs_embeds)
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
 
 
 class Qwen3VHAForCausalLM(Qwen3VHAPretrainedModel, Qwen3ForCausalLM):
