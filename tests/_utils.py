@@ -85,3 +85,24 @@ def mea_tensor_shapes(cfg):
     from paddle_vha.mea.contract import tensor_shapes
 
     return tensor_shapes(cfg)
+
+
+def assert_clean_graph(onnx_path: str) -> None:
+    """No unused initializers or dead nodes in an exported model, and onnxruntime creates a session on it at its
+    default log level without printing anything (it warns about each leftover initializer)."""
+    import subprocess
+    import sys
+
+    import onnx
+
+    model = onnx.load(onnx_path, load_external_data=False)
+    g = model.graph
+    read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    unused = [t.name for t in g.initializer if t.name not in read]
+    dead = [n.name or n.op_type for n in g.node if not any(o in read for o in n.output)]
+    assert not unused and not dead, f"unused initializers {unused[:5]}, dead nodes {dead[:5]}"
+    code = ("import sys, onnxruntime as ort; "
+            "ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider']); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code, onnx_path], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    assert r.stderr.strip() == "", f"onnxruntime printed at session creation:\n{r.stderr[:2000]}"

@@ -11,7 +11,7 @@ from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
 from safetensors.numpy import load_file
 
 import oracle
-from _utils import TINY, rel_err
+from _utils import TINY, assert_clean_graph, rel_err
 from paddle_vha.checkpoint.contract import CheckpointError
 from paddle_vha.checkpoint.fsutil import MARKER
 from paddle_vha.export.decoder import io_names
@@ -69,6 +69,7 @@ def test_export_layout_and_self_validation(exported):
     assert not [n for n in model.graph.node if n.op_type == "Identity" and n.output[0] in outs]
     info = json.load(open(os.path.join(out, "export_info.json")))
     assert info["num_key_value_heads"] == 2 and info["validation"]["decode_steps"] == val.steps
+    assert_clean_graph(os.path.join(out, "model.onnx"))
 
 
 def test_onnx_matches_float64_oracle_prefill_and_cached_steps(exported):
@@ -178,6 +179,7 @@ def test_external_data_export(tmp_path):
     assert val.max_abs <= 1e-4
     files = sorted(os.listdir(tmp_path / "onnx"))
     assert "model.onnx.data" in files
+    assert_clean_graph(str(tmp_path / "onnx" / "model.onnx"))
     assert os.path.getsize(tmp_path / "onnx" / "model.onnx") < 50_000 < os.path.getsize(tmp_path / "onnx" / "model.onnx.data")
     prompt = np.random.default_rng(2).integers(0, cfg.vocab_size, size=(1, 5))
     want, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=6, decode_strategy="greedy_search")
@@ -231,6 +233,7 @@ def test_mea_exports_in_the_multiquery_serving_form(tmp_path):
     cfg, model = _mea_checkpoint(str(tmp_path / "mea"))
     val = export_onnx(str(tmp_path / "mea"), str(tmp_path / "onnx"))
     assert val.max_abs <= 1e-4 and val.tokens_match
+    assert_clean_graph(str(tmp_path / "onnx" / "model.onnx"))
     m = onnx.load(str(tmp_path / "onnx" / "model.onnx"))
     n_p, d = cfg.num_key_value_heads, cfg.head_dim
     shapes = [(vi.type.tensor_type.shape.dim[1].dim_value, vi.type.tensor_type.shape.dim[3].dim_value)

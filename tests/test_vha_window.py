@@ -9,7 +9,7 @@ import pytest
 from paddleformers.transformers.cache_utils import DynamicCache
 
 import oracle
-from _utils import config_dict, read_tensor_shapes, rel_err, tiny_config, to_numpy
+from _utils import assert_clean_graph, config_dict, read_tensor_shapes, rel_err, tiny_config, to_numpy
 from paddle_vha import Qwen3VHAForCausalLM, VHAConfigError
 from test_vha_model import load_checkpoint_numpy, randomize_postmix
 
@@ -271,6 +271,7 @@ def test_export_validates_across_the_window(exported):
     assert any("the decode crosses the sliding window (4)" in ln for ln in lines)
     info = json.load(open(root / "onnx" / "export_info.json"))
     assert info["cache_windows"] == [W, None, W]
+    assert_clean_graph(str(root / "onnx" / "model.onnx"))
 
 
 def test_window_cache_stops_growing_and_generation_matches_paddle(exported):

@@ -109,6 +109,32 @@ def _static_program(decoder, cfg, dest_prefix):
     paddle.jit.save(static, dest_prefix, input_spec=specs)
 
 
+def _prune(graph) -> None:
+    """Drop nodes none of whose outputs is read (repeatedly, so their inputs' producers follow) and initializers no
+    node reads: paddle2onnx leaves shape constants behind, and onnxruntime warns about each at session creation."""
+    def read_by(nodes):  # names the nodes read, their subgraphs (If / Loop bodies) included
+        names = set()
+        for n in nodes:
+            names.update(n.input)
+            for a in n.attribute:
+                for g in list(a.graphs) + ([a.g] if a.HasField("g") else []):
+                    names |= read_by(g.node) | {o.name for o in g.output}
+        return names
+
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = read_by(graph.node) | outputs
+        keep = [n for n in graph.node if any(o in read for o in n.output)]
+        if len(keep) == len(graph.node):
+            break
+        del graph.node[:]
+        graph.node.extend(keep)
+    read = read_by(graph.node) | outputs
+    used = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(used)
+
+
 def _finalize_graph(model, cfg):
     """Name outputs as the KV-cache convention says, drop Identity copies, name the dynamic axes."""
     ins, outs = graph_io_names(cfg)
@@ -154,6 +180,7 @@ def _finalize_graph(model, cfg):
                 seq[k] = resolve(n)
     for t in graph.initializer:
         t.name = resolve(t.name)
+    _prune(graph)
     dims = {"input_ids": ("batch", "sequence"), "attention_mask": ("batch", "total_sequence"),
             "position_ids": ("batch", "sequence")}
     for vi in graph.input:
