@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -18,3 +19,14 @@ def _fp32_and_seeded():
     np.random.seed(1234)
     yield
     paddle.set_default_dtype("float32")
+
+
+@pytest.fixture(scope="session")
+def hf_python():
+    """The side environment's python (tools/hf_env.sh: transformers + PyTorch, Optimum, onnxruntime-genai), created
+    once (~1 min the first time); the test is skipped with the reason if it cannot be created."""
+    res = subprocess.run(["bash", os.path.join(ROOT, "tools", "hf_env.sh")], capture_output=True, text=True, timeout=900)
+    if res.returncode != 0:
+        tail = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+        pytest.skip(f"cannot create .venv-hf (tools/hf_env.sh exit {res.returncode}: {tail})")
+    return res.stdout.strip().splitlines()[-1]

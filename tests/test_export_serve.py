@@ -55,7 +55,7 @@ def test_export_layout_and_self_validation(exported):
     cfg, _, ckpt, out, val = exported
     print(f"export validation: prefill {val.prefill_max_abs:.2e}, {val.steps} decode steps {val.decode_max_abs:.2e}")
     assert val.max_abs <= 1e-4 and val.steps >= 16 and val.tokens_match
-    assert sorted(os.listdir(out)) == [MARKER, "config.json", "export_info.json", "model.onnx", "paddle"]
+    assert sorted(os.listdir(out)) == [MARKER, "config.json", "export_info.json", "genai_config.json", "model.onnx", "paddle"]
     model = onnx.load(os.path.join(out, "model.onnx"))
     onnx.checker.check_model(model, full_check=True)
     assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
@@ -234,6 +234,7 @@ def test_mea_exports_in_the_multiquery_serving_form(tmp_path):
     val = export_onnx(str(tmp_path / "mea"), str(tmp_path / "onnx"))
     assert val.max_abs <= 1e-4 and val.tokens_match
     assert_clean_graph(str(tmp_path / "onnx" / "model.onnx"))
+    assert not (tmp_path / "onnx" / "genai_config.json").exists()  # one wide head per MEA layer: not genai's layout
     m = onnx.load(str(tmp_path / "onnx" / "model.onnx"))
     n_p, d = cfg.num_key_value_heads, cfg.head_dim
     shapes = [(vi.type.tensor_type.shape.dim[1].dim_value, vi.type.tensor_type.shape.dim[3].dim_value)

@@ -50,15 +50,6 @@ HF_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def hf_python():
-    res = subprocess.run(["bash", os.path.join(ROOT, "tools", "hf_env.sh")], capture_output=True, text=True, timeout=900)
-    if res.returncode != 0:
-        tail = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
-        pytest.skip(f"cannot create .venv-hf (tools/hf_env.sh exit {res.returncode}: {tail})")
-    return res.stdout.strip().splitlines()[-1]
-
-
 def run_hf(hf_python, ckpt, ids, tmp_path, dtype):
     np.save(tmp_path / "ids.npy", ids)
     (tmp_path / "hf_run.py").write_text(HF_SCRIPT)

@@ -51,7 +51,8 @@ def test_quickstart_small(tmp_path):
     assert re.search(r"onnxruntime: prefill [\d.]+ ms, decode \d+ tokens/s", res.stdout)
     folded = json.load(open(tmp_path / "folded" / "config.json"))
     assert folded["model_type"] == "qwen3" and folded["num_key_value_heads"] == 2 and folded["num_attention_heads"] == 16
-    assert sorted(os.listdir(tmp_path / "onnx")) == [MARKER, "config.json", "export_info.json", "model.onnx", "paddle"]
+    assert sorted(os.listdir(tmp_path / "onnx")) == [MARKER, "config.json", "export_info.json", "genai_config.json", "model.onnx",
+                                                  "paddle", "tokenizer.json", "tokenizer_config.json"]
 
 
 def test_quickstart_help_and_bad_args():

@@ -265,6 +265,7 @@ def test_exported_decoder_caches_one_tensor_and_serves_like_paddleformers(folded
     assert val.max_abs <= 1e-4 and val.tokens_match
     info = json.load(open(os.path.join(root, "onnx", "export_info.json")))
     assert info["model_type"] == "qwen3_shared_kv"
+    assert not os.path.exists(os.path.join(root, "onnx", "genai_config.json"))  # genai needs key and value tensors
     assert info["inputs"][3:] == [f"past_key_values.{i}.key" for i in range(cfg.num_hidden_layers)]
     assert info["outputs"][1:] == [f"present.{i}.key" for i in range(cfg.num_hidden_layers)]
     folded_model = family_of(str(root / "folded")).model_class.from_pretrained(str(root / "folded"))

@@ -269,6 +269,8 @@ def test_export_validates_across_the_window(exported):
     cfg, _, root, val, lines = exported
     assert val.max_abs <= 1e-4 and val.tokens_match and val.steps == 16
     assert any("the decode crosses the sliding window (4)" in ln for ln in lines)
+    assert any("genai_config.json not written: " in ln for ln in lines)  # genai's cache grows on every layer
+    assert not (root / "onnx" / "genai_config.json").exists()
     info = json.load(open(root / "onnx" / "export_info.json"))
     assert info["cache_windows"] == [W, None, W]
     assert_clean_graph(str(root / "onnx" / "model.onnx"))

@@ -8,6 +8,7 @@ Output folder:
     paddle/model.json, paddle/model.pdiparams         the same static program, for Paddle Inference
     export_info.json                                  I/O names, shapes and the validation numbers
     config.json (+ tokenizer / generation files)      copied from the checkpoint
+    genai_config.json (+ a byte-level tokenizer)      for onnxruntime-genai (paddle_vha/export/genai.py)
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ..checkpoint.fsutil import atomic_dir, check_output_dir
 from ..checkpoint.load import load_tensors_into
 from ..families import family_of
 from .decoder import Qwen3KVDecoder, cache_inputs, cache_names, cache_shapes, cache_windows, graph_io_names
+from .genai import write_genai_files
 
 __all__ = ["export_onnx", "ExportError", "validate_onnx", "load_servable", "reference_model"]
 
@@ -311,6 +313,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
             src = os.path.join(ckpt_dir, name)
             if os.path.isfile(src):
                 shutil.copy2(src, os.path.join(tmp, name))
+        write_genai_files(tmp, cfg, ck.config, cache_names(cfg), cache_shapes(cfg), cache_windows(cfg), log=log)
         ins, outs = graph_io_names(cfg)
         info = dict(format="paddle-vha onnx decoder v1", opset=opset, inputs=ins, outputs=outs,
                     num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
