@@ -61,7 +61,8 @@ class Family:
     # Serving: a module with export_form(cfg, layer index, tensors, const) -> the layer's form in the exported decoder
     # (paddle_vha/export/decoder.py), cache_shape(cfg, layer index) -> (heads, width) of its cache tensors,
     # cache_names(cfg, layer index) -> their names ("key", "value"), and export_refusal(cfg) -> why a checkpoint
-    # cannot be exported as it is, or None. A family without one is not exported; `not_exported` says what to do.
+    # cannot be exported as it is, or None; optionally GENAI_MODEL_TYPE, the onnxruntime-genai decoder type that runs
+    # its exports. A family without one is not exported; `not_exported` says what to do.
     serving_ref: Optional[str] = None
     not_exported: str = "cannot be exported"
     # Cost model (paddle_vha/accounting.py): config.json dict -> Arch fields of its attention (None: stock GQA / MHA).
@@ -83,6 +84,11 @@ class Family:
     def export_refusal(self, cfg) -> Optional[str]:
         """Why the checkpoint with config `cfg` (of a servable family) cannot be exported as it is, or None."""
         return importlib.import_module(self.serving_ref).export_refusal(cfg)
+
+    @property
+    def genai_model_type(self) -> Optional[str]:
+        """onnxruntime-genai's decoder type for this family's exports (None: genai has none that runs them)."""
+        return getattr(importlib.import_module(self.serving_ref), "GENAI_MODEL_TYPE", None) if self.servable else None
 
     def export_form(self, cfg, layer_idx: int, tensors, const):
         """Layer `layer_idx`'s form in the exported decoder (paddle_vha/export/decoder.py)."""

@@ -256,3 +256,89 @@ def test_mea_after_hlc_is_refused_for_export(tmp_path):
     with pytest.raises(CheckpointError, match="needs 'before_hlc'"):
         export_onnx(str(tmp_path / "mea"), str(tmp_path / "onnx"))
     assert not os.path.exists(tmp_path / "onnx")
+
+
+# --- the buffer flavour (tools/export_onnx.py --cache buffer) --------------------------------------------------------
+
+def _buffer_case(root, family):
+    """A checkpoint of `family` and its two exports (concat, buffer)."""
+    paddle.seed(41)
+    if family == "stock":
+        cfg, model = stock_checkpoint(str(root / "ckpt"), attention_bias=True)
+    elif family == "mea":
+        cfg, model = _mea_checkpoint(str(root / "ckpt"))
+    else:  # Qwen3 shared-KV, what shared-KV VHA folds into
+        from paddle_vha.shared_kv.config import Qwen3SharedKVConfig
+        from paddle_vha.shared_kv.modeling import Qwen3SharedKVForCausalLM
+
+        cfg = Qwen3SharedKVConfig(**{**TINY, "num_attention_heads": 6, "num_key_value_heads": 2})
+        model = Qwen3SharedKVForCausalLM(cfg)
+        model.eval()
+        model.save_pretrained(str(root / "ckpt"))
+    lines = []
+    vals = {io: export_onnx(str(root / "ckpt"), str(root / io), cache_io=io, log=lines.append)
+            for io in ("concat", "buffer")}
+    return cfg, model, vals, lines
+
+
+@pytest.mark.parametrize("family", ["stock", "shared-kv", "mea"])
+def test_buffer_flavour_serves_like_the_concat_export_and_paddleformers(tmp_path, family):
+    from paddle_vha.serve.session import CacheBuffers
+
+    cfg, model, vals, lines = _buffer_case(tmp_path, family)
+    assert vals["buffer"].max_abs <= 1e-4 and vals["buffer"].tokens_match
+    info = json.load(open(tmp_path / "buffer" / "export_info.json"))
+    assert info["cache_io"] == "buffer" and info["outputs"][1].startswith("new.0.")
+    assert not (tmp_path / "buffer" / "genai_config.json").exists()
+    assert any("buffer flavour's cache interface" in ln for ln in lines)
+    assert_clean_graph(str(tmp_path / "buffer" / "model.onnx"))
+    # step by step against the concat export, across a capacity growth (64 -> 128 positions)
+    concat, buffer = OrtDecoder.from_dir(str(tmp_path / "concat")), OrtDecoder.from_dir(str(tmp_path / "buffer"))
+    assert buffer.cache_io == "buffer"
+    rng = np.random.default_rng(6)
+    ids = rng.integers(0, cfg.vocab_size, size=(2, 60))
+    a, ca = concat.prefill(ids)
+    b, cb = buffer.prefill(ids)
+    assert isinstance(cb, CacheBuffers) and cb.capacity == 64 and cb.length == 60
+    worst = float(np.abs(a - b).max())
+    for step in range(8):
+        nxt = a[:, -1].argmax(-1)[:, None]
+        a, ca = concat.step(nxt, ca)
+        b, cb = buffer.step(nxt, cb)
+        worst = max(worst, float(np.abs(a - b).max()))
+        assert all(x.shape == y.shape and np.abs(x - y).max() <= 1e-5 for x, y in zip(ca, cb.filled())), \
+            "the buffers hold what present holds"
+    print(f"{family}: buffer vs concat flavour, prefill 60 + 8 steps: max abs logit diff {worst:.2e}; capacity "
+          f"{cb.capacity}")
+    assert worst <= 1e-5 and cb.capacity == 128 and cb.length == 68
+    # greedy generation on both runtimes = PaddleFormers' own
+    prompt = rng.integers(0, cfg.vocab_size, size=(2, 7))
+    want, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=10, decode_strategy="greedy_search")
+    for sess in (buffer, PaddleInferenceDecoder(str(tmp_path / "buffer"))):
+        assert sess.cache_io == "buffer"
+        assert np.array_equal(generate(sess, prompt, 10).tokens, want.numpy()), type(sess).__name__
+
+
+def test_buffer_flavour_left_padding_and_refusals(tmp_path):
+    from _utils import tiny_config
+
+    from paddle_vha import Qwen3VHAForCausalLM
+    from paddle_vha.export.onnx_export import ExportError
+    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+
+    cfg, model, _, _ = _buffer_case(tmp_path, "stock")
+    sess = OrtDecoder.from_dir(str(tmp_path / "buffer"))
+    rng = np.random.default_rng(12)
+    short, long = rng.integers(0, cfg.vocab_size, size=(1, 4)), rng.integers(0, cfg.vocab_size, size=(1, 7))
+    batch = np.concatenate([np.concatenate([np.zeros((1, 3), np.int64), short], 1), long])
+    mask = np.array([[0, 0, 0, 1, 1, 1, 1], [1] * 7])
+    res = generate(sess, batch, max_new_tokens=6, attention_mask=mask)
+    alone = [generate(sess, row, max_new_tokens=6).tokens[0] for row in (short, long)]
+    assert np.array_equal(res.tokens, np.stack(alone))
+    # windows: refused with one line, nothing written
+    wcfg = tiny_config(sliding_window=4, use_sliding_window=True, layer_types=["sliding_attention", "full_attention"])
+    Qwen3VHAForCausalLM(wcfg).save_pretrained(str(tmp_path / "wvha"))
+    fold_checkpoint(plan_fold(str(tmp_path / "wvha"), str(tmp_path / "wgqa")), progress=False)
+    with pytest.raises(ExportError, match="the buffer flavour .* is not offered for sliding-window layers"):
+        export_onnx(str(tmp_path / "wgqa"), str(tmp_path / "wout"), cache_io="buffer")
+    assert not (tmp_path / "wout").exists()

@@ -8,6 +8,10 @@ Paddle logits for a prefill and greedy decode steps (fp32, max abs diff <= --tol
 onnxruntime-genai / Optimum convention: input_ids, attention_mask, position_ids, past_key_values.{i}.key/.value
 [batch, H_kv, past, head_dim] -> logits, present.{i}.key/.value. OUT_DIR also gets the static Paddle program
 (OUT_DIR/paddle/) for Paddle Inference. Nothing is written unless everything passes.
+
+--cache buffer writes the in-place flavour instead (docs/deploy.md): the cache goes in as the runtime's buffers and
+only the new positions come out (new.{i}.key/.value), so nothing copies the cache; paddle_vha.serve and
+tools/generate.py run it, onnxruntime-genai and Optimum do not.
 """
 from __future__ import annotations
 
@@ -28,6 +32,9 @@ def main(argv=None):
     p.add_argument("--decode-steps", type=int, default=16, help="greedy decode steps checked (default 16)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max abs logit diff allowed (default 1e-4)")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    p.add_argument("--cache", default="concat", choices=["concat", "buffer"],
+                   help="cache interface: concat (default; present = past + new, what onnxruntime-genai and Optimum "
+                        "run) or buffer (the in-place flavour paddle_vha.serve runs: faster at long context)")
     args = p.parse_args(argv)
     if args.decode_steps < 1:
         p.error("--decode-steps must be >= 1")
@@ -37,7 +44,7 @@ def main(argv=None):
 
     try:
         export_onnx(args.folded_dir, args.out_dir, opset=args.opset, decode_steps=args.decode_steps,
-                    tolerance=args.tolerance, force=args.force)
+                    tolerance=args.tolerance, force=args.force, cache_io=args.cache)
     except (CheckpointError, ExportError) as e:
         fail(str(e))
     print(f"wrote {args.out_dir}")

@@ -7,6 +7,12 @@ in and out as tensors, named as onnxruntime-genai / Optimum expect:
              past_key_values.{i}.key / .value (B, heads_i, P, width_i)   (.key only for a shared-KV layer)
     outputs: logits (B, S, V), present.{i}.key / .value (B, heads_i, P+S, width_i)
 
+cache_io="buffer" (tools/export_onnx.py --cache buffer) is the in-place flavour: past_key_values.{i}.* are the
+runtime's cache buffers (B, heads_i, capacity, width_i), of which attention_mask (B, capacity + S) marks the filled
+slots, and the outputs are only the new positions, new.{i}.key / .value (B, heads_i, S, width_i), which the runtime
+writes into its buffers (paddle_vha/serve/session.py). Attention reads each buffer once and nothing copies it: the
+standard interface's past -> present concatenation is a third of a long-context step's bytes.
+
 A sliding-window layer (Qwen3's layer_types + sliding_window W) sees the W positions ending at each query's own, and
 its cache holds only the last W - 1 positions (all a later query can see): its past is (B, heads_i, min(P, W-1),
 width_i) and its present the last W - 1 positions of past + new, so its bytes stop growing past the window. Its keys
@@ -29,9 +35,10 @@ from paddle import nn
 
 from ..families import family_of
 from ..qwen3.contract import sliding_window_layers
-from ..qwen3.functional import apply_rope, grouped_attention, rms_norm, rope_tables, swiglu_mlp
+from ..qwen3.functional import (apply_rope, grouped_attention, grouped_attention_past_new, rms_norm, rope_tables,
+                                swiglu_mlp)
 
-__all__ = ["Qwen3KVDecoder", "io_names", "cache_shapes", "cache_windows"]
+__all__ = ["Qwen3KVDecoder", "io_names", "cache_shapes", "cache_windows", "CACHE_IO"]
 
 NEG_INF = -1e9  # additive mask value; finite so fully-masked (padding) rows stay NaN-free
 _LAYER_WEIGHTS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
@@ -40,11 +47,16 @@ _LAYER_WEIGHTS = ("input_layernorm.weight", "post_attention_layernorm.weight", "
 _ATTENTION_BIASES = ("self_attn.q_proj.bias", "self_attn.o_proj.bias")
 
 
-def io_names(num_layers: int, cache_names=None):
-    """Graph input and output names; cache_names: per layer the names of its cache tensors (default key and value)."""
+CACHE_IO = ("concat", "buffer")
+
+
+def io_names(num_layers: int, cache_names=None, cache_io: str = "concat"):
+    """Graph input and output names; cache_names: per layer the names of its cache tensors (default key and value);
+    cache_io "buffer" names the outputs new.{i}.* (the new positions only) instead of present.{i}.*."""
     cache_names = cache_names or [("key", "value")] * num_layers
+    out = "present" if cache_io == "concat" else "new"
     past = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in cache_names[i]]
-    present = [f"present.{i}.{kv}" for i in range(num_layers) for kv in cache_names[i]]
+    present = [f"{out}.{i}.{kv}" for i in range(num_layers) for kv in cache_names[i]]
     return ["input_ids", "attention_mask", "position_ids"] + past, ["logits"] + present
 
 
@@ -69,16 +81,18 @@ def cache_inputs(cfg) -> List[tuple]:
     return [shape for shape, names in zip(cache_shapes(cfg), cache_names(cfg)) for _ in names]
 
 
-def graph_io_names(cfg):
+def graph_io_names(cfg, cache_io: str = "concat"):
     """io_names for this config's family."""
-    return io_names(cfg.num_hidden_layers, cache_names(cfg))
+    return io_names(cfg.num_hidden_layers, cache_names(cfg), cache_io)
 
 
 class Qwen3KVDecoder(nn.Layer):
     """The family's causal LM over on-disk (HF layout) tensors, with tensor KV-cache I/O (see the module docstring)."""
 
-    def __init__(self, cfg, tensors: Dict[str, np.ndarray], dtype: str = "float32"):
+    def __init__(self, cfg, tensors: Dict[str, np.ndarray], dtype: str = "float32", cache_io: str = "concat"):
         super().__init__()
+        assert cache_io in CACHE_IO, f"cache_io must be one of {CACHE_IO}, got {cache_io!r}"
+        self.cache_io = cache_io
         self.dtype_name = dtype
         self.num_layers = cfg.num_hidden_layers
         self.h_q, self.d = cfg.num_attention_heads, cfg.head_dim
@@ -99,6 +113,7 @@ class Qwen3KVDecoder(nn.Layer):
         self.lm_head = w("lm_head.weight", True) if "lm_head.weight" in tensors else None  # (h, V)
         fam = family_of(cfg)
         self.windows = cache_windows(cfg)
+        assert cache_io == "concat" or not any(self.windows), "the buffer flavour has no sliding-window layers"
         self.layer_weights: List[dict] = []
         self.forms = []
         for i in range(self.num_layers):
@@ -140,7 +155,7 @@ class Qwen3KVDecoder(nn.Layer):
             base_masks[w] = paddle.where(allowed & in_window, zero, neg)
         masks = {}  # rows of the grouped layout are (query head in group, position): tile per group size, once
 
-        presents = []
+        presents, capacity = [], None
         for i, (lw, form) in enumerate(zip(self.layer_weights, self.forms)):
             g = h_q // form.cache_shape[0]  # query heads per cached head
             window = self.windows[i]
@@ -151,19 +166,29 @@ class Qwen3KVDecoder(nn.Layer):
             q = apply_rope(rms_norm(q, lw["self_attn.q_norm.weight"], self.eps), cos, sin)
             k = apply_rope(rms_norm(kv[0], lw["self_attn.k_norm.weight"], self.eps), cos, sin)
             new = form.to_cache(k, kv[1] if len(kv) > 1 else None)  # (B, heads, S, width) each: the cached layout
-            cached = [paddle.concat([past.pop(0), t], axis=2) for t in new]  # (B, heads, T_i, width): past + new
-            if (g, window) not in masks:
-                m = base_masks[window]
-                if window is not None:  # this layer's keys are the last T_i positions: the mask's last T_i columns
-                    m = m[:, :, total - paddle.shape(cached[0])[2]:]  # (B, S, T_i)
-                masks[(g, window)] = paddle.tile(m.unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T_i), row gi*S + s
-            if window is None:
-                presents += cached
-            else:  # keep what a later query can still see: the last W - 1 positions
-                presents += [t[:, :, -(window - 1):] if window > 1 else t[:, :, :0] for t in cached]
-            k, v = form.attention_kv(cached)
             q = form.queries(q.transpose([0, 2, 1, 3]))  # (B, H, S, width)
-            y = grouped_attention(q, k, v, masks[(g, window)], self.scale)  # (B, H, S, width); scale is 1/sqrt(d)
+            if self.cache_io == "buffer":  # attend to the buffers and the new positions; output only the new ones
+                buffers = [past.pop(0) for _ in new]  # (B, heads, capacity, width) each
+                if g not in masks:  # the buffer's columns, then the new positions'
+                    masks[g] = paddle.tile(base_masks[None].unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T + S)
+                if capacity is None:
+                    capacity = paddle.shape(buffers[0])[2]  # every buffer has the same capacity
+                (k_past, v_past), (k_new, v_new) = form.attention_kv(buffers), form.attention_kv(new)
+                y = grouped_attention_past_new(q, k_past, v_past, k_new, v_new, masks[g], self.scale, capacity)
+                presents += new
+            else:
+                cached = [paddle.concat([past.pop(0), t], axis=2) for t in new]  # (B, heads, T_i, width): past + new
+                if (g, window) not in masks:
+                    m = base_masks[window]
+                    if window is not None:  # this layer's keys are the last T_i positions: the mask's last T_i columns
+                        m = m[:, :, total - paddle.shape(cached[0])[2]:]  # (B, S, T_i)
+                    masks[(g, window)] = paddle.tile(m.unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T_i), row gi*S + s
+                if window is None:
+                    presents += cached
+                else:  # keep what a later query can still see: the last W - 1 positions
+                    presents += [t[:, :, -(window - 1):] if window > 1 else t[:, :, :0] for t in cached]
+                k, v = form.attention_kv(cached)
+                y = grouped_attention(q, k, v, masks[(g, window)], self.scale)  # (B, H, S, width); scale 1/sqrt(d)
             y = form.output(y.transpose([0, 2, 1, 3]), cos, sin)  # (B, S, H, d)
             x = x + self._lin(y.reshape([0, 0, h_q * d]), lw, "self_attn.o_proj")
             hdn = rms_norm(x, lw["post_attention_layernorm.weight"], self.eps)

@@ -1,6 +1,6 @@
 """What onnxruntime-genai needs beside an exported decoder: genai_config.json, and a tokenizer.
 
-genai's decoder (model type "qwen3") takes our I/O names as they are (`past_key_values.%d.key` / `.value` ->
+genai's decoder (the family's GENAI_MODEL_TYPE: "qwen3" for stock Qwen3) takes our I/O names as they are (`past_key_values.%d.key` / `.value` ->
 `present.%d.key` / `.value`), needs every layer's cache as a key and a value tensor of num_key_value_heads heads of
 head_size, and grows the cache by one position per step. So the config is written for stock Qwen3 exports; a family
 or layer it cannot run (one shared K = V tensor, MEA's wide head, sliding-window layers whose cache keeps only the
@@ -16,14 +16,22 @@ import json
 import os
 from typing import List, Optional, Tuple
 
+from ..families import family_of
+
 __all__ = ["genai_refusal", "genai_config", "byte_tokenizer", "write_genai_files", "TOKENIZER_FILES"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 BYTE_VOCAB = 256
 
 
-def genai_refusal(cfg, cache_names: List[tuple], cache_shapes: List[tuple], windows: List[Optional[int]]) -> Optional[str]:
+def genai_refusal(cfg, cache_names: List[tuple], cache_shapes: List[tuple], windows: List[Optional[int]],
+                  cache_io: str = "concat") -> Optional[str]:
     """Why onnxruntime-genai cannot run this export, or None."""
+    if cache_io != "concat":
+        return "the buffer flavour's cache interface (buffers in, new positions out) is this project's own"
+    fam = family_of(cfg)
+    if fam.genai_model_type is None:
+        return f"onnxruntime-genai has no decoder type for {fam.label}"
     if any(tuple(n) != ("key", "value") for n in cache_names):
         return "its layers cache one tensor (K = V), not a key and a value"
     want = (cfg.num_key_value_heads, cfg.head_dim)
@@ -61,7 +69,7 @@ def genai_config(cfg, raw_config: dict, generation_config: Optional[dict] = None
     context = int(cfg.max_position_embeddings)
     return {
         "model": {
-            "type": "qwen3",
+            "type": family_of(cfg).genai_model_type,
             "bos_token_id": bos,
             "eos_token_id": eos,
             "pad_token_id": pad,
@@ -122,10 +130,11 @@ def byte_tokenizer(model_max_length: int) -> Tuple[dict, dict]:
     return tokenizer, config
 
 
-def write_genai_files(out_dir: str, cfg, raw_config: dict, cache_names, cache_shapes, windows, log=print) -> None:
+def write_genai_files(out_dir: str, cfg, raw_config: dict, cache_names, cache_shapes, windows, log=print,
+                      cache_io: str = "concat") -> None:
     """Write genai_config.json (or say in one line why not) and, for a byte-level model without a tokenizer, the
     byte tokenizer. The checkpoint's own tokenizer files are already in out_dir (the export copies them)."""
-    why = genai_refusal(cfg, cache_names, cache_shapes, windows)
+    why = genai_refusal(cfg, cache_names, cache_shapes, windows, cache_io)
     if why:
         log(f"onnxruntime-genai: genai_config.json not written: {why}")
     else:
@@ -133,7 +142,7 @@ def write_genai_files(out_dir: str, cfg, raw_config: dict, cache_names, cache_sh
         gen = json.load(open(gen_path)) if os.path.isfile(gen_path) else None
         with open(os.path.join(out_dir, "genai_config.json"), "w") as f:
             json.dump(genai_config(cfg, raw_config, gen), f, indent=2)
-        log("onnxruntime-genai: wrote genai_config.json (model type qwen3)")
+        log(f"onnxruntime-genai: wrote genai_config.json (model type {family_of(cfg).genai_model_type})")
     if any(os.path.isfile(os.path.join(out_dir, n)) for n in TOKENIZER_FILES):
         return
     if int(cfg.vocab_size) == BYTE_VOCAB:

@@ -27,7 +27,7 @@ from ..checkpoint.folder import CheckpointFolder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir
 from ..checkpoint.load import load_tensors_into
 from ..families import family_of
-from .decoder import Qwen3KVDecoder, cache_inputs, cache_names, cache_shapes, cache_windows, graph_io_names
+from .decoder import CACHE_IO, Qwen3KVDecoder, cache_inputs, cache_names, cache_shapes, cache_windows, graph_io_names
 from .genai import write_genai_files
 
 __all__ = ["export_onnx", "ExportError", "validate_onnx", "load_servable", "reference_model"]
@@ -103,7 +103,7 @@ def _static_program(decoder, cfg, dest_prefix):
     import paddle
     from paddle.static import InputSpec
 
-    ins, _ = graph_io_names(cfg)
+    ins, _ = graph_io_names(cfg, decoder.cache_io)
     shapes = cache_inputs(cfg)
     kv = [InputSpec([None, h, None, w], "float32", n) for n, (h, w) in zip(ins[3:], shapes)]
     specs = [InputSpec([None, None], "int64", n) for n in ins[:3]] + [kv]
@@ -137,9 +137,9 @@ def _prune(graph) -> None:
     graph.initializer.extend(used)
 
 
-def _finalize_graph(model, cfg):
+def _finalize_graph(model, cfg, cache_io="concat"):
     """Name outputs as the KV-cache convention says, drop Identity copies, name the dynamic axes."""
-    ins, outs = graph_io_names(cfg)
+    ins, outs = graph_io_names(cfg, cache_io)
     graph = model.graph
     if len(graph.output) != len(outs):
         raise ExportError(f"paddle2onnx produced {len(graph.output)} outputs, expected {len(outs)}")
@@ -186,20 +186,21 @@ def _finalize_graph(model, cfg):
     dims = {"input_ids": ("batch", "sequence"), "attention_mask": ("batch", "total_sequence"),
             "position_ids": ("batch", "sequence")}
     for vi in graph.input:
-        names = dims.get(vi.name, ("batch", None, "past_sequence", None))
+        names = dims.get(vi.name, ("batch", None, "past_sequence" if cache_io == "concat" else "capacity", None))
         for dim, nm in zip(vi.type.tensor_type.shape.dim, names):
             if nm:
                 dim.dim_param = nm
     out_dims = {"logits": ("batch", "sequence", None)}
     for vi in graph.output:
-        names = out_dims.get(vi.name, ("batch", None, "total_sequence", None))
+        names = out_dims.get(vi.name, ("batch", None, "total_sequence" if cache_io == "concat" else "sequence", None))
         for dim, nm in zip(vi.type.tensor_type.shape.dim, names):
             if nm:
                 dim.dim_param = nm
     return model
 
 
-def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=11, seed=0, log=print) -> Validation:
+def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=11, seed=0, log=print,
+                  cache_io="concat") -> Validation:
     """onnx.checker full check, op whitelist, KV head count, and ORT vs Paddle logits (prefill + greedy decode)."""
     import onnx
     import paddle
@@ -216,7 +217,7 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
     bad = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain not in STANDARD_DOMAINS})
     if bad:
         raise ExportError(f"non-standard ONNX ops in the graph: {', '.join(bad)}")
-    ins, outs = graph_io_names(cfg)
+    ins, outs = graph_io_names(cfg, cache_io)
     if [i.name for i in model.graph.input] != ins or [o.name for o in model.graph.output] != outs:
         raise ExportError("graph inputs/outputs are not named by the KV-cache convention")
     want = cache_inputs(cfg)
@@ -229,6 +230,7 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
     ref = reference_model(cfg, tensors)
     sess = OrtDecoder(onnx_path)
     sess.cache_windows = [w for w, names in zip(cache_windows(cfg), cache_names(cfg)) for _ in names]
+    sess.cache_io = cache_io
     rng = np.random.default_rng(seed)
     seq = rng.integers(0, cfg.vocab_size, size=(batch, prompt_len)).astype(np.int64)
     mask = np.ones(seq.shape, np.int64)  # the past length, which a sliding-window cache no longer shows
@@ -261,11 +263,13 @@ def validate_onnx(onnx_path, cfg, tensors, decode_steps=16, batch=2, prompt_len=
 
 
 def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, force=False, log=print,
-                external_data=None):
+                external_data=None, cache_io="concat"):
     """Export the servable checkpoint `ckpt_dir` (a path or an opened CheckpointFolder) and validate it; writes out_dir
     atomically (a temp folder renamed at the end).
 
     external_data: store weights in model.onnx.data (None: only when they exceed protobuf's 2 GB limit).
+    cache_io: "concat" (the onnxruntime-genai / Optimum interface: present = past + new) or "buffer" (the in-place
+    flavour paddle_vha.serve runs: the runtime's cache buffers in, the new positions out; paddle_vha/export/decoder.py).
     """
     import onnx
     import paddle
@@ -274,17 +278,22 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         raise ExportError(f"opset {opset} < 14: Qwen3's causal mask needs Trilu-era ops (opset >= 14)")
     if opset > OPSETS[-1]:
         raise ExportError(f"opset {opset}: paddle2onnx 2.1.0 converts to opsets {OPSETS[0]}..{OPSETS[-1]}")
+    if cache_io not in CACHE_IO:
+        raise ExportError(f"cache {cache_io!r}: expected one of {', '.join(CACHE_IO)}")
     ckpt_path = ckpt_dir.path if isinstance(ckpt_dir, CheckpointFolder) else ckpt_dir
     check_output_dir(out_dir, [ckpt_path], force, ExportError, input_label="the checkpoint")
     t0 = time.time()
     ck = CheckpointFolder.open(ckpt_dir)
     ckpt_dir = ck.path
     cfg, tensors = load_servable(ck)
+    if cache_io == "buffer" and any(cache_windows(cfg)):
+        raise ExportError(f"{ckpt_dir}: the buffer flavour (--cache buffer) is not offered for sliding-window layers "
+                          "(their cache keeps only the window); export with the default --cache concat")
     log(f"loaded {ckpt_dir}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
         f"{cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}")
     with atomic_dir(out_dir, tool="export_onnx", replace=force, error=ExportError) as tmp:
         paddle.set_default_dtype("float32")
-        decoder = Qwen3KVDecoder(cfg, tensors)
+        decoder = Qwen3KVDecoder(cfg, tensors, cache_io=cache_io)
         decoder.eval()
         _static_program(decoder, cfg, os.path.join(tmp, "paddle", "model"))
         raw_onnx = os.path.join(tmp, "raw.onnx")
@@ -293,7 +302,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         external = too_big if external_data is None else bool(external_data) or too_big
         _run_paddle2onnx(os.path.join(tmp, "paddle", "model.json"), os.path.join(tmp, "paddle", "model.pdiparams"),
                          raw_onnx, opset, os.path.join(tmp, "model.onnx.data") if too_big else "")
-        model = _finalize_graph(onnx.load(raw_onnx, load_external_data=False), cfg)
+        model = _finalize_graph(onnx.load(raw_onnx, load_external_data=False), cfg, cache_io)
         onnx_path = os.path.join(tmp, "model.onnx")
         if external and not os.path.exists(os.path.join(tmp, "model.onnx.data")):
             # small enough for paddle2onnx to inline, but external data asked for: move the weights out
@@ -304,7 +313,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         os.remove(raw_onnx)
         log(f"exported {onnx_path.replace(tmp, out_dir)} (opset {opset}, {param_bytes / 1e6:.1f} MB of weights"
             f"{', external data' if external else ''}) in {time.time() - t0:.1f} s")
-        val = validate_onnx(onnx_path, cfg, tensors, decode_steps=decode_steps, log=log)
+        val = validate_onnx(onnx_path, cfg, tensors, decode_steps=decode_steps, log=log, cache_io=cache_io)
         if not val.max_abs <= tolerance:
             raise ExportError(f"validation failed: onnxruntime vs Paddle max abs logit diff {val.max_abs:.2e} > {tolerance:.0e}")
         if not val.tokens_match:
@@ -313,15 +322,16 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
             src = os.path.join(ckpt_dir, name)
             if os.path.isfile(src):
                 shutil.copy2(src, os.path.join(tmp, name))
-        write_genai_files(tmp, cfg, ck.config, cache_names(cfg), cache_shapes(cfg), cache_windows(cfg), log=log)
-        ins, outs = graph_io_names(cfg)
+        write_genai_files(tmp, cfg, ck.config, cache_names(cfg), cache_shapes(cfg), cache_windows(cfg), log=log,
+                          cache_io=cache_io)
+        ins, outs = graph_io_names(cfg, cache_io)
         info = dict(format="paddle-vha onnx decoder v1", opset=opset, inputs=ins, outputs=outs,
                     num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
                     num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
                     max_position_embeddings=cfg.max_position_embeddings,
                     kv_layout="[batch, num_key_value_heads, past_sequence, head_dim]", dtype="float32",
                     model_type=cfg.model_type, cache_shapes=[list(x) for x in cache_shapes(cfg)],
-                    cache_names=[list(x) for x in cache_names(cfg)], cache_windows=cache_windows(cfg),
+                    cache_names=[list(x) for x in cache_names(cfg)], cache_windows=cache_windows(cfg), cache_io=cache_io,
                     validation=dict(prefill_max_abs=val.prefill_max_abs, decode_max_abs=val.decode_max_abs,
                                     decode_steps=val.steps, tolerance=tolerance), ops=val.ops)
         with open(os.path.join(tmp, "export_info.json"), "w") as f:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import paddle
 
-__all__ = ["rms_norm", "rotate_half", "apply_rope", "inverse_rope", "rope_tables", "grouped_attention", "swiglu_mlp"]
+__all__ = ["rms_norm", "rotate_half", "apply_rope", "inverse_rope", "rope_tables", "grouped_attention",
+           "grouped_attention_past_new", "swiglu_mlp"]
 
 
 def rms_norm(x, weight, eps: float):
@@ -46,6 +47,21 @@ def grouped_attention(q, k, v, mask, scale: float):
     scores = paddle.matmul(qg, k, transpose_y=True) * scale  # (B, H_kv, G*S, T)
     probs = paddle.nn.functional.softmax(scores.astype("float32") + mask, axis=-1)
     y = paddle.matmul(probs.astype(v.dtype), v)  # (B, H_kv, G*S, w)
+    return y.reshape([0, q.shape[1], -1, width])  # (B, H, S, w)
+
+
+def grouped_attention_past_new(q, k_past, v_past, k_new, v_new, mask, scale: float, t=None):
+    """grouped_attention over the keys of a cache buffer and the new tokens' keys without joining them: their scores
+    are joined (G*S rows, not the cache), so the cache is read once and copied nowhere. k_past, v_past
+    (B, H_kv, T, w) with T the buffer's capacity (t: T as a tensor, when the caller has it); k_new, v_new
+    (B, H_kv, S, w); mask (B, 1, G*S, T + S), additive. Returns (B, H, S, w)."""
+    h_kv, width = k_past.shape[1], q.shape[-1]
+    qg = q.reshape([0, h_kv, -1, width]) * scale  # (B, H_kv, G*S, w), scaled here: fewer elements than the scores
+    scores = paddle.concat([paddle.matmul(qg, k_past, transpose_y=True),
+                            paddle.matmul(qg, k_new, transpose_y=True)], axis=-1)  # (B, H_kv, G*S, T + S)
+    probs = paddle.nn.functional.softmax(scores.astype("float32") + mask, axis=-1).astype(v_past.dtype)
+    t = paddle.shape(k_past)[2] if t is None else t
+    y = paddle.matmul(probs[:, :, :, :t], v_past) + paddle.matmul(probs[:, :, :, t:], v_new)  # (B, H_kv, G*S, w)
     return y.reshape([0, q.shape[1], -1, width])  # (B, H, S, w)
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["GQAForm", "export_form", "cache_shape", "cache_names", "export_refusal"]
+__all__ = ["GQAForm", "export_form", "cache_shape", "cache_names", "export_refusal", "GENAI_MODEL_TYPE"]
+
+GENAI_MODEL_TYPE = "qwen3"  # onnxruntime-genai's decoder for this family's exports (paddle_vha/export/genai.py)
 
 
 class GQAForm:

@@ -31,6 +31,7 @@ class OrtDecoder(DecoderSession):
         info = read_export_info(export_dir)  # ServeError (one line) for a folder tools/export_onnx.py did not write whole
         session = cls(os.path.join(export_dir, "model.onnx"), threads)
         session.cache_windows = per_cache_input(info, "cache_windows")
+        session.cache_io = info["cache_io"]
         return session
 
     def _run(self, arrays):

@@ -29,6 +29,7 @@ class PaddleInferenceDecoder(DecoderSession):
         self.outputs = self.predictor.get_output_names()
         self.cache_shapes = [tuple(s) for s in per_cache_input(info, "cache_shapes")]
         self.cache_windows = per_cache_input(info, "cache_windows")
+        self.cache_io = info["cache_io"]
 
     def _run(self, arrays):
         for name, value in zip(self.inputs, arrays):

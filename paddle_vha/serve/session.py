@@ -8,7 +8,7 @@ import numpy as np
 
 from ..checkpoint.contract import read_json_object
 
-__all__ = ["DecoderSession", "decoder_feeds", "ServeError", "read_export_info", "per_cache_input"]
+__all__ = ["DecoderSession", "CacheBuffers", "decoder_feeds", "ServeError", "read_export_info", "per_cache_input"]
 
 
 class ServeError(ValueError):
@@ -44,6 +44,8 @@ def read_export_info(export_dir: str) -> dict:
     if not (isinstance(names, list) and len(names) == info["num_hidden_layers"]
             and all(isinstance(n, list) and n and all(isinstance(x, str) for x in n) for n in names)):
         raise ServeError(f"{path}: cache_names must list the cache tensor names of each layer")
+    if info.setdefault("cache_io", "concat") not in ("concat", "buffer"):
+        raise ServeError(f"{path}: cache_io must be 'concat' or 'buffer', got {info['cache_io']!r}")
     model = os.path.join(export_dir, "model.onnx")
     if not os.path.isfile(model) or os.path.getsize(model) == 0:
         raise ServeError(f"{model}: missing or empty")
@@ -67,6 +69,47 @@ def decoder_feeds(ids, past_len: int, attention_mask=None):
     return ids, attention_mask, np.ascontiguousarray(position_ids)
 
 
+class CacheBuffers:
+    """The cache of a buffer-flavour session: per cache input a buffer (B, heads, capacity, width) whose first
+    `length` positions are filled. A step returns a new CacheBuffers over the same buffers (grown when full)."""
+
+    def __init__(self, buffers: List[np.ndarray], length: int):
+        self.buffers, self.length = buffers, length
+
+    @property
+    def capacity(self) -> int:
+        return self.buffers[0].shape[2] if self.buffers else 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the filled positions."""
+        return sum(b[:, :, : self.length].nbytes for b in self.buffers)
+
+    def filled(self) -> List[np.ndarray]:
+        """The filled positions of every buffer (views)."""
+        return [b[:, :, : self.length] for b in self.buffers]
+
+    @staticmethod
+    def capacity_for(need: int, current: int = 0) -> int:
+        """The capacity a buffer grows to when `need` positions do not fit in `current`: by a quarter at least (so
+        copies are rare: each position is copied ~4 times over a long generation), in multiples of 64 (the slack a
+        step reads stays small)."""
+        return -(-max(need, current + current // 4) // 64) * 64
+
+    def with_room(self, n: int) -> "CacheBuffers":
+        """Buffers with room for n more positions: these, or larger copies (capacity_for)."""
+        need = self.length + n
+        if need <= self.capacity:
+            return self
+        cap = self.capacity_for(need, self.capacity)
+        grown = []
+        for b in self.buffers:
+            g = np.zeros(b.shape[:2] + (cap,) + b.shape[3:], b.dtype)
+            g[:, :, : self.length] = b[:, :, : self.length]
+            grown.append(g)
+        return CacheBuffers(grown, self.length)
+
+
 def per_cache_input(info: dict, key: str) -> list:
     """export_info's per-layer list `key`, repeated for each of the layer's cache tensors (the graph's input order)."""
     return [v for v, names in zip(info[key], info["cache_names"]) for _ in names]
@@ -74,23 +117,28 @@ def per_cache_input(info: dict, key: str) -> list:
 
 class DecoderSession:
     """Subclasses set cache_shapes ((heads, width) of every cache input, in order), optionally cache_windows (the
-    sliding window of each cache input's layer, None for full attention), and implement
+    sliding window of each cache input's layer, None for full attention) and cache_io ("concat": the cache is a list
+    of arrays, present = past + new; "buffer": the cache is a CacheBuffers the session fills in place), and implement
     _run(list of input arrays) -> outputs."""
 
     cache_shapes: List[Tuple[int, int]]
     cache_windows: List[Optional[int]] = []
+    cache_io: str = "concat"
 
     def _run(self, arrays: List[np.ndarray]) -> List[np.ndarray]:
         raise NotImplementedError
 
-    def empty_cache(self, batch: int) -> List[np.ndarray]:
-        return [np.zeros((batch, h, 0, w), np.float32) for h, w in self.cache_shapes]
+    def empty_cache(self, batch: int, capacity: int = 0):
+        empty = [np.zeros((batch, h, capacity, w), np.float32) for h, w in self.cache_shapes]
+        return CacheBuffers(empty, 0) if self.cache_io == "buffer" else empty
 
     def run(self, ids, cache, attention_mask=None) -> Tuple[np.ndarray, list]:
         """logits (B, S, V) and the new cache (each (B, H_kv, past + S, d); a sliding-window layer's, the last W - 1
         positions). With sliding-window layers the cache may not tell how many tokens came before: attention_mask
         (B, past + S) does, and is needed when every layer has a window."""
         ids = np.asarray(ids)
+        if self.cache_io == "buffer":
+            return self._run_buffers(ids, cache, attention_mask)
         if attention_mask is not None:
             past_len = np.asarray(attention_mask).shape[1] - ids.shape[1]
         else:
@@ -103,6 +151,25 @@ class DecoderSession:
         feeds = decoder_feeds(ids, past_len, attention_mask)
         out = self._run(list(feeds) + [np.ascontiguousarray(c) for c in cache])
         return out[0], out[1:]
+
+    def _run_buffers(self, ids, cache: "CacheBuffers", attention_mask=None):
+        """One call of a buffer-flavour graph: the buffers go in as they are (no copy), the mask marks their filled
+        slots, and the new positions the graph returns are written into the buffers."""
+        batch, seq = ids.shape
+        cache = cache.with_room(seq)
+        past = cache.length
+        graph_mask = np.zeros((batch, cache.capacity + seq), np.int64)  # empty slots stay 0
+        if attention_mask is None:  # every position real: positions continue from the cache
+            ids, graph_mask[:, :past], graph_mask[:, cache.capacity:] = np.asarray(ids, np.int64), 1, 1
+            positions = np.broadcast_to(np.arange(past, past + seq, dtype=np.int64), (batch, seq))
+        else:
+            ids, mask, positions = decoder_feeds(ids, past, attention_mask)
+            graph_mask[:, :past] = mask[:, :past]
+            graph_mask[:, cache.capacity:] = mask[:, past:]
+        out = self._run([ids, graph_mask, positions] + cache.buffers)
+        for buf, new in zip(cache.buffers, out[1:]):
+            buf[:, :, past: past + seq] = new
+        return out[0], CacheBuffers(cache.buffers, past + seq)
 
     def prefill(self, ids, attention_mask=None):
         return self.run(ids, self.empty_cache(np.asarray(ids).shape[0]), attention_mask)
