@@ -60,3 +60,35 @@ def test_quickstart_help_and_bad_args():
     assert res.returncode == 0 and "--steps" in res.stdout
     res = run("--steps", "0")
     assert res.returncode != 0 and "--steps must be >= 1" in res.stderr
+
+
+PYTHON_WORDS = {"def", "return", "self", "if", "else", "for", "in", "import", "class", "not", "None", "raise", "try",
+                "except", "is", "assert", "while", "with", "and", "or", "True", "False", "pass", "elif", "lambda"}
+
+
+def test_demo_checkpoint_generates_python(tmp_path):
+    """The quick-start's last stage on the demo checkpoint kept in the repository (assets/demo-vha): fold, export
+    (self-validated) and sampled generation give text a person reads as Python, not whitespace."""
+    import argparse
+    import contextlib
+    import io
+
+    from paddle_vha.cli.quickstart import DEMO_DIR, DEMO_PROMPTS, demo
+
+    info = json.load(open(os.path.join(DEMO_DIR, "demo_info.json")))
+    assert info["command"] == "python tools/train.py configs/demo-vha.json" and info["val_loss"] < 1.6
+    cfg = validate_vha_checkpoint(DEMO_DIR)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads) == (256, 4, 2)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        demo(argparse.Namespace(out=str(tmp_path), seed=0, demo_tokens=120))
+    text = out.getvalue()
+    print(text)
+    samples = re.split(r"^  ----- prompt .*$", text, flags=re.M)[1:]
+    assert len(samples) == len(DEMO_PROMPTS)
+    body = "".join(line[4:] + "\n" for line in text.splitlines() if line.startswith("  | "))
+    words = set(re.findall(r"[A-Za-z_]+", body))
+    print("Python words seen:", sorted(words & PYTHON_WORDS))
+    assert len(words & PYTHON_WORDS) >= 6, "keywords and self"
+    assert sum(c.isspace() for c in body) / len(body) < 0.6, "mostly text, not whitespace"
+    assert re.search(r"^ {4,}\S", body, re.M), "indented lines"

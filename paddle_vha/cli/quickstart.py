@@ -7,6 +7,9 @@ The pipeline train -> fold -> export -> serve, end to end on an embedded corpus:
   2. fold: the VHA checkpoint into a stock Qwen3 GQA-2 checkpoint (tools/fold.py's code), checked in Paddle. -> OUT/folded
   3. export: an ONNX decoder with KV cache (tools/export_onnx.py's code), self-validated. -> OUT/onnx
   4. serve: generate a few lines with onnxruntime from the exported model; prints tokens/s.
+  5. demo: the same fold -> export -> generate on assets/demo-vha, a Qwen3-VHA of the same shape trained for about an
+     hour by `python tools/train.py configs/demo-vha.json` (how is in assets/demo-vha/demo_info.json), sampling with
+     temperature and top-p: what the pipeline gives once a model has learned something. 40 steps do not get there.
 
     bash tools/env.sh python tools/quickstart.py            # defaults: 40 steps, ~1 minute on 2 cores
     bash tools/env.sh python tools/quickstart.py --steps 200 --out runs/longer
@@ -20,7 +23,7 @@ import sys
 import numpy as np
 
 
-from paddle_vha.cli import command, quiet
+from paddle_vha.cli import command, fail, quiet
 
 
 def parse_args(argv=None):
@@ -41,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-deploy", action="store_true", help="stop after training (skip fold, export, generate)")
     p.add_argument("--gen-tokens", type=int, default=48, help="new tokens per generated line (default 48)")
+    p.add_argument("--no-demo", action="store_true", help="skip the demo checkpoint (assets/demo-vha) stage")
+    p.add_argument("--demo-tokens", type=int, default=160, help="new bytes per demo sample (default 160)")
     args = p.parse_args(argv)
     for name in ("steps", "batch_size", "seq_len", "hidden_size", "layers", "head_dim", "val_batches"):
         if getattr(args, name) < 1:
@@ -88,9 +93,13 @@ def main(argv=None):
             continue
         paddle.seed(args.seed)
         model = cls(cfg)
-        out = train_lm(model, corpus, TrainSettings(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-                                                   lr=args.lr, data_seed=args.seed, val_batches=args.val_batches,
-                                                   progress=not args.no_progress, label=f"train {label}"))
+        try:
+            out = train_lm(model, corpus, TrainSettings(steps=args.steps, batch_size=args.batch_size,
+                                                       seq_len=args.seq_len, lr=args.lr, data_seed=args.seed,
+                                                       val_batches=args.val_batches, progress=not args.no_progress,
+                                                       label=f"train {label}"))
+        except ValueError as e:  # e.g. a corpus too small for the sequence length (--corpus-mb)
+            fail(f"{e} (raise --corpus-mb or lower --seq-len)")
         res = dict(first=out.first, last=out.last, val=out.val_loss, seconds=out.seconds)
         arch = arch_from_config(cfg.to_dict(), label=label)
         res.update(label=label, cfg=cfg, params=int(sum(p.size for p in model.parameters())),
@@ -116,8 +125,54 @@ def main(argv=None):
               f"= {rows[0]['kv_all'] / rows[1]['kv_all']:.1f}x smaller; "
               f"VHA has {rows[1]['params'] / rows[0]['params']:.1%} of GQA-8's parameters")
     if not args.no_deploy:
-        deploy(os.path.join(args.out, "vha"), args)
+        from paddle_vha.checkpoint.contract import CheckpointError
+        from paddle_vha.export.onnx_export import ExportError
+
+        try:
+            deploy(os.path.join(args.out, "vha"), args)
+            if not args.no_demo:
+                demo(args)
+        except (CheckpointError, ExportError) as e:  # e.g. an output folder an older version wrote, without marker
+            fail(str(e))
     return 0
+
+
+DEMO_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets",
+                        "demo-vha")
+DEMO_PROMPTS = ("def ", "class ", "    if ", "    def __init__(self")
+
+
+def demo(args, demo_dir: str = DEMO_DIR):
+    """fold -> export -> sample from the demo checkpoint kept in the repository (one line and nothing else when it
+    is not there, e.g. in an installed wheel)."""
+    import json
+
+    from paddle_vha.export.onnx_export import export_onnx
+    from paddle_vha.serve.generate import generate
+    from paddle_vha.serve.ort_session import OrtDecoder
+    from paddle_vha.train.corpus import decode, encode
+    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+
+    if not os.path.isdir(demo_dir):
+        print(f"\ndemo: {demo_dir} not found (it ships in the repository, not in the wheel); skipped")
+        return
+    info = json.load(open(os.path.join(demo_dir, "demo_info.json")))
+    print(f"\ndemo: {demo_dir}: a Qwen3-VHA of this shape trained by `{info['command']}`: {info['steps']:,} steps x "
+          f"{info['tokens_per_step']:,} bytes ({info['tokens'] / 1e6:.1f} M bytes of standard-library source, "
+          f"{info['minutes']:.0f} min on {info['machine']}), validation loss {info['val_loss']:.3f} nats/byte")
+    folded, onnx_dir = os.path.join(args.out, "demo-folded"), os.path.join(args.out, "demo-onnx")
+    fold_checkpoint(plan_fold(demo_dir, folded, force=True), progress=False)
+    export_onnx(folded, onnx_dir, force=True, log=lambda m: None)
+    print(f"  folded -> {folded}, exported -> {onnx_dir} (self-validated)")
+    session = OrtDecoder.from_dir(onnx_dir)
+    print(f"  onnxruntime, sampled (temperature 0.8, top-p 0.95, seed {args.seed}), {args.demo_tokens} new bytes each:")
+    for prompt in DEMO_PROMPTS:
+        res = generate(session, encode(prompt)[None], args.demo_tokens, do_sample=True, temperature=0.8, top_p=0.95,
+                       seed=args.seed)
+        text = prompt + decode(res.tokens[0])
+        print("  ----- prompt " + repr(prompt))
+        for line in text.splitlines():
+            print("  | " + line)
 
 
 def deploy(vha_dir, args):

@@ -169,7 +169,7 @@ class Qwen3KVDecoder(nn.Layer):
             q = form.queries(q.transpose([0, 2, 1, 3]))  # (B, H, S, width)
             if self.cache_io == "buffer":  # attend to the buffers and the new positions; output only the new ones
                 buffers = [past.pop(0) for _ in new]  # (B, heads, capacity, width) each
-                if g not in masks:  # the buffer's columns, then the new positions'
+                if g not in masks:  # the full-attention mask (key None): the buffer's columns, then the new ones
                     masks[g] = paddle.tile(base_masks[None].unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T + S)
                 if capacity is None:
                     capacity = paddle.shape(buffers[0])[2]  # every buffer has the same capacity

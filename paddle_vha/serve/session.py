@@ -133,8 +133,9 @@ class DecoderSession:
         return CacheBuffers(empty, 0) if self.cache_io == "buffer" else empty
 
     def run(self, ids, cache, attention_mask=None) -> Tuple[np.ndarray, list]:
-        """logits (B, S, V) and the new cache (each (B, H_kv, past + S, d); a sliding-window layer's, the last W - 1
-        positions). With sliding-window layers the cache may not tell how many tokens came before: attention_mask
+        """logits (B, S, V) and the new cache: a list of (B, H_kv, past + S, d) arrays (a sliding-window layer's
+        holding the last W - 1 positions), or for the buffer flavour a CacheBuffers whose buffers now hold the new
+        positions too. With sliding-window layers the cache may not tell how many tokens came before: attention_mask
         (B, past + S) does, and is needed when every layer has a window."""
         ids = np.asarray(ids)
         if self.cache_io == "buffer":
@@ -160,8 +161,10 @@ class DecoderSession:
         past = cache.length
         graph_mask = np.zeros((batch, cache.capacity + seq), np.int64)  # empty slots stay 0
         if attention_mask is None:  # every position real: positions continue from the cache
-            ids, graph_mask[:, :past], graph_mask[:, cache.capacity:] = np.asarray(ids, np.int64), 1, 1
-            positions = np.broadcast_to(np.arange(past, past + seq, dtype=np.int64), (batch, seq))
+            ids = np.asarray(ids, np.int64)
+            graph_mask[:, :past] = 1
+            graph_mask[:, cache.capacity:] = 1
+            positions = np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))
         else:
             ids, mask, positions = decoder_feeds(ids, past, attention_mask)
             graph_mask[:, :past] = mask[:, :past]
