@@ -11,8 +11,11 @@ is compiled with CUDA (`paddle.is_compiled_with_cuda()`); a CPU wheel gets the C
 Environment:
     VHA_OPS_BUILD_DIR     build folder (default: build/ beside this script when that folder is writable, else
                           $XDG_CACHE_HOME/paddle_vha/ops-build, i.e. ~/.cache/paddle_vha/ops-build)
-    VHA_OPS_MARCH         -march value for the CPU kernels (default native: the op is built on the machine
-                          that runs it; set e.g. x86-64-v3 to build for other machines)
+    VHA_OPS_MARCH         -march for the CPU translation unit (default on x86-64: x86-64, the portable baseline;
+                          the AVX2 and AVX-512 kernels are compiled in regardless and picked at run time by CPUID,
+                          so a build folder or wheel runs on any x86-64 CPU. `native` makes the build fit only
+                          CPUs like this one)
+    VHA_OPS_CFLAGS        extra C++ flags for the CPU kernels (e.g. -DVHA_TILE_AVX2=4,3 to try another register tile)
     CUDA_HOME             CUDA toolkit root (the folder with bin/nvcc and lib64/libcudart*); see docs/prologue.md
 """
 from __future__ import annotations
@@ -74,6 +77,14 @@ def _cuda_home() -> str | None:
     return str(real.parent.parent)
 
 
+def default_march() -> str:
+    """The baseline the translation unit is compiled for: x86-64 on x86-64 (the faster kernels are dispatched at run
+    time, vha_prologue_cpu.cc), the compiler's default elsewhere."""
+    import platform
+
+    return "x86-64" if platform.machine().lower() in ("x86_64", "amd64") else ""
+
+
 def build(verbose: bool = False, force: bool = False):
     """Compile (or reuse) the op and return the loaded module (its `vha_prologue` function)."""
     import paddle
@@ -84,8 +95,12 @@ def build(verbose: bool = False, force: bool = False):
     if force and bdir.exists():
         shutil.rmtree(bdir)
     bdir.mkdir(parents=True, exist_ok=True)
-    march = os.environ.get("VHA_OPS_MARCH", "native")
-    cflags = ["-O3", f"-march={march}", "-fopenmp-simd", "-std=c++17", f"-I{CSRC}"]
+    march = os.environ.get("VHA_OPS_MARCH", default_march())
+    cflags = ["-O3", "-fopenmp-simd", "-std=c++17", f"-I{CSRC}"] + ([f"-march={march}"] if march else [])
+    cflags += os.environ.get("VHA_OPS_CFLAGS", "").split()
+    # Paddle's loader rebuilds when the flags change but only looks at the listed sources' times: the digest of every
+    # file under csrc/ (headers, the per-ISA kernel include) in the flags makes any edit there rebuild the op.
+    cflags.append(f"-DVHA_SOURCES_DIGEST={sources_digest()[:16]}")
     cuda_flags = []
     if with_cuda:
         home = _cuda_home()

@@ -276,6 +276,93 @@ def test_threads_split_tokens_and_reduce_weight_gradients(op, monkeypatch):
         assert rel_err(res["3"][i], ref[i], f"{name} 3 threads vs float64") <= 1e-6, name
 
 
+# Every CPU kernel variant (vha_prologue_cpu_kernels.inc compiled for the x86-64 baseline, AVX2 and AVX-512),
+# forced in turn with VHA_PROLOGUE_ISA (read by the op on every call), through the same oracle checks as above.
+# Extra shapes: d = 256 with r = 24 (r % 16 != 0, a column tail in every tile width) and 194 tokens on 3 threads.
+VARIANT_SHAPES = [SHAPES[0], SHAPES[2], SHAPES[3], SHAPES[4], (2, 11, 6, 3, 256, 24, 1), (2, 97, 8, 2, 64, 48, 3)]
+
+
+@pytest.mark.parametrize("shape", VARIANT_SHAPES, ids=[f"B{b}-S{s}-Hv{hv}-Hkv{hkv}-d{d}-r{r}-off{o}"
+                                                      for b, s, hv, hkv, d, r, o in VARIANT_SHAPES])
+@pytest.mark.parametrize("variant", ["avx512", "avx2", "baseline"])
+def test_every_cpu_variant_matches_oracle(op, variant, shape, monkeypatch):
+    if variant not in pl.cpu_variants():
+        pytest.skip(f"this CPU cannot run the {variant} kernels (it runs {pl.cpu_variants()})")
+    monkeypatch.setenv("VHA_PROLOGUE_ISA", variant)
+    monkeypatch.setenv("VHA_PROLOGUE_THREADS", "3")
+    assert pl.cpu_variant() == variant
+    test_forward_fp32_vs_oracle_and_composed(op, shape)
+    test_backward_fp32_vs_oracle_and_composed(op, shape)
+    test_bf16_forward_backward_vs_oracle_and_composed(op, shape)
+    test_float64_oracle_and_finite_differences(op, shape)
+
+
+def test_cpu_variant_choice_and_refusals(op, monkeypatch):
+    """auto picks the best variant the CPU has; a named variant the CPU lacks, or an unknown name, is refused by
+    the op in one line (and makes the layer's default fall back with that reason), never run or replaced."""
+    have = pl.cpu_variants()
+    assert have and have[-1] == "baseline" and set(have) <= {"avx512", "avx2", "baseline"}
+    flags = set(pl.cpu_isa_flags().split())
+    assert ("avx512" in have) == ({"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags)
+    assert ("avx2" in have) == ({"avx2", "fma"} <= flags)
+    monkeypatch.delenv("VHA_PROLOGUE_ISA", raising=False)
+    assert pl.cpu_variant() == have[0]
+    monkeypatch.setenv("VHA_PROLOGUE_ISA", "auto")
+    assert pl.cpu_variant() == have[0]
+    cfg, attn, q_phys, k, cos, sin = make_case(SHAPES[2])
+    w = [t.detach() for t in weights(attn)]
+    missing = [v for v in ("avx512", "avx2") if v not in have]
+    for bad, why in [("sse9", "is not one of auto, baseline, avx2, avx512")] + [(m, "no such kernel") for m in missing]:
+        monkeypatch.setenv("VHA_PROLOGUE_ISA", bad)
+        with pytest.raises(pl.FusedPrologueUnavailable, match=why):
+            pl.cpu_variant()
+        with pytest.raises(Exception, match=why):
+            pl.fused_prologue(q_phys, k, *w, cos, sin, 1e-6)
+        assert why in pl.fused_unavailable_reason(q_phys)
+        assert not pl.should_use_fused(None, q_phys)
+
+
+def test_built_library_has_no_instruction_beyond_baseline_outside_dispatched_kernels(op):
+    """objdump over the built op: AVX/AVX2 (VEX: ymm, v-prefixed mnemonics) only inside vha_cpu_avx2:: and
+    vha_cpu_avx512::, AVX-512 (zmm, opmask registers) only inside vha_cpu_avx512::, so the library loads and runs
+    on any x86-64 CPU; and the dispatched copies really use their instruction sets."""
+    import platform
+    import re
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("x86-64 only")
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("no objdump (binutils) on PATH")
+    so = pl._op_library()._name
+    text = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", so], capture_output=True, text=True,
+                          check=True).stdout
+    counts = {"avx2": {"ymm": 0, "zmm": 0, "vex": 0}, "avx512": {"ymm": 0, "zmm": 0, "vex": 0},
+              "other": {"ymm": 0, "zmm": 0, "vex": 0}}
+    offenders = {}
+    func = None
+    for line in text.splitlines():
+        m = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
+        if m:
+            func = m.group(1)
+            continue
+        if func is None or "\t" not in line:
+            continue
+        ins = line.split("\t")[-1].strip()
+        where = "avx512" if "vha_cpu_avx512::" in func else "avx2" if "vha_cpu_avx2::" in func else "other"
+        c = counts[where]
+        zmm = "zmm" in ins or re.search(r"%k[1-7]\b", ins) is not None
+        vex = ins[:1] == "v"
+        c["zmm"] += zmm
+        c["ymm"] += "ymm" in ins
+        c["vex"] += vex
+        if where == "other" and vex or where == "avx2" and zmm:
+            offenders.setdefault(func, ins)
+    print(counts)
+    assert not offenders, f"instructions beyond the baseline outside the dispatched kernels: {list(offenders.items())[:5]}"
+    assert counts["avx512"]["zmm"] > 0 and counts["avx2"]["ymm"] > 0, counts  # the copies really are AVX-512 / AVX2
+
+
 def test_static_graph_backward_and_jit_save(op, tmp_path):
     """The layer's prologue under to_static (forward + backward through the grad op) and after jit.save/load."""
     import paddleformers.transformers.configuration_utils as cu

@@ -3,6 +3,7 @@
     bash tools/env.sh python tools/bench_prologue.py                       # 1 thread, S = 1 128 2048 8192
     MKL_DEBUG_CPU_TYPE=5 bash tools/env.sh python tools/bench_prologue.py  # Paddle's MKL on its fast path (AMD)
     bash tools/env.sh python tools/bench_prologue.py --threads 2 --seqs 2048
+    bash tools/env.sh python tools/bench_prologue.py --isa all             # every CPU kernel variant, side by side
     MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 bash tools/env.sh python tools/bench_prologue.py
 
 Large fresh outputs are slowed by page faults (glibc returns big blocks to the OS after each call): with
@@ -20,6 +21,9 @@ The floor is measured in the same run: max(bytes moved / copy bandwidth, Premix 
              (N·H_p, r) x (r, H_kv·d), N = 8192. OPENBLAS_CORETYPE=Haswell (set on some machines) slows numpy's
              kernel and MKL_DEBUG_CPU_TYPE unset slows MKL on AMD: both settings are printed; the strictest
              floor comes from `env -u OPENBLAS_CORETYPE MKL_DEBUG_CPU_TYPE=5`.
+The op's CPU kernels come in variants (baseline x86-64, avx2 = x86-64-v3, avx512 = x86-64-v4), picked at run time
+by CPUID; --isa runs the ones named (all: every variant this CPU can run) one after the other against the same
+composed timings, by setting VHA_PROLOGUE_ISA. The CPU model, its vector ISA and the variant of each row are printed.
 All timings are medians (or, with --stat min, minima) of repeated runs; ratios compare numbers measured side by side in this run.
 """
 from __future__ import annotations
@@ -37,6 +41,8 @@ def parse():
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds of repeats per measurement (at least 3)")
     ap.add_argument("--stat", choices=["median", "min"], default="median",
                     help="statistic over repeats (min estimates the uncontended time on a shared, loaded machine)")
+    ap.add_argument("--isa", nargs="+", default=["auto"], metavar="VARIANT",
+                    help="CPU kernel variants to time: auto (what the op picks here), baseline, avx2, avx512, or all")
     return ap.parse_args()
 
 
@@ -100,6 +106,11 @@ def main():
         pass
     if pl.load_op() is None:
         sys.exit(f"fused prologue unavailable: {pl._state['error']}")
+    have = pl.cpu_variants()
+    isas = have if args.isa == ["all"] else [pl.cpu_variant() if v == "auto" else v for v in args.isa]
+    for v in isas:
+        if v not in have:
+            sys.exit(f"--isa {v}: this CPU runs only {', '.join(have)}")
     cfg = Qwen3VHAConfig(hidden_size=2048, num_hidden_layers=1, head_dim=D, num_attention_heads=H_P * H_KV,
                          num_key_value_heads=H_KV, intermediate_size=6144, vocab_size=1000, rms_norm_eps=1e-6,
                          max_position_embeddings=65536)
@@ -114,6 +125,8 @@ def main():
           f"fp32, B=1, H_p={H_P}, H_kv={H_KV}, d=r={D}")
     print(f"# copy bandwidth {bw / 1e9:.1f} GB/s (read+write); GEMM at the Premix shape: numpy {g_np / 1e9:.0f}, "
           f"paddle.matmul {g_pd / 1e9:.0f} GFLOP/s (floor uses {gflops / 1e9:.0f})")
+    print(f"# CPU: {pl.cpu_model()}; vector ISA: {pl.cpu_isa_flags()}; kernel variants here: {', '.join(have)} "
+          f"(auto picks {pl.cpu_variant()}); timed: {', '.join(isas)}")
     print(f"# load average at start: {os.getloadavg()[0]:.2f}; statistic over repeats: {args.stat}")
     rows = []
     for S in args.seqs:
@@ -145,21 +158,25 @@ def main():
         floor_f = max(io_f / bw, fl_f / gflops)
         floor_fb = max((io_f + io_b) / bw, 3 * fl_f / gflops)
         mt = args.min_time
-        t = {
-            "fc": timeit(lambda: fwd(False), mt), "ff": timeit(lambda: fwd(True), mt),
-            "bc": timeit(lambda: fwd_bwd(False), mt), "bf": timeit(lambda: fwd_bwd(True), mt),
-        }
+        t = {"fc": timeit(lambda: fwd(False), mt), "bc": timeit(lambda: fwd_bwd(False), mt)}
+        for v in isas:
+            os.environ["VHA_PROLOGUE_ISA"] = v  # read by the op on every call
+            t["ff", v], t["bf", v] = timeit(lambda: fwd(True), mt), timeit(lambda: fwd_bwd(True), mt)
+        os.environ.pop("VHA_PROLOGUE_ISA", None)
         rows.append((S, t, floor_f, floor_fb))
-        print(f"S={S}: fwd composed {t['fc'] * 1e3:.3f} ms, fused {t['ff'] * 1e3:.3f} ms; fwd+bwd composed "
-              f"{t['bc'] * 1e3:.3f} ms, fused {t['bf'] * 1e3:.3f} ms", flush=True)
+        fused = "; ".join(f"{v} {t['ff', v] * 1e3:.3f} / {t['bf', v] * 1e3:.3f}" for v in isas)
+        print(f"S={S}: composed fwd {t['fc'] * 1e3:.3f} ms / fwd+bwd {t['bc'] * 1e3:.3f} ms; fused {fused} ms",
+              flush=True)
 
     print(f"# load average at end: {os.getloadavg()[0]:.2f}")
-    print("\n|     S | pass    | composed ms | fused ms | composed/fused | floor ms | fused/floor |")
-    print("| ----: | ------- | ----------: | -------: | -------------: | -------: | ----------: |")
+    print("\n|     S | pass    | variant  | composed ms | fused ms | composed/fused | floor ms | fused/floor |")
+    print("| ----: | ------- | -------- | ----------: | -------: | -------------: | -------: | ----------: |")
     for S, t, ff, fb in rows:
-        for name, c, f, fl in (("fwd", t["fc"], t["ff"], ff), ("fwd+bwd", t["bc"], t["bf"], fb)):
-            print(f"| {S:5d} | {name:7s} | {c * 1e3:11.3f} | {f * 1e3:8.3f} | {c / f:14.1f} | {fl * 1e3:8.3f} | "
-                  f"{f / fl:11.2f} |")
+        for name, c, key, fl in (("fwd", t["fc"], "ff", ff), ("fwd+bwd", t["bc"], "bf", fb)):
+            for v in isas:
+                f = t[key, v]
+                print(f"| {S:5d} | {name:7s} | {v:8s} | {c * 1e3:11.3f} | {f * 1e3:8.3f} | {c / f:14.1f} | "
+                      f"{fl * 1e3:8.3f} | {f / fl:11.2f} |")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
 //
 // CPU design: the rows of QPhys ([B*S*H_p, r]) are processed in blocks of ~32 rows per thread. For each
 // block and group the Premix product is formed in an L1/L2-resident scratch by a register-tiled kernel
-// (GCC vector extensions: 8 rows x 2 vectors of accumulators), normalised and rotated there, and written
+// (GCC vector extensions, a tile sized per instruction set: vha_prologue_cpu_kernels.inc, compiled for the
+// x86-64 baseline, AVX2 and AVX-512 and picked at run time by CPUID), normalised and rotated there, and written
 // once. Backward recomputes the Premix product instead of saving it (so nothing but the inputs is kept),
 // and fuses RoPE adjoint, RMSNorm backward and both Premix gradient products in the same pass; the weight
 // gradients are accumulated per thread and reduced at the end. Compute type: float (fp32 / bf16 / fp16
@@ -21,100 +22,15 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "paddle/extension.h"
 #include "vha_prologue_math.h"
 
-namespace {
-
-template <typename C>
-struct VecOf;
-template <>
-struct VecOf<float> {
-  typedef float type __attribute__((vector_size(64)));
-  static constexpr int L = 16;
-};
-template <>
-struct VecOf<double> {
-  typedef double type __attribute__((vector_size(64)));
-  static constexpr int L = 8;
-};
-
-template <typename V, typename C>
-inline V vload(const C* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <typename V, typename C>
-inline void vstore(C* p, const V& v) {
-  std::memcpy(p, &v, sizeof(V));
-}
-
-// Cout[m][n] (+)= sum_k A(m, k) * B[k][n], m < MR, n < NV*L; A(m, k) = A[m*ars + k*aks].
-// K is summed in chunks of kKChunk, each in fresh registers and then added to the output tile, so a long
-// K (or a long running sum across calls) does not accumulate rounding error sequentially.
-constexpr int kKChunk = 32;
-template <typename C, int MR, int NV>
-inline void micro(const C* A, long ars, long aks, const C* B, long ldb, int K, C* Cp, long ldc, bool acc) {
-  using V = typename VecOf<C>::type;
-  constexpr int L = VecOf<C>::L;
-  for (int k0 = 0; k0 < K || (k0 == 0 && !acc); k0 += kKChunk) {
-    const int k1 = std::min(K, k0 + kKChunk);
-    V c[MR][NV];
-    for (int m = 0; m < MR; ++m)
-      for (int v = 0; v < NV; ++v) c[m][v] = V{};
-    for (int k = k0; k < k1; ++k) {
-      V b[NV];
-      for (int v = 0; v < NV; ++v) b[v] = vload<V>(B + k * ldb + v * L);
-      for (int m = 0; m < MR; ++m) {
-        const C a = A[m * ars + k * aks];
-        for (int v = 0; v < NV; ++v) c[m][v] += a * b[v];
-      }
-    }
-    const bool add = acc || k0 > 0;
-    for (int m = 0; m < MR; ++m)
-      for (int v = 0; v < NV; ++v)
-        vstore(Cp + m * ldc + v * L, add ? c[m][v] + vload<V>(Cp + m * ldc + v * L) : c[m][v]);
-    if (K == 0) break;
-  }
-}
-
-// Scalar tail for the columns no full vector covers.
-template <typename C>
-inline void micro_tail(const C* A, long ars, long aks, const C* B, long ldb, int K, C* Cp, long ldc, bool acc, int mr,
-                       int nc) {
-  for (int m = 0; m < mr; ++m)
-    for (int n = 0; n < nc; ++n) {
-      C tot = acc ? Cp[m * ldc + n] : C(0);
-      for (int k0 = 0; k0 < K; k0 += kKChunk) {  // chunked like micro()
-        C s = 0;
-        for (int k = k0; k < std::min(K, k0 + kKChunk); ++k) s += A[m * ars + k * aks] * B[k * ldb + n];
-        tot += s;
-      }
-      Cp[m * ldc + n] = tot;
-    }
-}
-
-// Cout (M x N, row stride ldc) (+)= A (M x K, strides ars/aks) @ B (K x N, row stride ldb). Small blocks only.
-template <typename C>
-void gemm(int M, int N, int K, const C* A, long ars, long aks, const C* B, long ldb, C* Cp, long ldc, bool acc) {
-  constexpr int L = VecOf<C>::L, MR = 8;
-  int n0 = 0;
-  for (; n0 + 2 * L <= N; n0 += 2 * L) {  // column panels outermost: the B panel stays in L1
-    int m0 = 0;
-    for (; m0 + MR <= M; m0 += MR) micro<C, MR, 2>(A + m0 * ars, ars, aks, B + n0, ldb, K, Cp + m0 * ldc + n0, ldc, acc);
-    for (; m0 < M; ++m0) micro<C, 1, 2>(A + m0 * ars, ars, aks, B + n0, ldb, K, Cp + m0 * ldc + n0, ldc, acc);
-  }
-  for (; n0 + L <= N; n0 += L) {
-    int m0 = 0;
-    for (; m0 + MR <= M; m0 += MR) micro<C, MR, 1>(A + m0 * ars, ars, aks, B + n0, ldb, K, Cp + m0 * ldc + n0, ldc, acc);
-    for (; m0 < M; ++m0) micro<C, 1, 1>(A + m0 * ars, ars, aks, B + n0, ldb, K, Cp + m0 * ldc + n0, ldc, acc);
-  }
-  if (n0 < N) micro_tail(A, ars, aks, B + n0, ldb, K, Cp + n0, ldc, acc, M, N - n0);
-}
+namespace vha_cpu_common {
 
 template <typename C, typename T>
 inline C cv(const T& x) {
@@ -156,175 +72,133 @@ void parallel_tokens(long tokens, int nthreads, F&& fn) {  // fn(tid, t0, t1)
   for (auto& th : pool) th.join();
 }
 
-// Normalise + rotate one row x (compute type) and write it.
-template <typename T, typename C>
-inline void norm_rope_row(const C* x, const C* w, const T* cosr, const T* sinr, T* out, int d, C eps) {
-  const int h = d / 2;
-  C ss = 0;
-#pragma omp simd reduction(+ : ss)
-  for (int c = 0; c < d; ++c) ss += x[c] * x[c];
-  const C rs = vha::rms_rstd(ss, d, eps);
-#pragma omp simd
-  for (int c = 0; c < h; ++c) {
-    C lo, hi;
-    vha::rope_pair_fwd(x[c] * rs * w[c], x[c + h] * rs * w[c + h], cv<C>(cosr[c]), cv<C>(sinr[c]), cv<C>(cosr[c + h]),
-                       cv<C>(sinr[c + h]), &lo, &hi);
-    out[c] = T(lo);
-    out[c + h] = T(hi);
+}  // namespace vha_cpu_common
+
+// ---- the kernels, once per instruction set (vha_prologue_cpu_kernels.inc) ----
+// The translation unit is compiled for the portable x86-64 baseline (ops/build.py: -march=x86-64, no
+// -march=native); the AVX2 and AVX-512 copies get their instructions from `#pragma GCC target` regions and run
+// only after a CPUID check (select_isa), so the library loads and runs on any x86-64 CPU.
+
+// Register tiles (rows x vectors; see vha_prologue_cpu_kernels.inc), overridable with -D for tuning (VHA_OPS_CFLAGS).
+#ifndef VHA_TILE_BASELINE
+#define VHA_TILE_BASELINE 4, 2
+#endif
+#ifndef VHA_TILE_AVX2
+#define VHA_TILE_AVX2 6, 2
+#endif
+#ifndef VHA_TILE_AVX512
+#define VHA_TILE_AVX512 8, 2
+#endif
+#define VHA_TILE_MR(mr, nv) mr
+#define VHA_TILE_NV(mr, nv) nv
+#define VHA_TILE_MR_(t) VHA_TILE_MR(t)
+#define VHA_TILE_NV_(t) VHA_TILE_NV(t)
+
+#define VHA_VEC_BYTES 16  // baseline: SSE2 on x86-64 (NEON etc. elsewhere), 16 registers, no FMA
+#define VHA_MR VHA_TILE_MR_(VHA_TILE_BASELINE)
+#define VHA_NV VHA_TILE_NV_(VHA_TILE_BASELINE)
+namespace vha_cpu_baseline {
+using namespace vha_cpu_common;
+#include "vha_prologue_cpu_kernels.inc"
+}  // namespace vha_cpu_baseline
+#undef VHA_VEC_BYTES
+#undef VHA_MR
+#undef VHA_NV
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VHA_CPU_MULTI_ISA 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,movbe,popcnt")  // x86-64-v3
+#define VHA_VEC_BYTES 32  // 16 ymm registers
+#define VHA_MR VHA_TILE_MR_(VHA_TILE_AVX2)
+#define VHA_NV VHA_TILE_NV_(VHA_TILE_AVX2)
+namespace vha_cpu_avx2 {
+using namespace vha_cpu_common;
+#include "vha_prologue_cpu_kernels.inc"
+}  // namespace vha_cpu_avx2
+#undef VHA_VEC_BYTES
+#undef VHA_MR
+#undef VHA_NV
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,movbe,popcnt,avx512f,avx512bw,avx512dq,avx512vl,avx512cd,prefer-vector-width=512")  // x86-64-v4
+#define VHA_VEC_BYTES 64  // 32 zmm registers
+#define VHA_MR VHA_TILE_MR_(VHA_TILE_AVX512)
+#define VHA_NV VHA_TILE_NV_(VHA_TILE_AVX512)
+namespace vha_cpu_avx512 {
+using namespace vha_cpu_common;
+#include "vha_prologue_cpu_kernels.inc"
+}  // namespace vha_cpu_avx512
+#undef VHA_VEC_BYTES
+#undef VHA_MR
+#undef VHA_NV
+#pragma GCC pop_options
+#endif
+
+namespace {
+using namespace vha_cpu_common;
+
+enum class Isa { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+const char* const kIsaNames[] = {"baseline", "avx2", "avx512"};
+
+bool cpu_has(Isa isa) {
+#ifdef VHA_CPU_MULTI_ISA
+  __builtin_cpu_init();
+  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                  __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
+  switch (isa) {
+    case Isa::kBaseline: return true;
+    case Isa::kAvx2: return v3;
+    case Isa::kAvx512:
+      return v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512cd");
+  }
+  return false;
+#else
+  return isa == Isa::kBaseline;
+#endif
+}
+
+// The variant a call runs: the best this CPU has, or VHA_PROLOGUE_ISA (baseline / avx2 / avx512 / auto, read per
+// call) when set. Forcing a variant the CPU or the build lacks is an error, never a silent fallback.
+Isa select_isa() {
+  const char* e = std::getenv("VHA_PROLOGUE_ISA");
+  if (e != nullptr && *e != '\0' && std::strcmp(e, "auto") != 0) {
+    for (int i = 0; i < 3; ++i)
+      if (std::strcmp(e, kIsaNames[i]) == 0) {
+        PD_CHECK(cpu_has(Isa(i)), "vha_prologue: VHA_PROLOGUE_ISA=", e,
+                 " but this CPU (or this build) has no such kernel variant");
+        return Isa(i);
+      }
+    PD_THROW("vha_prologue: VHA_PROLOGUE_ISA=", e, " is not one of auto, baseline, avx2, avx512");
+  }
+  if (cpu_has(Isa::kAvx512)) return Isa::kAvx512;
+  if (cpu_has(Isa::kAvx2)) return Isa::kAvx2;
+  return Isa::kBaseline;
+}
+
+template <typename T, typename C, typename... Args>
+void run_fwd(Args&&... args) {
+  switch (select_isa()) {
+#ifdef VHA_CPU_MULTI_ISA
+    case Isa::kAvx512: return vha_cpu_avx512::prologue_fwd<T, C>(args...);
+    case Isa::kAvx2: return vha_cpu_avx2::prologue_fwd<T, C>(args...);
+#endif
+    default: return vha_cpu_baseline::prologue_fwd<T, C>(args...);
   }
 }
 
-// Backward of norm_rope_row: writes gx (compute type), accumulates the norm-weight gradient into gw.
-template <typename T, typename C>
-inline void norm_rope_row_bwd(const C* x, const C* w, const T* cosr, const T* sinr, const T* g, C* gx, C* gw, int d,
-                              C eps) {
-  const int h = d / 2;
-  C ss = 0;
-#pragma omp simd reduction(+ : ss)
-  for (int c = 0; c < d; ++c) ss += x[c] * x[c];
-  const C rs = vha::rms_rstd(ss, d, eps);
-  C dot = 0;
-#pragma omp simd reduction(+ : dot)
-  for (int c = 0; c < h; ++c) {
-    C gl, gh;
-    vha::rope_pair_bwd(cv<C>(g[c]), cv<C>(g[c + h]), cv<C>(cosr[c]), cv<C>(sinr[c]), cv<C>(cosr[c + h]),
-                       cv<C>(sinr[c + h]), &gl, &gh);
-    gw[c] += gl * x[c] * rs;
-    gw[c + h] += gh * x[c + h] * rs;
-    const C tl = gl * w[c], th = gh * w[c + h];
-    gx[c] = tl;
-    gx[c + h] = th;
-    dot += tl * x[c] + th * x[c + h];
+template <typename T, typename C, typename... Args>
+void run_bwd(Args&&... args) {
+  switch (select_isa()) {
+#ifdef VHA_CPU_MULTI_ISA
+    case Isa::kAvx512: return vha_cpu_avx512::prologue_bwd<T, C>(args...);
+    case Isa::kAvx2: return vha_cpu_avx2::prologue_bwd<T, C>(args...);
+#endif
+    default: return vha_cpu_baseline::prologue_bwd<T, C>(args...);
   }
-  const C dd = dot / C(d);
-#pragma omp simd
-  for (int c = 0; c < d; ++c) gx[c] = vha::rms_input_grad(gx[c], x[c], rs, dd);
-}
-
-constexpr int kRowsPerBlock = 32;  // Premix rows (token x physical head) per block
-constexpr int kBlocksPerSuper = 8;  // backward: blocks per super-block (K of the dW GEMM)
-
-template <typename T, typename C>
-void prologue_fwd(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp, const T* sinp, T* qo,
-                  T* ko, const Dims& D, C eps) {
-  const long N = D.B * D.S, Hp = D.Hp, Hkv = D.Hkv, r = D.r, d = D.d, Hv = D.Hv();
-  std::vector<C> Wc(Hkv * r * d), wqc(d), wkc(d);
-  for (long i = 0; i < Hkv * r * d; ++i) Wc[i] = cv<C>(W[i]);
-  for (long c = 0; c < d; ++c) wqc[c] = cv<C>(wq[c]), wkc[c] = cv<C>(wk[c]);
-  const long tb = std::max(1L, kRowsPerBlock / Hp);  // tokens per block
-  parallel_tokens(N, num_threads_for(N), [&](int, long t0, long t1) {
-    std::vector<C> A(tb * Hp * r), U(tb * Hp * d), xk(d);
-    for (long ta = t0; ta < t1; ta += tb) {
-      const long nt = std::min(tb, t1 - ta), M = nt * Hp;
-      const T* src = qp + ta * Hp * r;  // (nt*H_p, r) rows, contiguous
-      for (long i = 0; i < M * r; ++i) A[i] = cv<C>(src[i]);
-      for (long g = 0; g < Hkv; ++g) {
-        gemm<C>(int(M), int(d), int(r), A.data(), r, 1, Wc.data() + g * r * d, d, U.data(), d, false);  // (M, d)
-        for (long m = 0; m < M; ++m) {
-          const long t = ta + m / Hp, i = m % Hp, b = t / D.S, s = t % D.S;
-          norm_rope_row<T, C>(U.data() + m * d, wqc.data(), cosp + D.table_off(b, s), sinp + D.table_off(b, s),
-                              qo + D.out_off(b, s, g * Hp + i, Hv), int(d), eps);
-        }
-      }
-      for (long t = ta; t < ta + nt; ++t) {
-        const long b = t / D.S, s = t % D.S;
-        for (long g = 0; g < Hkv; ++g) {
-          const T* kr = kin + (t * Hkv + g) * d;
-          for (long c = 0; c < d; ++c) xk[c] = cv<C>(kr[c]);
-          norm_rope_row<T, C>(xk.data(), wkc.data(), cosp + D.table_off(b, s), sinp + D.table_off(b, s),
-                              ko + D.out_off(b, s, g, Hkv), int(d), eps);
-        }
-      }
-    }
-  });
-}
-
-template <typename T, typename C>
-void prologue_bwd(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp, const T* sinp,
-                  const T* gqo, const T* gko, T* gqp, T* gk, T* gW, T* gwq, T* gwk, const Dims& D, C eps) {
-  const long N = D.B * D.S, Hp = D.Hp, Hkv = D.Hkv, r = D.r, d = D.d, Hv = D.Hv();
-  std::vector<C> Wc(Hkv * r * d), WTc(Hkv * d * r), wqc(d), wkc(d);
-  for (long g = 0; g < Hkv; ++g)
-    for (long k = 0; k < r; ++k)
-      for (long c = 0; c < d; ++c) {
-        const C v = cv<C>(W[(g * r + k) * d + c]);
-        Wc[(g * r + k) * d + c] = v;
-        WTc[(g * d + c) * r + k] = v;  // W[g]^T: (d, r)
-      }
-  for (long c = 0; c < d; ++c) wqc[c] = cv<C>(wq[c]), wkc[c] = cv<C>(wk[c]);
-  const int nth = num_threads_for(N);
-  // Weight gradients (gW: H_kv*r*d, g q_norm: d, g k_norm: d) are sums over every row. Each super-block's partial
-  // is formed fresh, added to a per-thread level-2 sum that is folded into level 3 every kFold super-blocks, and the
-  // threads' totals are added at the end: the rounding error grows with about log(rows), not rows.
-  const long acc_len = Hkv * r * d + 2 * d;
-  constexpr int kFold = 32;
-  std::vector<std::vector<C>> totals(nth, std::vector<C>(acc_len, C(0)));
-  const long tb = std::max(1L, kRowsPerBlock / Hp);  // tokens per block (~32 rows: U, GU rows stay in L1)
-  const long sb = tb * kBlocksPerSuper;               // tokens per super-block (~256 rows: the dW GEMM's K)
-  parallel_tokens(N, nth, [&](int tid, long t0, long t1) {
-    std::vector<C> P(acc_len), L2(acc_len, C(0));
-    C* L3 = totals[tid].data();
-    C* gWblk = P.data();
-    C* gwq_blk = gWblk + Hkv * r * d;
-    C* gwk_blk = gwq_blk + d;
-    long nsuper = 0;
-    std::vector<C> A(sb * Hp * r), U(tb * Hp * d), GU(Hkv * sb * Hp * d), GQ(tb * Hp * r), xk(d), gx(d);
-    for (long ts = t0; ts < t1; ts += sb) {
-      const long nts = std::min(sb, t1 - ts), Ms = nts * Hp;
-      const T* src = qp + ts * Hp * r;  // (Ms, r) rows of the super-block
-      for (long i = 0; i < Ms * r; ++i) A[i] = cv<C>(src[i]);
-      std::fill(gwq_blk, gwq_blk + 2 * d, C(0));
-      for (long ta = ts; ta < ts + nts; ta += tb) {
-        const long nt = std::min(tb, ts + nts - ta), M = nt * Hp, m0 = (ta - ts) * Hp;
-        const C* Ab = A.data() + m0 * r;  // this block's rows
-        std::fill(GQ.begin(), GQ.begin() + M * r, C(0));
-        for (long g = 0; g < Hkv; ++g) {
-          C* GUb = GU.data() + (g * sb * Hp + m0) * d;  // (M, d) rows of dL/du for group g
-          gemm<C>(int(M), int(d), int(r), Ab, r, 1, Wc.data() + g * r * d, d, U.data(), d, false);  // recompute u
-          for (long m = 0; m < M; ++m) {
-            const long t = ta + m / Hp, i = m % Hp, b = t / D.S, s = t % D.S;
-            norm_rope_row_bwd<T, C>(U.data() + m * d, wqc.data(), cosp + D.table_off(b, s),
-                                    sinp + D.table_off(b, s), gqo + D.out_off(b, s, g * Hp + i, Hv), GUb + m * d,
-                                    gwq_blk, int(d), eps);
-          }
-          // gq_phys (M, r) += GU (M, d) @ W[g]^T (d, r)
-          gemm<C>(int(M), int(r), int(d), GUb, d, 1, WTc.data() + g * d * r, r, GQ.data(), r, true);
-        }
-        T* dst = gqp + ta * Hp * r;
-        for (long i = 0; i < M * r; ++i) dst[i] = T(GQ[i]);
-        for (long t = ta; t < ta + nt; ++t) {
-          const long b = t / D.S, s = t % D.S;
-          for (long g = 0; g < Hkv; ++g) {
-            const T* kr = kin + (t * Hkv + g) * d;
-            T* gkr = gk + (t * Hkv + g) * d;
-            if (gko == nullptr) {
-              for (long c = 0; c < d; ++c) gkr[c] = T(C(0));
-              continue;
-            }
-            for (long c = 0; c < d; ++c) xk[c] = cv<C>(kr[c]);
-            norm_rope_row_bwd<T, C>(xk.data(), wkc.data(), cosp + D.table_off(b, s), sinp + D.table_off(b, s),
-                                    gko + D.out_off(b, s, g, Hkv), gx.data(), gwk_blk, int(d), eps);
-            for (long c = 0; c < d; ++c) gkr[c] = T(gx[c]);
-          }
-        }
-      }
-      // gW[g] (r, d) = A^T (r, Ms) @ GU[g] (Ms, d) for this super-block
-      for (long g = 0; g < Hkv; ++g)
-        gemm<C>(int(r), int(d), int(Ms), A.data(), 1, r, GU.data() + g * sb * Hp * d, d, gWblk + g * r * d, d, false);
-#pragma omp simd
-      for (long i = 0; i < acc_len; ++i) L2[i] += P[i];
-      if (++nsuper % kFold == 0) {
-#pragma omp simd
-        for (long i = 0; i < acc_len; ++i) L3[i] += L2[i], L2[i] = C(0);
-      }
-    }
-    for (long i = 0; i < acc_len; ++i) L3[i] += L2[i];
-  });
-  for (int t = 1; t < nth; ++t)
-    for (long i = 0; i < acc_len; ++i) totals[0][i] += totals[t][i];
-  const C* tot = totals[0].data();
-  for (long i = 0; i < Hkv * r * d; ++i) gW[i] = T(tot[i]);
-  for (long c = 0; c < d; ++c) gwq[c] = T(tot[Hkv * r * d + c]), gwk[c] = T(tot[Hkv * r * d + d + c]);
 }
 
 Dims make_dims(const paddle::Tensor& q_phys, const paddle::Tensor& k, const paddle::Tensor& premix,
@@ -355,6 +229,29 @@ std::vector<int64_t> out_shape(int64_t B, int64_t S, int64_t H, int64_t d, bool 
 }
 
 }  // namespace
+
+// For paddle_vha.vha.prologue (ctypes) and tools/bench_prologue.py: the CPU kernel variant a call would run now
+// ("baseline", "avx2" or "avx512"), or "error: <why>" when VHA_PROLOGUE_ISA asks for one that cannot run; and the
+// variants this CPU can run, best first, comma-separated.
+extern "C" __attribute__((visibility("default"))) const char* vha_prologue_cpu_variant() {
+  static thread_local std::string said;
+  try {
+    said = kIsaNames[int(select_isa())];
+  } catch (const std::exception& e) {
+    said = std::string("error: ") + e.what();
+  }
+  return said.c_str();
+}
+
+extern "C" __attribute__((visibility("default"))) const char* vha_prologue_cpu_variants() {
+  static const std::string all = [] {
+    std::string s;
+    for (int i = 2; i >= 0; --i)
+      if (cpu_has(Isa(i))) s += std::string(s.empty() ? "" : ",") + kIsaNames[i];
+    return s;
+  }();
+  return all.c_str();
+}
 
 #ifdef VHA_WITH_CUDA
 std::vector<paddle::Tensor> vha_prologue_cuda_forward(const paddle::Tensor& q_phys, const paddle::Tensor& k,
@@ -412,7 +309,7 @@ std::vector<paddle::Tensor> VhaPrologueForward(const paddle::Tensor& q_phys_in, 
   const Dims D = make_dims(q_phys, k, premix, wq, wk, cos, sin, heads_first);
   auto qo = paddle::empty(out_shape(D.B, D.S, D.Hv(), D.d, heads_first), q_phys.dtype(), q_phys.place());
   auto ko = paddle::empty(out_shape(D.B, D.S, D.Hkv, D.d, heads_first), q_phys.dtype(), q_phys.place());
-  VHA_DISPATCH(q_phys.dtype(), prologue_fwd<T, C>(q_phys.data<T>(), k.data<T>(), premix.data<T>(), wq.data<T>(),
+  VHA_DISPATCH(q_phys.dtype(), run_fwd<T, C>(q_phys.data<T>(), k.data<T>(), premix.data<T>(), wq.data<T>(),
                                                   wk.data<T>(), cos.data<T>(), sin.data<T>(), qo.data<T>(),
                                                   ko.data<T>(), D, C(eps)));
   return {qo, ko};
@@ -444,7 +341,7 @@ std::vector<paddle::Tensor> VhaPrologueBackward(const paddle::Tensor& q_phys_in,
   auto gwq = paddle::empty(wq.shape(), wq.dtype(), wq.place());
   auto gwk = paddle::empty(wk.shape(), wk.dtype(), wk.place());
   VHA_DISPATCH(q_phys.dtype(),
-               prologue_bwd<T, C>(q_phys.data<T>(), k.data<T>(), premix.data<T>(), wq.data<T>(), wk.data<T>(),
+               run_bwd<T, C>(q_phys.data<T>(), k.data<T>(), premix.data<T>(), wq.data<T>(), wk.data<T>(),
                                   cos.data<T>(), sin.data<T>(), gq.data<T>(), have_gk ? gk.data<T>() : nullptr,
                                   gqp.data<T>(), gkk.data<T>(), gW.data<T>(), gwq.data<T>(), gwk.data<T>(), D,
                                   C(eps)));

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import paddle
 
-__all__ = ["fused_prologue", "load_op", "ops_source_dir", "fused_unavailable_reason", "should_use_fused", "FusedPrologueUnavailable"]
+__all__ = ["fused_prologue", "load_op", "ops_source_dir", "fused_unavailable_reason", "should_use_fused",
+           "FusedPrologueUnavailable", "fused_not_faster_reason", "cpu_variant", "cpu_variants", "cpu_model", "cpu_isa_flags"]
 
 _LOG = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -113,6 +114,78 @@ def load_op():
         return _state["mod"]
 
 
+def _op_library():
+    """ctypes handle of the loaded op's shared library (the same copy Paddle loaded), or None."""
+    import ctypes
+
+    if load_op() is None:
+        return None
+    if "lib" not in _state:
+        path = None
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    if line.rstrip().endswith("vha_prologue_ops.so"):
+                        path = line.split(None, 5)[-1].strip()
+                        break
+        except OSError:
+            pass
+        if path is None:
+            build = build_script()
+            path = str(build.build_dir() / build.MODULE_NAME / f"{build.MODULE_NAME}.so")
+        lib = ctypes.CDLL(path)
+        for name in ("vha_prologue_cpu_variant", "vha_prologue_cpu_variants"):
+            getattr(lib, name).restype = ctypes.c_char_p
+        _state["lib"] = lib
+    return _state["lib"]
+
+
+def cpu_variant() -> str:
+    """The CPU kernel variant the op runs now: "avx512", "avx2" or "baseline" (the best this CPU has, unless
+    VHA_PROLOGUE_ISA names another). Raises FusedPrologueUnavailable when VHA_PROLOGUE_ISA asks for one it cannot run."""
+    lib = _op_library()
+    if lib is None:
+        raise FusedPrologueUnavailable(f"fused prologue unavailable: {_state['error']}")
+    said = lib.vha_prologue_cpu_variant().decode()
+    if said.startswith("error: "):
+        raise FusedPrologueUnavailable(said[len("error: "):].splitlines()[0])
+    return said
+
+
+def cpu_variants() -> list[str]:
+    """The CPU kernel variants this CPU can run, best first."""
+    lib = _op_library()
+    return lib.vha_prologue_cpu_variants().decode().split(",") if lib is not None else []
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for benchmark headers."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_isa_flags() -> str:
+    """The vector instruction sets this CPU reports that matter to the op's kernels (e.g. "avx2 fma avx512f")."""
+    wanted = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return " ".join(w for w in wanted if w in have) or "none of " + " ".join(wanted)
+    except OSError:
+        pass
+    return "unknown"
+
+
 @paddle.jit.not_to_static  # plain Python under to_static: it only picks and calls the op
 def fused_unavailable_reason(x: paddle.Tensor | None = None) -> str | None:
     """Why the fused op cannot run (for tensor x's device, if given), or None when it can."""
@@ -124,17 +197,54 @@ def fused_unavailable_reason(x: paddle.Tensor | None = None) -> str | None:
         return f"unsupported dtype {x.dtype}"
     if load_op() is None:
         return _state["error"] or "operator not loaded"
+    if _on_cpu(x):
+        try:
+            cpu_variant()
+        except FusedPrologueUnavailable as e:  # VHA_PROLOGUE_ISA names a variant this CPU cannot run
+            return str(e)
+    return None
+
+
+def _on_cpu(x: paddle.Tensor | None) -> bool:
+    if x is not None and paddle.in_dynamic_mode():
+        return x.place.is_cpu_place()
+    return paddle.get_device() == "cpu"
+
+
+# Where the CPU kernels are measured faster than the composed path (docs/prologue.md, "Which path runs"): every
+# variant on x86-64 (avx512, avx2 and the SSE2 baseline, at S = 1 ... 8192, forward and forward + backward).
+_MEASURED_FASTER_ON = ("x86_64", "amd64")
+
+
+def fused_not_faster_reason(x: paddle.Tensor | None = None) -> str | None:
+    """Why the default (vha_fused_prologue=None) keeps the composed path although the op runs, or None."""
+    import platform
+
+    machine = platform.machine().lower()
+    if _on_cpu(x) and machine not in _MEASURED_FASTER_ON:
+        return (f"its CPU kernels are not measured faster than the composed path on {machine} "
+                "(set vha_fused_prologue=True to use them)")
     return None
 
 
 @paddle.jit.not_to_static  # plain Python under to_static: it only picks and calls the op
 def should_use_fused(flag, x: paddle.Tensor) -> bool:
-    """Dispatch decision for config.vha_fused_prologue = flag (None / True / False) and input x."""
+    """Dispatch decision for config.vha_fused_prologue = flag (None / True / False) and input x: None uses the op
+    where it runs and is measured faster than the composed path, True requires it, False never uses it. Every
+    decision to fall back is logged once, in one line."""
     if flag is False:
         return False
     reason = fused_unavailable_reason(x)
     if reason is None:
-        return True
+        if flag is True:
+            return True
+        slower = fused_not_faster_reason(x)
+        if slower is None:
+            return True
+        if slower not in _state["warned"]:
+            _state["warned"].add(slower)
+            _LOG.warning("fused VHA prologue not used: %s; using the composed path", slower)
+        return False
     if flag is True:
         raise FusedPrologueUnavailable(f"vha_fused_prologue=True but the fused prologue is unavailable: {reason}")
     if reason not in _state["warned"]:
