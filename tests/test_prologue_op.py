@@ -441,6 +441,25 @@ def test_fallback_logs_one_line_and_true_requires_op(monkeypatch, caplog):
         run(attn, q_phys, k, cos, sin, fused=True)
 
 
+def test_default_keeps_composed_where_kernels_are_not_measured_faster(op, monkeypatch, caplog):
+    """On a CPU architecture where the kernels are not measured faster (anything but x86-64), the default (None)
+    keeps the composed path with one logged line; True still runs the op; results equal the composed path."""
+    import platform
+
+    cfg, attn, q_phys, k, cos, sin = make_case(SHAPES[2])
+    ref = [to_numpy(t) for t in run(attn, q_phys, k, cos, sin, fused=False)]
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setitem(pl._state, "warned", set())
+    with caplog.at_level(logging.WARNING, logger="paddle_vha.vha.prologue"):
+        out = [[to_numpy(t) for t in run(attn, q_phys, k, cos, sin, fused=None)] for _ in range(2)]
+    lines = [r.getMessage() for r in caplog.records if r.name == "paddle_vha.vha.prologue"]
+    print(lines)
+    assert len(lines) == 1 and "not measured faster" in lines[0] and "aarch64" in lines[0], lines
+    np.testing.assert_array_equal(out[1][0], ref[0])  # bit-identical: it is the composed path
+    assert pl.should_use_fused(True, q_phys)
+    assert not pl.should_use_fused(None, q_phys)
+
+
 def test_config_switch_is_validated():
     for ok in (None, True, False):
         assert tiny_config(vha_fused_prologue=ok).vha_fused_prologue is ok
