@@ -217,6 +217,18 @@ def parse(argv, usage: str = __doc__):
         fail(f"{argv[0]}: {msg.splitlines()[0] if msg else type(e).__name__}")
     except (AssertionError, TypeError, NotImplementedError) as e:
         fail(f"{argv[0]}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    model_args = parsed[0]
+    if "--model_name_or_path" in cmd and "--model_config" not in cmd and model_args.model_name_or_path:
+        # Continued training from a checkpoint named on the command line: its config.json is the architecture (a
+        # trainer config's inline model_config describes a model to build, not the one being loaded).
+        model_args.model_config = None
+        try:
+            with open(os.path.join(model_args.model_name_or_path, "config.json"), encoding="utf-8") as f:
+                checkpoint_type = json.load(f).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            checkpoint_type = None  # model_config_dict says what is wrong with it
+        if "--model_type" not in cmd and isinstance(checkpoint_type, str):
+            model_args.model_type = checkpoint_type
     return (*parsed, requested_parallelism(args))
 
 

@@ -1,0 +1,390 @@
+"""Stock Qwen3 (GQA or MHA) -> Qwen3-VHA with N KV heads: a start for uptraining (docs/conversion.md).
+
+The converted model keeps every query head as a virtual head (virtual head j = g*H_p + i keeps old query head j,
+H_p = H_q / N physical heads), so after uptraining it folds back to a stock GQA-N Qwen3 of the original's shape.
+In on-disk layout (Linear weights [out, in]), per attention layer:
+
+    queries   old block j (d x h) ~= Premix[g]^T W^(i)   for j = g*H_p + i: one factorization shared by all heads.
+              A_i = [Q_(0*H_p+i)^T | ... | Q_((N-1)*H_p+i)^T]  (h x N*d);  stacked over i: A (H_p*h x N*d)
+              A ~= W P with P (r x N*d) the top-r right singular vectors of L^T A (L = I for "mean"/"svd", the
+              Cholesky-like factor of the attention input's second moment for "calibrated"), so
+              Premix[g] = sqrt(N) P[:, g*d:(g+1)*d] and W^(i) = P A_i^T / sqrt(N): the best rank-r fit in that metric.
+    keys      the m = H_kv_old / N old KV heads of a new group are averaged (every method): k_norm and RoPE sit
+              between k_proj and the scores and admit no d x d map to absorb, and the least-squares single head
+              under any weighting shared by the m heads is their mean.
+    values    "mean": averaged. "svd" / "calibrated": the best rank-d fit of the group's m heads,
+              [V_1^T | ... | V_m^T] ~= V_g^T [T_1 | ... | T_m], with each d x d map T_t absorbed into the o_proj input
+              blocks of the query heads that used old head t (values pass no norm or RoPE, so this is exact algebra).
+    Postmix   the identity (V = 0; U small and seeded, as a fresh layer's, so V receives gradients).
+    q_norm, k_norm, o_proj (but for the T_t above), MLPs, embeddings: copied.
+
+Exact where the model allows it: a checkpoint that came from a fold (tools/fold.py) has rank-r query blocks in exactly
+this structure, so converting it back with the same N and r gives the original function (Postmix then lives in
+o_proj); tested. For a general GQA model the conversion is an approximation and uptraining does the rest.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from paddleformers.transformers import Qwen3Config
+
+from ..accounting import arch_from_config, kv_bytes_per_token
+from ..checkpoint import safetensors_io as st
+from ..checkpoint.contract import CheckpointError
+from ..checkpoint.folder import CheckpointFolder, write_checkpoint_folder
+from ..checkpoint.fsutil import atomic_dir, check_output_dir, linked_view
+from ..evaluate import compare_logits
+from ..families import family
+from ..units import fmt_bytes
+from .config import Qwen3VHAConfig
+from .contract import tensor_shapes as vha_tensor_shapes
+
+__all__ = ["ConvertError", "ConvertPlan", "METHODS", "factor_queries", "merge_kv", "plan_convert", "format_plan",
+           "convert_state", "calibration_moments", "convert_checkpoint", "logit_kl", "pool_kv_heads_state"]
+
+METHODS = ("mean", "svd", "calibrated")
+DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16", "float16")
+
+
+class ConvertError(CheckpointError):
+    """A checkpoint or request convert_to_vha refuses; the message is one line naming the problem."""
+
+
+# --- one layer (float64 numpy, on-disk layout) ----------------------------------------------------------------
+
+def _whitener(moment: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    """L^T with L L^T = moment (h x h, symmetric PSD): ||L^T x||^2 = x^T moment x. None -> None (plain metric)."""
+    if moment is None:
+        return None
+    lam, vec = np.linalg.eigh(np.asarray(moment, np.float64))
+    return np.sqrt(np.clip(lam, 0.0, None))[:, None] * vec.T  # (h, h)
+
+
+def factor_queries(w_q: np.ndarray, num_heads: int, n_kv: int, head_dim: int, r: int,
+                   moment: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray, float]:
+    """Stock q_proj [H_v*d, h] -> (VHA q_proj [H_p*r, h], Premix [N, r, d], relative fit error in the metric).
+
+    moment: the attention input's second moment E[x x^T] (h x h) for the calibrated fit, else None.
+    """
+    d, h = head_dim, w_q.shape[1]
+    h_p = num_heads // n_kv
+    blocks = np.asarray(w_q, np.float64).reshape(n_kv, h_p, d, h)  # (N, H_p, d, h): block j = g*H_p + i
+    a = blocks.transpose(1, 3, 0, 2).reshape(h_p, h, n_kv * d)  # (H_p, h, N*d): A_i = [Q_(g,i)^T]_g
+    lt = _whitener(moment)
+    aw = a if lt is None else np.matmul(lt[None], a)  # (H_p, h, N*d) in the metric
+    _, s, vt = np.linalg.svd(aw.reshape(h_p * h, n_kv * d), full_matrices=False)
+    p = vt[:r]  # (r, N*d), orthonormal rows
+    scale = np.sqrt(n_kv)
+    premix = (scale * p).reshape(r, n_kv, d).transpose(1, 0, 2)  # (N, r, d)
+    w = np.matmul(a, p.T) / scale  # (H_p, h, r): W^(i)T
+    total = float((s ** 2).sum())
+    err = float(np.sqrt(max((s[r:] ** 2).sum(), 0.0) / total)) if total > 0 else 0.0
+    return w.transpose(0, 2, 1).reshape(h_p * r, h), premix, err
+
+
+def merge_kv(w: np.ndarray, n_old: int, n_new: int, head_dim: int, low_rank: bool,
+             moment: Optional[np.ndarray] = None) -> Tuple[np.ndarray, Optional[np.ndarray], float]:
+    """k_proj / v_proj [H_kv_old*d, h] -> ([N*d, h], maps T [H_kv_old, d, d] or None, relative fit error).
+
+    low_rank=False: each new head is the mean of its m = H_kv_old / N old heads (T = None: nothing to absorb).
+    low_rank=True: the best rank-d fit [V_1^T .. V_m^T] ~= V_g^T [T_1 .. T_m] (in the moment's metric if given);
+    old head t is then approximated by V_g^T T_t, and T_t must be absorbed downstream (values only).
+    """
+    d, h = head_dim, w.shape[1]
+    m = n_old // n_new
+    blocks = np.asarray(w, np.float64).reshape(n_new, m, d, h)  # (N, m, d, h)
+    if not low_rank:
+        merged = blocks.mean(axis=1)  # (N, d, h)
+        diff = blocks - merged[:, None]
+        total = float((blocks ** 2).sum())
+        err = float(np.sqrt((diff ** 2).sum() / total)) if total > 0 else 0.0
+        return merged.reshape(n_new * d, h), None, err
+    lt = _whitener(moment)
+    out = np.empty((n_new, d, h))
+    maps = np.empty((n_new, m, d, d))
+    dropped = total = 0.0
+    for g in range(n_new):
+        b = blocks[g].transpose(2, 0, 1).reshape(h, m * d)  # (h, m*d): [V_1^T | ... | V_m^T]
+        bw = b if lt is None else lt @ b
+        _, s, vt = np.linalg.svd(bw, full_matrices=False)
+        t = np.sqrt(m) * vt[:d]  # (d, m*d): T' T'^T = m I, so identical heads give T_t = orthogonal
+        out[g] = (b @ t.T / m).T  # V_g (d, h) = (B T'^T / m)^T
+        maps[g] = t.reshape(d, m, d).transpose(1, 0, 2)  # (m, d, d): T_t
+        dropped += float((s[d:] ** 2).sum())
+        total += float((s ** 2).sum())
+    err = float(np.sqrt(dropped / total)) if total > 0 else 0.0
+    return out.reshape(n_new * d, h), maps.reshape(n_old, d, d), err
+
+
+def absorb_value_maps(w_o: np.ndarray, maps: np.ndarray, num_heads: int, n_old: int, head_dim: int) -> np.ndarray:
+    """o_proj [h, H_v*d]: input block j (the query head that read old KV head t = j // (H_v / H_kv_old)) becomes
+    W_O_j T_t^T, since that head's attention output is now out_j' with out_j ~= out_j' T_t."""
+    d = head_dim
+    w = np.asarray(w_o, np.float64).reshape(w_o.shape[0], num_heads, d)  # (h, H_v, d)
+    group = num_heads // n_old
+    t = np.repeat(maps, group, axis=0)  # (H_v, d, d): T of each query head's old KV head
+    return np.einsum("hjd,jed->hje", w, t).reshape(w_o.shape)  # block j: W_O_j T_t^T
+
+
+# --- a whole model ---------------------------------------------------------------------------------------------
+
+@dataclass
+class ConvertPlan:
+    in_dir: str
+    out_dir: str
+    in_config: dict
+    out_config: dict
+    cfg: Qwen3VHAConfig
+    src_cfg: object
+    out_code: str
+    inputs: Dict[str, "st.TensorRef"]
+    out_shapes: Dict[str, Tuple[int, ...]]
+    copy_files: List[str]
+    method: str
+    force: bool = False
+    seed: int = 0
+    errors: Dict[int, Tuple[float, float, float]] = field(default_factory=dict)  # layer -> (q, k, v) rel fit error
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(int(np.prod(s)) * st.DTYPES[self.out_code].itemsize for s in self.out_shapes.values())
+
+
+def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = None, postmix_rank: int = 4,
+                 method: str = "svd", dtype: str = "auto", force: bool = False, seed: int = 0) -> ConvertPlan:
+    """Validate `src` (a stock Qwen3 checkpoint: path or CheckpointFolder) and the request from headers alone."""
+    if method not in METHODS:
+        raise ConvertError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
+    if dtype not in DTYPE_CHOICES:
+        raise ConvertError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPE_CHOICES)}")
+    ck = CheckpointFolder.open(src)
+    in_dir, raw = ck.path, ck.config
+    stock = family(Qwen3Config.model_type)
+    if ck.model_type != stock.model_type:
+        raise ConvertError(f"{in_dir}: not a stock Qwen3 checkpoint (config.json model_type={ck.model_type!r}, "
+                           f"expected {stock.model_type!r}); a Qwen3-VHA checkpoint folds first (tools/fold.py)")
+    src_cfg = stock.load_config(ck)
+    if src_cfg.fuse_attention_qkv:
+        raise ConvertError(f"{in_dir}/config.json: fuse_attention_qkv=true checkpoints are not supported")
+    if src_cfg.attention_bias:
+        raise ConvertError(f"{in_dir}/config.json: attention_bias=true: the query bias would need its own "
+                           "factorization; convert_to_vha supports Qwen3's bias-free attention only")
+    stock.check_tensors(ck, src_cfg)
+    h_q, h_kv, d = src_cfg.num_attention_heads, src_cfg.num_key_value_heads, src_cfg.head_dim
+    if not (isinstance(kv_heads, int) and 1 <= kv_heads <= h_kv and h_kv % kv_heads == 0):
+        raise ConvertError(f"--kv-heads {kv_heads}: must divide the checkpoint's {h_kv} KV heads "
+                           f"(new groups merge whole old groups)")
+    if h_q % kv_heads:
+        raise ConvertError(f"--kv-heads {kv_heads}: does not divide the {h_q} query heads")
+    r = d if q_head_dim is None else q_head_dim
+    if not (isinstance(r, int) and 1 <= r <= d):
+        raise ConvertError(f"--q-head-dim {r}: must be between 1 and head_dim = {d} (Qwen3-VHA's physical query "
+                           "heads are at most head_dim wide)")
+    if not (isinstance(postmix_rank, int) and 1 <= postmix_rank <= h_q):
+        raise ConvertError(f"--postmix-rank {postmix_rank}: must be between 1 and the {h_q} query heads")
+    check_output_dir(out_dir, [in_dir], force, ConvertError)
+    ck.require_float()
+    inputs = ck.tensors
+    out_code = inputs["model.embed_tokens.weight"].dtype if dtype == "auto" else st.dtype_code(dtype)
+    out_raw = {k: v for k, v in raw.items() if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
+    out_raw.update(model_type=Qwen3VHAConfig.model_type, architectures=["Qwen3VHAForCausalLM"],
+                   num_key_value_heads=kv_heads, vha_q_head_dim=r, vha_postmix_rank=postmix_rank,
+                   dtype=st.dtype_name(out_code))
+    try:
+        cfg = Qwen3VHAConfig.from_dict(out_raw)
+    except (ValueError, TypeError) as e:
+        raise ConvertError(f"{in_dir}/config.json: cannot describe the converted model ({e})") from None
+    copy_files, _ = ck.side_files()
+    return ConvertPlan(in_dir, out_dir, raw, out_raw, cfg, src_cfg, out_code, inputs, vha_tensor_shapes(cfg),
+                       copy_files, method, force, seed)
+
+
+def format_plan(plan: ConvertPlan) -> str:
+    c, s = plan.cfg, plan.src_cfg
+    elem = st.DTYPES[plan.out_code].itemsize
+    before = kv_bytes_per_token(arch_from_config(plan.in_config), elem, all_layers=True)
+    after = kv_bytes_per_token(arch_from_config(plan.out_config), elem, all_layers=True)
+    h_p = c.num_attention_heads // c.num_key_value_heads
+    return "\n".join([
+        f"convert {plan.in_dir} -> {plan.out_dir} (method {plan.method})",
+        f"  Qwen3: {s.num_hidden_layers} layers, {s.num_attention_heads} query heads over {s.num_key_value_heads} KV "
+        f"heads, head_dim {s.head_dim}, hidden {s.hidden_size}",
+        f"  Qwen3-VHA: {c.num_attention_heads} virtual heads = {h_p} physical heads (width {c.vha_q_head_dim}) x "
+        f"{c.num_key_value_heads} Premix groups over {c.num_key_value_heads} KV heads; Postmix rank "
+        f"{c.vha_postmix_rank} (starts as the identity)",
+        f"  KV cache per token ({st.dtype_name(plan.out_code)}): {fmt_bytes(before, fixed=True)} -> "
+        f"{fmt_bytes(after, fixed=True)} ({after / before:.1%})",
+        f"  output: {len(plan.out_shapes)} tensors, {fmt_bytes(plan.bytes_out, fixed=True)}; copied files: "
+        f"{', '.join(plan.copy_files) or 'none'}",
+    ])
+
+
+def _read(plan: ConvertPlan, name: str) -> np.ndarray:
+    try:
+        return st.to_float64(st.cast_finite(st.read_tensor(plan.inputs[name]), plan.inputs[name].dtype, name))
+    except ValueError as e:
+        raise ConvertError(f"{e}; refusing to convert") from None
+
+
+def convert_state(plan: ConvertPlan, method: str, moments: Optional[Dict[int, np.ndarray]] = None,
+                  progress: bool = False) -> Dict[str, np.ndarray]:
+    """The converted attention tensors (float64, on-disk layout) for one method; everything else is copied at write
+    time. moments: layer -> E[x x^T] of the attention input (needed by "calibrated"). Fills plan.errors."""
+    from tqdm import tqdm
+
+    c, s = plan.cfg, plan.src_cfg
+    if method == "calibrated" and moments is None:
+        raise ValueError("the calibrated method needs calibration moments")
+    n_new, n_old, d, h_v = c.num_key_value_heads, s.num_key_value_heads, s.head_dim, s.num_attention_heads
+    rng = np.random.default_rng(plan.seed)
+    out: Dict[str, np.ndarray] = {}
+    for i in tqdm(range(s.num_hidden_layers), desc=f"convert ({method})", disable=not progress, leave=False):
+        p = f"model.layers.{i}.self_attn."
+        mom = moments[i] if method == "calibrated" else None
+        wq, premix, eq = factor_queries(_read(plan, p + "q_proj.weight"), h_v, n_new, d, c.vha_q_head_dim, mom)
+        wk, _, ek = merge_kv(_read(plan, p + "k_proj.weight"), n_old, n_new, d, low_rank=False)
+        wv, maps, ev = merge_kv(_read(plan, p + "v_proj.weight"), n_old, n_new, d, low_rank=method != "mean",
+                                moment=mom)
+        wo = _read(plan, p + "o_proj.weight")
+        if maps is not None:
+            wo = absorb_value_maps(wo, maps, h_v, n_old, d)
+        rank = c.vha_postmix_rank
+        out.update({p + "q_proj.weight": wq, p + "vha_premix_weight": premix, p + "k_proj.weight": wk,
+                    p + "v_proj.weight": wv, p + "o_proj.weight": wo,
+                    p + "vha_postmix_U": rng.normal(0.0, c.vha_postmix_u_init_std, (h_v, rank)),
+                    p + "vha_postmix_V": np.zeros((h_v, rank))})
+        plan.errors[i] = (eq, ek, ev)
+    return out
+
+
+def _eval_windows(batches: int, seq_len: int, batch_size: int = 4, corpus_mb: float = 2.0, split: str = "val",
+                  seed: int = 0):
+    from ..train.corpus import load_stdlib_corpus
+
+    corpus = load_stdlib_corpus(max_bytes=int(corpus_mb * (1 << 20)))
+    if split == "val":
+        return corpus.val_batches(batch_size, seq_len, batches)
+    rng = np.random.default_rng(seed)
+    return [corpus.batch(rng, batch_size, seq_len, "train") for _ in range(batches)]
+
+
+def calibration_moments(in_dir: str, tokens: int, seq_len: int = 128, seed: int = 0) -> Dict[int, np.ndarray]:
+    """E[x x^T] (float64, h x h) of every layer's attention input (q_proj's input: the input_layernorm output), over
+    `tokens` byte tokens of the embedded corpus's training split, run through the original model in fp32."""
+    import paddle
+    from paddleformers.transformers import Qwen3ForCausalLM
+
+    batch = 4
+    n_batches = max(1, -(-tokens // (batch * seq_len)))
+    windows = _eval_windows(n_batches, seq_len, batch, split="train", seed=seed)
+    sums: Dict[int, np.ndarray] = {}
+    count = [0]
+    with tempfile.TemporaryDirectory(prefix="vha-calib-") as tmp:
+        model = Qwen3ForCausalLM.from_pretrained(linked_view(in_dir, os.path.join(tmp, "in")), dtype="float32")
+        model.eval()
+        vocab = model.config.vocab_size
+        hooks = []
+        for i, layer in enumerate(model.model.layers):
+            def grab(_layer, inputs, i=i):
+                x = inputs[0].astype("float64").numpy().reshape(-1, inputs[0].shape[-1])  # (B*S, h)
+                sums[i] = sums.get(i, 0.0) + x.T @ x
+            hooks.append(layer.self_attn.q_proj.register_forward_pre_hook(grab))
+        with paddle.no_grad():
+            for x, _ in windows:
+                model(paddle.to_tensor(x % vocab))
+                count[0] += x.size
+        for hk in hooks:
+            hk.remove()
+        del model
+    return {i: v / count[0] for i, v in sums.items()}
+
+
+def _chunks_for(plan: ConvertPlan, converted: Dict[str, np.ndarray]):
+    def chunks(name, code, shape):
+        arr = converted[name] if name in converted else st.read_tensor(plan.inputs[name])
+        if tuple(arr.shape) != tuple(shape):
+            raise ConvertError(f"{name}: produced shape {list(arr.shape)}, planned {list(shape)} (a bug)")
+        try:
+            yield st.cast_finite(np.asarray(arr), code, name)
+        except ValueError as e:
+            raise ConvertError(f"{e}; refusing to convert") from None
+    return chunks
+
+
+def _write(plan: ConvertPlan, folder: str, converted: Dict[str, np.ndarray], max_shard_size: str, progress: bool):
+    from tqdm import tqdm
+
+    try:
+        max_bytes = st.parse_size(max_shard_size)
+    except ValueError as e:
+        raise ConvertError(f"--max-shard-size: {e}") from None
+    names = sorted(plan.out_shapes, key=st.natural_key)
+    shards = st.plan_shards([(n, plan.out_code, tuple(plan.out_shapes[n])) for n in names], max_bytes)
+    bar = tqdm(total=len(names), desc="write", disable=not progress, leave=False)
+    write_checkpoint_folder(folder, shards, _chunks_for(plan, converted), plan.out_config, plan.bytes_out,
+                            plan.in_dir, plan.copy_files, on_written=lambda name, nbytes: bar.update(1))
+    bar.close()
+
+
+def convert_checkpoint(plan: ConvertPlan, converted: Dict[str, np.ndarray], progress: bool = True,
+                       max_shard_size: str = "5GB", check=None) -> str:
+    """Write OUT_DIR atomically from convert_state's tensors; check(folder) runs on the complete folder first."""
+    out_dir = os.path.abspath(plan.out_dir)
+    with atomic_dir(out_dir, tool="convert_to_vha", replace=plan.force, error=ConvertError) as tmp:
+        _write(plan, tmp, converted, max_shard_size, progress)
+        if check is not None:
+            check(tmp)
+    return out_dir
+
+
+def write_candidate(plan: ConvertPlan, converted: Dict[str, np.ndarray], folder: str) -> str:
+    """A converted model written to a scratch folder (for comparing methods); the caller removes it."""
+    os.makedirs(folder)
+    _write(plan, folder, converted, "5GB", progress=False)
+    return folder
+
+
+def reference_logits(model_dir: str, windows, model_cls=None) -> np.ndarray:
+    """fp32 logits (float64 array) of a checkpoint folder on the given windows; byte ids wrap modulo the vocabulary."""
+    import paddle
+
+    from ..families import family_of
+
+    cls = model_cls or family_of(model_dir).model_class
+    with tempfile.TemporaryDirectory(prefix="vha-logits-") as tmp:
+        model = cls.from_pretrained(linked_view(model_dir, os.path.join(tmp, "m")), dtype="float32")
+        model.eval()
+        vocab = model.config.vocab_size
+        outs = []
+        with paddle.no_grad():
+            for x, _ in windows:
+                outs.append(model(paddle.to_tensor(x % vocab), return_dict=True).logits.astype("float64").numpy())
+        del model
+    return np.concatenate(outs)
+
+
+def logit_kl(ref_logits: np.ndarray, model_dir: str, windows) -> Dict[str, float]:
+    """KL(original || converted) per position (nats) and max relative logit difference, on `windows`."""
+    b = reference_logits(model_dir, windows)
+    cmp = compare_logits(ref_logits, b)
+    if cmp["nonfinite"]:
+        which = {"reference": "the original model's", "compared": "the converted model's"}
+        raise ConvertError("logit KL: " + " and ".join(which[w] for w in cmp["nonfinite"].split(" and ")) +
+                           " logits are not finite (NaN or Inf)")
+    return {"mean_kl": cmp["mean_kl"], "max_rel": cmp["max_rel"], "tokens": int(ref_logits.shape[0] * ref_logits.shape[1])}
+
+
+# --- GQA -> GQA by mean pooling (the GQA paper's uptraining start; used by tools/uptrain_study.py) ----------------
+
+def pool_kv_heads_state(state: Dict[str, np.ndarray], n_old: int, n_new: int, head_dim: int) -> Dict[str, np.ndarray]:
+    """A stock Qwen3 state dict (on-disk layout) with each group of n_old / n_new KV heads mean-pooled into one."""
+    out = dict(state)
+    for name, value in state.items():
+        if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
+            out[name] = merge_kv(value, n_old, n_new, head_dim, low_rank=False)[0]
+    return out
