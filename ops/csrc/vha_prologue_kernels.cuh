@@ -18,9 +18,16 @@
 //   kernel casts the fp32 weight-gradient sums to the parameter dtype.
 #pragma once
 
+#ifdef VHA_EMU  // the host emulator of the CUDA execution model (ops/emu/cuda_emu.h): these kernels run in CI on a CPU
+#include "cuda_emu.h"
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+// The emulator's two hooks, here as plain CUDA: a launch, and the dynamic shared memory.
+#define VHA_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define VHA_DYNAMIC_SHARED(name) extern __shared__ unsigned char name[]
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -102,7 +109,7 @@ __global__ void fwd_simt(const T* qp, const T* kin, const T* W, const T* wq, con
                          const T* sinp, T* qo, T* ko, Dims D, typename Acc<T>::type eps, long first_task,
                          long n_tasks) {
   using C = typename Acc<T>::type;
-  extern __shared__ unsigned char smem_raw[];
+  VHA_DYNAMIC_SHARED(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpb = blockDim.x / 32;
   C* buf = reinterpret_cast<C*>(smem_raw) + warp * (D.r + D.d);
   C* qrow = buf;
@@ -138,7 +145,9 @@ __global__ void fwd_simt(const T* qp, const T* kin, const T* W, const T* wq, con
 // Tensor-core forward for the virtual queries (bf16 / fp16, d = DH in {64, 128, 256}, r % 16 == 0).
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                           __nv_bfloat16*) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(VHA_EMU)
+  emu::mma_m16n8k16(c, a, b, /*bf16=*/true);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
@@ -147,7 +156,9 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 #endif
 }
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], __half*) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(VHA_EMU)
+  emu::mma_m16n8k16(c, a, b, /*bf16=*/false);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
@@ -163,7 +174,7 @@ constexpr int kSmemPad = 8;            // elements of padding per staged W^T row
 template <typename T, int DH>
 __global__ void __launch_bounds__(kTcWarps * 32) fwd_q_tc(const T* qp, const T* W, const T* wq, const T* cosp,
                                                           const T* sinp, T* qo, Dims D, float eps) {
-  extern __shared__ unsigned char smem_raw[];
+  VHA_DYNAMIC_SHARED(smem_raw);
   T* wt = reinterpret_cast<T*>(smem_raw);  // (DH, r + pad): W[g]^T, so B fragments read k-pairs contiguously
   const int r = int(D.r), ldw = r + kSmemPad;
   const long g = blockIdx.y;
@@ -250,7 +261,7 @@ __global__ void bwd_rows(const T* qp, const T* kin, const T* W, const T* wq, con
                          typename Acc<T>::type* gwq_acc, typename Acc<T>::type* gwk_acc, Dims D,
                          typename Acc<T>::type eps) {
   using C = typename Acc<T>::type;
-  extern __shared__ unsigned char smem_raw[];
+  VHA_DYNAMIC_SHARED(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpb = blockDim.x / 32;
   C* gw_blk = reinterpret_cast<C*>(smem_raw);  // 2*d: block sums for q_norm and k_norm weights
   C* buf = gw_blk + 2 * D.d + warp * (D.r + 2 * D.d);
@@ -334,7 +345,7 @@ __global__ void bwd_rows(const T* qp, const T* kin, const T* W, const T* wq, con
 template <typename T>
 __global__ void bwd_dq(const T* W, const typename Acc<T>::type* GU, T* gqp, Dims D) {
   using C = typename Acc<T>::type;
-  extern __shared__ unsigned char smem_raw[];
+  VHA_DYNAMIC_SHARED(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpb = blockDim.x / 32;
   C* gu = reinterpret_cast<C*>(smem_raw) + warp * D.Hkv * D.d;
   for (long row = long(blockIdx.x) * wpb + warp; row < D.rows(); row += long(gridDim.x) * wpb) {
@@ -427,7 +438,7 @@ inline cudaError_t launch_fwd_q_tc(const T* qp, const T* W, const T* wq, const T
   const long tiles = (D.rows() + 16 * kTcWarps - 1) / (16 * kTcWarps);
   const long per_group = (4L * sms + D.Hkv - 1) / D.Hkv;  // ~4 CTAs per SM in all
   dim3 grid(unsigned(tiles < per_group ? tiles : per_group), unsigned(D.Hkv));
-  fwd_q_tc<T, DH><<<grid, kTcWarps * 32, smem, st>>>(qp, W, wq, cosp, sinp, qo, D, eps);
+  VHA_LAUNCH(grid, kTcWarps * 32, smem, st, fwd_q_tc<T, DH>)(qp, W, wq, cosp, sinp, qo, D, eps);
   return cudaGetLastError();
 }
 
@@ -451,7 +462,7 @@ cudaError_t launch_forward(const T* qp, const T* kin, const T* W, const T* wq, c
     }
   }
   if (n > 0) {
-    fwd_simt<T><<<grid_for(n, wpb), threads, smem, st>>>(qp, kin, W, wq, wk, cosp, sinp, qo, ko, D, C(eps), first, n);
+    VHA_LAUNCH(grid_for(n, wpb), threads, smem, st, fwd_simt<T>)(qp, kin, W, wq, wk, cosp, sinp, qo, ko, D, C(eps), first, n);
   }
   return cudaGetLastError();
 }
@@ -485,18 +496,20 @@ cudaError_t launch_backward(const T* qp, const T* kin, const T* W, const T* wq, 
   const int threads = 128, wpb = threads / 32;
   const long n_tasks = (D.rows() + D.tokens()) * D.Hkv;
   const size_t smem1 = (2 * D.d + size_t(wpb) * (D.r + 2 * D.d)) * sizeof(C);
-  bwd_rows<T><<<grid_for(n_tasks, wpb * 8, 1024), threads, smem1, st>>>(qp, kin, W, wq, wk, cosp, sinp, gqo, gko, gk,
+  VHA_LAUNCH(grid_for(n_tasks, wpb * 8, 1024), threads, smem1, st, bwd_rows<T>)(qp, kin, W, wq, wk, cosp, sinp, gqo, gko, gk,
                                                                        GU, gwq_acc, gwk_acc, D, C(eps));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  bwd_dq<T><<<grid_for(D.rows(), wpb), threads, size_t(wpb) * D.Hkv * D.d * sizeof(C), st>>>(W, GU, gqp, D);
+  VHA_LAUNCH(grid_for(D.rows(), wpb), threads, size_t(wpb) * D.Hkv * D.d * sizeof(C), st, bwd_dq<T>)(W, GU, gqp, D);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   dim3 g3(unsigned((D.d + kTile - 1) / kTile), unsigned(D.Hkv * ((D.r + kTile - 1) / kTile)),
           unsigned((D.rows() + kRowsChunk - 1) / kRowsChunk));
-  bwd_dw<T><<<g3, kTile * 8, 0, st>>>(qp, GU, gW_acc, D);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  cast_out<T><<<grid_for(D.Hkv * D.r * D.d, 256, 1024), 256, 0, st>>>(gW_acc, gW, D.Hkv * D.r * D.d);
-  cast_out<T><<<1, 256, 0, st>>>(gwq_acc, gwq, D.d);
-  cast_out<T><<<1, 256, 0, st>>>(gwk_acc, gwk, D.d);
+  if (D.rows() > 0) {  // an empty batch has no rows to sum (and a zero-sized grid is not a launch): dW stays 0
+    VHA_LAUNCH(g3, kTile * 8, 0, st, bwd_dw<T>)(qp, GU, gW_acc, D);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  VHA_LAUNCH(grid_for(D.Hkv * D.r * D.d, 256, 1024), 256, 0, st, cast_out<T>)(gW_acc, gW, D.Hkv * D.r * D.d);
+  VHA_LAUNCH(1, 256, 0, st, cast_out<T>)(gwq_acc, gwq, D.d);
+  VHA_LAUNCH(1, 256, 0, st, cast_out<T>)(gwk_acc, gwk, D.d);
   return cudaGetLastError();
 }
 

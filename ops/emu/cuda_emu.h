@@ -1,0 +1,452 @@
+// A host emulator of the CUDA execution model, enough to run this project's kernels on a CPU in CI.
+//
+// Compiled with g++ around the unmodified kernel sources (ops/csrc/vha_prologue_launcher.cu with -x c++ -DVHA_EMU):
+// vha_prologue_kernels.cuh includes this header instead of cuda_runtime.h and takes its two hooks, VHA_LAUNCH (for
+// `kernel<<<grid, block, smem, stream>>>`) and VHA_DYNAMIC_SHARED (for `extern __shared__`), plus the mma.sync body.
+//
+// Model: blocks run one at a time; each GPU thread of the block is a ucontext fiber with its own stack (a guard page
+// below it). A fiber runs until it reaches a rendezvous point: __syncthreads (the whole block), __syncwarp,
+// __shfl_xor_sync and mma.sync (the 32 lanes of its warp). The scheduler resumes runnable fibers in the order the
+// launch asks for (in order, reversed, or shuffled by a seed: a missing barrier then shows up as a wrong result),
+// releases a barrier when every live thread of its scope waits at it, and stops the launch with an error naming the
+// block, the threads and the barriers when:
+//   * threads wait at __syncthreads while others of the block have exited or wait at a warp collective (divergence),
+//   * the lanes of a warp wait at different collectives, or some lanes exited (a full-mask collective needs all 32),
+//   * nothing can run and nothing can be released (deadlock).
+// mma.sync.m16n8k16 (bf16 / f16 inputs, f32 accumulation) is computed from the fragment layout tables of the PTX ISA
+// (written from the ISA, not from the kernels): with g = lane / 4 and t = lane % 4, A's registers a0..a3 hold rows
+// g, g+8, g, g+8 at k = 2t..2t+1, 2t..2t+1, 2t+8..2t+9, 2t+8..2t+9; B's b0, b1 hold k = 2t..2t+1 and 2t+8..2t+9 of
+// column g; C/D's c0, c1 are row g and c2, c3 row g+8, at columns 2t, 2t+1.
+// Launch checks: block size (1..1024 threads), grid limits (x < 2^31, y and z <= 65535, none 0), dynamic shared
+// memory against 48 KB or the size opted in by cudaFuncSetAttribute (at most 227 KB, sm_90). Device buffers from
+// emu_alloc end at a PROT_NONE page, so an out-of-bounds read past a buffer's end faults; the dynamic shared memory is
+// filled with 0xCD bytes before each block, so reading it uninitialised gives garbage, not zeros.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+// ---- the CUDA runtime surface the kernels and launchers use ----------------------------------------------------
+// Types and declarations come from the toolkit's headers (cuda_fp16.h brings cuda_runtime_api.h); the functions the
+// kernels call are defined below, for the emulator.
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __shared__
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static  // static shared arrays: one per kernel instantiation, blocks run one at a time
+#ifndef __CUDA_ARCH__
+#define __CUDA_ARCH__ 900  // the device-code paths (mma) compile; their bodies come from the emulator
+#endif
+
+namespace emu {
+
+constexpr int kWarp = 32;
+constexpr size_t kStackBytes = 128 * 1024;
+enum class Wait { None, Block, Warp };
+enum class Coll { None, Sync, Shfl, Mma };
+
+struct Lane {
+  ucontext_t ctx;
+  char* stack = nullptr;
+  uint3 tid;
+  bool done = false;
+  Wait wait = Wait::None;
+  Coll coll = Coll::None;
+  unsigned mask = 0;
+  // collective payloads
+  unsigned char val[8];
+  int shfl_xor = 0, val_bytes = 0;
+  uint32_t a[4], b[2];
+  float c[4];
+  bool bf16 = false;
+};
+
+struct State {
+  std::vector<Lane> lanes;
+  std::vector<char*> stacks;
+  int cur = -1;
+  ucontext_t sched;
+  uint3 block_idx, block_dim, grid_dim;
+  std::vector<unsigned char> dyn_smem;
+  std::function<void()> body;
+  cudaError_t last_error = cudaSuccess;
+  std::string error;  // why the last launch failed (emu_last_error_message)
+  int order = 0;      // 0 in order, 1 reversed, 2 shuffled (seed)
+  unsigned seed = 0;
+  int sm_count = 4;
+  std::map<const void*, int> max_dyn_smem;
+  long launches = 0;
+};
+inline State& g() {
+  static State s;
+  return s;
+}
+inline Lane& cur() { return g().lanes[g().cur]; }
+
+[[noreturn]] inline void die(const std::string& msg) {  // an error inside a fiber ends the whole process loudly
+  std::fprintf(stderr, "cuda_emu: %s\n", msg.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+inline void yield() { swapcontext(&cur().ctx, &g().sched); }
+
+inline void entry() {
+  g().body();
+  cur().done = true;
+  cur().wait = Wait::None;
+  swapcontext(&cur().ctx, &g().sched);
+}
+
+inline char* new_stack() {  // stack with a PROT_NONE guard page below it
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) die("out of memory for fiber stacks");
+  mprotect(p, page, PROT_NONE);
+  return static_cast<char*>(p) + page;
+}
+
+inline std::string where(int i) {
+  const Lane& l = g().lanes[i];
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "block (%u,%u,%u) thread (%u,%u,%u)", g().block_idx.x, g().block_idx.y,
+                g().block_idx.z, l.tid.x, l.tid.y, l.tid.z);
+  return buf;
+}
+
+inline float bits_to_float(uint16_t h, bool bf16) {
+  if (bf16) {
+    uint32_t u = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  __half_raw r;
+  r.x = h;
+  return __half2float(__half(r));
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 for the 32 lanes of warp w (PTX ISA tables).
+inline void run_mma(int first) {
+  float A[16][16], B[16][8], C[16][8];
+  for (int lane = 0; lane < kWarp; ++lane) {
+    const Lane& l = g().lanes[first + lane];
+    const int gr = lane >> 2, t = lane & 3;
+    auto lo = [](uint32_t v) { return uint16_t(v & 0xffffu); };
+    auto hi = [](uint32_t v) { return uint16_t(v >> 16); };
+    const int arow[4] = {gr, gr + 8, gr, gr + 8}, acol[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+    for (int i = 0; i < 4; ++i) {
+      A[arow[i]][acol[i]] = bits_to_float(lo(l.a[i]), l.bf16);
+      A[arow[i]][acol[i] + 1] = bits_to_float(hi(l.a[i]), l.bf16);
+    }
+    const int brow[2] = {2 * t, 2 * t + 8};
+    for (int i = 0; i < 2; ++i) {
+      B[brow[i]][gr] = bits_to_float(lo(l.b[i]), l.bf16);
+      B[brow[i] + 1][gr] = bits_to_float(hi(l.b[i]), l.bf16);
+    }
+    C[gr][2 * t] = l.c[0];
+    C[gr][2 * t + 1] = l.c[1];
+    C[gr + 8][2 * t] = l.c[2];
+    C[gr + 8][2 * t + 1] = l.c[3];
+  }
+  for (int lane = 0; lane < kWarp; ++lane) {
+    Lane& l = g().lanes[first + lane];
+    const int gr = lane >> 2, t = lane & 3;
+    const int rows[4] = {gr, gr, gr + 8, gr + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    for (int i = 0; i < 4; ++i) {
+      float acc = 0.f;
+      for (int k = 0; k < 16; ++k) acc += A[rows[i]][k] * B[k][cols[i]];
+      l.c[i] = C[rows[i]][cols[i]] + acc;
+    }
+  }
+}
+
+// Release what can be released; returns whether anything was.
+inline bool release(std::string& err) {
+  auto& L = g().lanes;
+  const int n = int(L.size());
+  bool any = false;
+  int at_block = 0, live = 0;
+  for (auto& l : L) {
+    live += !l.done;
+    at_block += (!l.done && l.wait == Wait::Block);
+  }
+  if (at_block > 0) {
+    for (int i = 0; i < n; ++i)
+      if (L[i].done) {
+        err = "__syncthreads waited on in the block of " + where(i) + ", which has exited (divergent barrier)";
+        return false;
+      }
+    if (at_block == live) {
+      for (auto& l : L) l.wait = Wait::None;
+      return true;
+    }
+  }
+  for (int w0 = 0; w0 < n; w0 += kWarp) {
+    const int w1 = std::min(n, w0 + kWarp);
+    int waiting = 0, done = 0;
+    Coll kind = Coll::None;
+    for (int i = w0; i < w1; ++i) {
+      if (L[i].done) {
+        ++done;
+        continue;
+      }
+      if (L[i].wait != Wait::Warp) continue;
+      if (kind != Coll::None && L[i].coll != kind) {
+        err = "lanes of the warp of " + where(i) + " wait at different warp collectives (divergence)";
+        return false;
+      }
+      kind = L[i].coll;
+      ++waiting;
+    }
+    if (waiting == 0 || waiting + done < w1 - w0) continue;  // still running lanes: not yet
+    if (done > 0 || w1 - w0 < kWarp) {
+      err = "a full-mask warp collective in the warp of " + where(w0) + " while some of its lanes exited or do not exist";
+      return false;
+    }
+    for (int i = w0; i < w1; ++i)
+      if (L[i].mask != 0xffffffffu) {
+        err = "warp collective with mask != 0xffffffff in " + where(i) + " (not emulated)";
+        return false;
+      }
+    if (kind == Coll::Shfl) {
+      unsigned char tmp[kWarp][8];
+      for (int i = w0; i < w1; ++i) std::memcpy(tmp[i - w0], L[i].val, 8);
+      for (int i = w0; i < w1; ++i) std::memcpy(L[i].val, tmp[(i - w0) ^ L[i].shfl_xor], 8);
+    } else if (kind == Coll::Mma) {
+      run_mma(w0);
+    }
+    for (int i = w0; i < w1; ++i) L[i].wait = Wait::None;
+    any = true;
+  }
+  return any;
+}
+
+inline void run_block(unsigned nthreads, std::mt19937& rng) {
+  auto& G = g();
+  G.lanes.assign(nthreads, Lane());
+  while (G.stacks.size() < nthreads) G.stacks.push_back(new_stack());
+  for (unsigned i = 0; i < nthreads; ++i) {
+    Lane& l = G.lanes[i];
+    l.tid = uint3{i % G.block_dim.x, (i / G.block_dim.x) % G.block_dim.y, i / (G.block_dim.x * G.block_dim.y)};
+    l.stack = G.stacks[i];
+    getcontext(&l.ctx);
+    l.ctx.uc_stack.ss_sp = l.stack;
+    l.ctx.uc_stack.ss_size = kStackBytes;
+    l.ctx.uc_link = nullptr;
+    makecontext(&l.ctx, entry, 0);
+  }
+  std::vector<int> order(nthreads);
+  for (unsigned i = 0; i < nthreads; ++i) order[i] = int(i);
+  if (G.order == 1) std::reverse(order.begin(), order.end());
+  for (;;) {
+    if (G.order == 2) std::shuffle(order.begin(), order.end(), rng);
+    bool ran = false, all_done = true;
+    for (int i : order) {
+      Lane& l = G.lanes[i];
+      if (l.done) continue;
+      all_done = false;
+      if (l.wait != Wait::None) continue;
+      G.cur = i;
+      swapcontext(&G.sched, &l.ctx);
+      G.cur = -1;
+      ran = true;
+    }
+    if (all_done) return;
+    std::string err;
+    const bool released = release(err);
+    if (!err.empty()) die(err);
+    if (!ran && !released) {
+      std::string who;
+      for (unsigned i = 0; i < nthreads && who.size() < 300; ++i)
+        if (!G.lanes[i].done)
+          who += " " + std::to_string(i) + (G.lanes[i].wait == Wait::Block ? ":__syncthreads" : ":warp-collective");
+      die("deadlock in block (" + std::to_string(G.block_idx.x) + "," + std::to_string(G.block_idx.y) + "," +
+          std::to_string(G.block_idx.z) + "); waiting threads:" + who);
+    }
+  }
+}
+
+template <typename... P>
+struct Launch {
+  dim3 grid, block;
+  size_t smem;
+  void (*kernel)(P...);
+  template <typename... A>
+  void operator()(A&&... args) const {
+    auto& G = g();
+    ++G.launches;
+    const unsigned long threads = (unsigned long)block.x * block.y * block.z;
+    const void* key = reinterpret_cast<const void*>(kernel);
+    const int opted = G.max_dyn_smem.count(key) ? G.max_dyn_smem[key] : 48 * 1024;
+    const char* bad = nullptr;
+    if (threads < 1 || threads > 1024 || block.z > 64) bad = "block size";
+    else if (grid.x < 1 || grid.y < 1 || grid.z < 1) bad = "an empty grid";
+    else if (grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) bad = "grid size";
+    else if (smem > size_t(opted)) bad = "dynamic shared memory above the opted-in limit";
+    if (bad) {
+      G.last_error = cudaErrorInvalidConfiguration;
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "launch refused: %s (grid %u,%u,%u block %u,%u,%u smem %zu, limit %d)", bad,
+                    grid.x, grid.y, grid.z, block.x, block.y, block.z, smem, opted);
+      G.error = buf;
+      return;
+    }
+    std::tuple<typename std::decay<P>::type...> frozen(std::forward<A>(args)...);  // by value, as a launch copies
+    auto fn = kernel;
+    G.body = [&]() { std::apply(fn, frozen); };
+    G.grid_dim = uint3{grid.x, grid.y, grid.z};
+    G.block_dim = uint3{block.x, block.y, block.z};
+    G.dyn_smem.assign(smem + 16, 0xCD);
+    std::mt19937 rng(G.seed + unsigned(G.launches));
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) {
+          G.block_idx = uint3{x, y, z};
+          std::fill(G.dyn_smem.begin(), G.dyn_smem.end(), (unsigned char)0xCD);
+          run_block(unsigned(threads), rng);
+        }
+  }
+};
+
+template <typename... P>
+inline Launch<P...> launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, void (*fn)(P...)) {
+  return Launch<P...>{grid, block, smem, fn};
+}
+
+template <typename T>
+inline T shfl_xor(unsigned mask, T v, int lane_mask) {
+  static_assert(sizeof(T) <= 8, "shuffle payload");
+  Lane& l = cur();
+  std::memcpy(l.val, &v, sizeof(T));
+  l.shfl_xor = lane_mask;
+  l.mask = mask;
+  l.coll = Coll::Shfl;
+  l.wait = Wait::Warp;
+  yield();
+  T out;
+  std::memcpy(&out, cur().val, sizeof(T));
+  return out;
+}
+
+inline void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool bf16) {
+  Lane& l = cur();
+  std::memcpy(l.a, a, sizeof l.a);
+  std::memcpy(l.b, b, sizeof l.b);
+  std::memcpy(l.c, c, sizeof l.c);
+  l.bf16 = bf16;
+  l.mask = 0xffffffffu;
+  l.coll = Coll::Mma;
+  l.wait = Wait::Warp;
+  yield();
+  std::memcpy(c, cur().c, sizeof cur().c);
+}
+
+}  // namespace emu
+
+// ---- device-side names ------------------------------------------------------------------------------------------
+#define threadIdx (::emu::cur().tid)
+#define blockIdx (::emu::g().block_idx)
+#define blockDim (::emu::g().block_dim)
+#define gridDim (::emu::g().grid_dim)
+
+inline void __syncthreads() {
+  emu::cur().wait = emu::Wait::Block;
+  emu::yield();
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  emu::Lane& l = emu::cur();
+  l.mask = mask;
+  l.coll = emu::Coll::Sync;
+  l.wait = emu::Wait::Warp;
+  emu::yield();
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int = 32) {
+  return emu::shfl_xor(mask, v, lane_mask);
+}
+template <typename T>
+inline T atomicAdd(T* p, T v) {  // fibers switch only at rendezvous points: a plain add is atomic here
+  T old = *p;
+  *p = old + v;
+  return old;
+}
+using std::max;
+using std::min;
+
+// ---- host-side runtime ---------------------------------------------------------------------------------------------
+template <typename F>
+inline cudaError_t cudaFuncSetAttribute(F* fn, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > 227 * 1024)
+    return cudaErrorInvalidValue;
+  emu::g().max_dyn_smem[reinterpret_cast<const void*>(fn)] = value;
+  return cudaSuccess;
+}
+extern "C" {
+cudaError_t cudaGetDevice(int* dev) {
+  *dev = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* v, enum cudaDeviceAttr attr, int) {
+  if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
+  *v = emu::g().sm_count;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+  cudaError_t e = emu::g().last_error;
+  emu::g().last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+}
+
+// ---- the kernels' hooks ----------------------------------------------------------------------------------------------
+#define VHA_LAUNCH(grid, block, smem, stream, ...) ::emu::launch(grid, block, smem, stream, __VA_ARGS__)
+#define VHA_DYNAMIC_SHARED(name) unsigned char* name = ::emu::g().dyn_smem.data()
+
+// ---- what the test harness calls (ctypes) ---------------------------------------------------------------------------
+extern "C" {
+// A device buffer: `bytes` that end exactly at a PROT_NONE page (reads past the end fault).
+void* emu_alloc(size_t bytes) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const size_t body = (bytes + page - 1) / page * page;
+  void* p = mmap(nullptr, body + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  mprotect(static_cast<char*>(p) + body, page, PROT_NONE);
+  return static_cast<char*>(p) + body - bytes;
+}
+void emu_set_schedule(int order, unsigned seed, int sm_count) {
+  emu::g().order = order;
+  emu::g().seed = seed;
+  emu::g().sm_count = sm_count;
+}
+const char* emu_last_error_message() { return emu::g().error.c_str(); }
+long emu_launch_count() { return emu::g().launches; }
+}

@@ -1,0 +1,185 @@
+"""Run the fused prologue's CUDA kernels on the CPU, under ops/emu/cuda_emu.h, against the float64 oracle.
+
+    python tests/cuda_emu_harness.py --lib LIB.so --dtype bf16 --order 1     # prints one JSON line per case
+
+build(out_so, kernels_dir=None) compiles ops/csrc/vha_prologue_launcher.cu with g++ (-x c++ -DVHA_EMU) around the
+unmodified kernel sources (or a mutated copy of ops/csrc in kernels_dir, for the self-test). Each case allocates every device
+buffer with emu_alloc (it ends at a guard page), runs forward and backward through the extern "C" launcher, and
+reports max |err| / max |ref| per output against tests/prologue_oracle.py. A fault (guard page), a deadlock or a
+divergent barrier ends the process: callers run this file as a subprocess.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import prologue_oracle as po  # noqa: E402
+
+DTYPES = {"fp32": 0, "fp64": 1, "bf16": 2, "fp16": 3}
+# (B, S, H_p, H_kv, r, d, position offset): decode (S = 1 with an offset), tensor-core shapes with partial 64-row
+# tiles (d = 64 / 128 / 256, r % 16 == 0), r % 16 != 0 (SIMT path), H_kv = 3, an empty batch.
+CASES = [
+    (1, 1, 8, 2, 128, 128, 37),
+    (2, 37, 4, 2, 64, 64, 0),
+    (1, 13, 3, 3, 32, 256, 5),
+    (2, 9, 4, 2, 40, 128, 2),
+    (1, 6, 2, 1, 16, 64, 0),
+    (0, 5, 4, 2, 64, 64, 0),
+]
+
+
+def cuda_include() -> str | None:
+    """A folder with cuda_fp16.h / cuda_bf16.h (the emulator uses the toolkit's half types on the host)."""
+    cands = [os.environ.get("CUDA_HOME", "")] + sorted(glob.glob("/usr/local/cuda*"), reverse=True)
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        cands.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    for c in cands:
+        if c and os.path.isfile(os.path.join(c, "include", "cuda_fp16.h")):
+            return os.path.join(c, "include")
+    return None
+
+
+def build(out_so: str, kernels_dir: str | None = None, extra=()) -> None:
+    inc = cuda_include()
+    if inc is None:
+        raise RuntimeError("no CUDA headers (cuda_fp16.h) found: set CUDA_HOME")
+    src = kernels_dir or os.path.join(ROOT, "ops", "csrc")  # a quoted include looks beside the launcher first
+    cmd = ["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-DVHA_EMU", f"-I{os.path.join(ROOT, 'ops', 'emu')}",
+           f"-I{src}", f"-I{inc}", *extra, os.path.join(src, "vha_prologue_launcher.cu"), "-o", out_so]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("emulator build failed:\n" + r.stderr[-4000:])
+
+
+class Emu:
+    def __init__(self, lib: str):
+        self.lib = ctypes.CDLL(lib)
+        self.lib.emu_alloc.restype = ctypes.c_void_p
+        self.lib.emu_alloc.argtypes = [ctypes.c_size_t]
+        self.lib.emu_last_error_message.restype = ctypes.c_char_p
+        self.lib.vha_prologue_backward_workspace.restype = ctypes.c_size_t
+        self.lib.vha_prologue_backward_workspace.argtypes = [ctypes.c_int] + [ctypes.c_long] * 6
+
+    def schedule(self, order: int, seed: int = 0, sms: int = 4):
+        self.lib.emu_set_schedule(ctypes.c_int(order), ctypes.c_uint(seed), ctypes.c_int(sms))
+
+    def put(self, a: np.ndarray) -> int:
+        a = np.ascontiguousarray(a)
+        p = self.lib.emu_alloc(max(a.nbytes, 1))
+        if a.nbytes:
+            ctypes.memmove(p, a.ctypes.data, a.nbytes)
+        return p
+
+    def empty(self, shape, dt) -> tuple:
+        n = int(np.prod(shape)) * np.dtype(dt).itemsize
+        return self.lib.emu_alloc(max(n, 1)), shape, dt
+
+    @staticmethod
+    def get(buf) -> np.ndarray:
+        p, shape, dt = buf
+        out = np.empty(shape, dt)
+        if out.nbytes:
+            ctypes.memmove(out.ctypes.data, p, out.nbytes)
+        return out
+
+
+def np_dtype(name):
+    if name == "bf16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return {"fp32": np.float32, "fp64": np.float64, "fp16": np.float16}[name]
+
+
+def rel(got, ref) -> float:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    if ref.size == 0:
+        return 0.0 if got.size == 0 else float("inf")
+    if not np.isfinite(got).all():
+        return float("inf")
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def run_case(emu: Emu, dtype: str, case, heads_first: int, seed: int = 0) -> dict:
+    B, S, hp, hkv, r, d, off = case
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    eps = 1e-6
+    cast = lambda x: np.asarray(x, np.float64).astype(dt)  # noqa: E731 - inputs exactly representable in dt
+    q_phys = cast(rng.normal(size=(B, S, hp, r)))
+    k = cast(2.0 * rng.normal(size=(B, S, hkv, d)) + 0.5)
+    W = cast(np.eye(r, d)[None] + 0.2 * rng.normal(size=(hkv, r, d)))
+    wq, wk = cast(1 + 0.3 * rng.normal(size=d)), cast(1 + 0.3 * rng.normal(size=d))
+    positions = np.arange(off, off + S)
+    inv = 1.0 / (10000.0 ** (np.arange(0, d, 2) / d))
+    ang = np.concatenate([positions[:, None] * inv[None]] * 2, axis=-1)[None]  # (1, S, d)
+    cos, sin = cast(np.cos(ang)), cast(np.sin(ang))
+    gq = cast(rng.normal(size=(B, S, hp * hkv, d)))
+    gk = cast(rng.normal(size=(B, S, hkv, d)))
+    f64 = [np.asarray(x, np.float64) for x in (q_phys, k, W, wq, wk, cos, sin)]
+    ref_q, ref_k = po.forward(*f64, eps)
+    ref_g = po.vjp(*f64, eps, np.asarray(gq, np.float64), np.asarray(gk, np.float64))
+
+    lay = (lambda x: np.transpose(x, (0, 2, 1, 3))) if heads_first else (lambda x: x)  # (B,S,H,d) -> layout
+    code = DTYPES[dtype]
+    ptr = [emu.put(x) for x in (q_phys, k, W, wq, wk, cos, sin)]
+    qo = emu.empty(lay(np.empty((B, S, hp * hkv, d))).shape, dt)
+    ko = emu.empty(lay(np.empty((B, S, hkv, d))).shape, dt)
+    L = emu.lib
+    dims = [ctypes.c_long(v) for v in (B, S, hp, hkv, r, d, 1)]
+    e = L.vha_prologue_forward(code, *[ctypes.c_void_p(p) for p in ptr], ctypes.c_void_p(qo[0]), ctypes.c_void_p(ko[0]),
+                               *dims, ctypes.c_float(eps), ctypes.c_int(heads_first), ctypes.c_void_p(0))
+    out = {"case": list(case), "dtype": dtype, "heads_first": heads_first, "fwd_error": int(e),
+           "error_message": L.emu_last_error_message().decode()}
+    if e != 0:
+        return out
+    out["q"] = rel(Emu.get(qo), lay(ref_q))
+    out["k"] = rel(Emu.get(ko), lay(ref_k))
+    ws_bytes = L.vha_prologue_backward_workspace(code, B, S, hp, hkv, r, d)
+    ws = L.emu_alloc(max(ws_bytes, 1))
+    gqp, gkk = emu.empty(q_phys.shape, dt), emu.empty(k.shape, dt)
+    gW, gwq, gwk = emu.empty(W.shape, dt), emu.empty(wq.shape, dt), emu.empty(wk.shape, dt)
+    gptr = [emu.put(lay(gq)), emu.put(lay(gk))]
+    e = L.vha_prologue_backward(code, *[ctypes.c_void_p(p) for p in ptr + gptr],
+                                *[ctypes.c_void_p(b[0]) for b in (gqp, gkk, gW, gwq, gwk)], ctypes.c_void_p(ws),
+                                ctypes.c_size_t(ws_bytes), *dims, ctypes.c_float(eps), ctypes.c_int(heads_first),
+                                ctypes.c_void_p(0))
+    out["bwd_error"] = int(e)
+    out["error_message"] = L.emu_last_error_message().decode()
+    if e != 0:
+        return out
+    for name, buf, ref in zip(["dq_phys", "dk", "dpremix", "dq_norm", "dk_norm"], (gqp, gkk, gW, gwq, gwk), ref_g):
+        out[name] = rel(Emu.get(buf), ref)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--dtype", choices=list(DTYPES), required=True)
+    ap.add_argument("--order", type=int, default=0, help="0 in order, 1 reversed, 2 shuffled")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cases", type=int, nargs="*", help="indices into CASES (default all)")
+    ap.add_argument("--layouts", type=int, nargs="*", default=[1, 0])
+    args = ap.parse_args(argv)
+    emu = Emu(args.lib)
+    emu.schedule(args.order, args.seed)
+    for i in (args.cases if args.cases is not None else range(len(CASES))):
+        for hf in args.layouts:
+            print(json.dumps(run_case(emu, args.dtype, CASES[i], hf, seed=args.seed)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
