@@ -109,7 +109,9 @@ def build(verbose: bool = False, force: bool = False):
         cflags.append("-DVHA_WITH_CUDA")
         cuda_flags = ["-O3", "-std=c++17", f"-I{CSRC}", "-DVHA_WITH_CUDA", "-DPADDLE_NO_PYTHON",
                       "--expt-relaxed-constexpr", "-gencode", "arch=compute_80,code=sm_80",
-                      "-gencode", "arch=compute_90,code=sm_90"]
+                      "-gencode", "arch=compute_90,code=sm_90",
+                      # and PTX, so a newer GPU than sm_90 JIT-compiles the kernels instead of failing every call
+                      "-gencode", "arch=compute_90,code=compute_90"]
     import fcntl
 
     # One builder at a time: several processes (test workers, tools) may load the op at once, and Paddle's

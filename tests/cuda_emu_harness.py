@@ -139,10 +139,11 @@ def run_case(emu: Emu, dtype: str, case, heads_first: int, seed: int = 0) -> dic
     ko = emu.empty(lay(np.empty((B, S, hkv, d))).shape, dt)
     L = emu.lib
     dims = [ctypes.c_long(v) for v in (B, S, hp, hkv, r, d, 1)]
+    before = L.emu_launch_count()
     e = L.vha_prologue_forward(code, *[ctypes.c_void_p(p) for p in ptr], ctypes.c_void_p(qo[0]), ctypes.c_void_p(ko[0]),
                                *dims, ctypes.c_float(eps), ctypes.c_int(heads_first), ctypes.c_void_p(0))
     out = {"case": list(case), "dtype": dtype, "heads_first": heads_first, "fwd_error": int(e),
-           "error_message": L.emu_last_error_message().decode()}
+           "fwd_launches": int(L.emu_launch_count() - before), "error_message": L.emu_last_error_message().decode()}
     if e != 0:
         return out
     out["q"] = rel(Emu.get(qo), lay(ref_q))
@@ -173,9 +174,11 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cases", type=int, nargs="*", help="indices into CASES (default all)")
     ap.add_argument("--layouts", type=int, nargs="*", default=[1, 0])
+    ap.add_argument("--cc-major", type=int, default=9, help="emulated compute capability (major)")
     args = ap.parse_args(argv)
     emu = Emu(args.lib)
     emu.schedule(args.order, args.seed)
+    emu.lib.emu_set_compute_capability(ctypes.c_int(args.cc_major))
     for i in (args.cases if args.cases is not None else range(len(CASES))):
         for hf in args.layouts:
             print(json.dumps(run_case(emu, args.dtype, CASES[i], hf, seed=args.seed)), flush=True)

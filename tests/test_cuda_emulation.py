@@ -28,9 +28,9 @@ def emu_lib(tmp_path_factory):
     return out
 
 
-def run(lib, dtype, order=0, seed=0, cases=None, layouts=(1, 0), timeout=600):
+def run(lib, dtype, order=0, seed=0, cases=None, layouts=(1, 0), timeout=600, cc_major=9):
     cmd = [sys.executable, os.path.join(ROOT, "tests", "cuda_emu_harness.py"), "--lib", lib, "--dtype", dtype,
-           "--order", str(order), "--seed", str(seed), "--layouts", *map(str, layouts)]
+           "--order", str(order), "--seed", str(seed), "--layouts", *map(str, layouts), "--cc-major", str(cc_major)]
     if cases is not None:
         cmd += ["--cases", *map(str, cases)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -53,6 +53,16 @@ def test_kernels_match_the_oracle_under_emulation(emu_lib, dtype, order):
         assert res["fwd_error"] == 0 and res["bwd_error"] == 0, res["error_message"]
         assert set(errs) == set(OUTPUTS)
         assert max(errs.values()) <= TOL[dtype], (res["case"], errs)
+
+
+def test_tensor_core_path_only_from_sm80(emu_lib):
+    """bf16 at a tensor-core shape: on sm_90 the forward is two launches (mma kernel for the queries, SIMT for the
+    keys); on an emulated sm_75 the launcher keeps to the SIMT kernel (one launch), and both are right."""
+    for major, launches in ((9, 2), (7, 1)):
+        r, res = run(emu_lib, "bf16", cases=[1], layouts=[1], cc_major=major)
+        assert r.returncode == 0, r.stderr[-2000:]
+        print(f"sm_{major}x: forward launches {res[0]['fwd_launches']}, q error {res[0]['q']:.2e}")
+        assert res[0]["fwd_launches"] == launches and worst(res) <= TOL["bf16"]
 
 
 def mutate(tmp_path, *pairs):

@@ -153,6 +153,8 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // no bf16 mma below sm_80: the launcher never picks this path there (tc_eligible); never silent zeros
 #endif
 }
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], __half*) {
@@ -164,6 +166,8 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // as above
 #endif
 }
 
@@ -413,13 +417,21 @@ inline int grid_for(long tasks, int per_block, int cap = 65535 * 4) {
   return int(g < 1 ? 1 : (g > cap ? cap : g));
 }
 
+inline int device_major() {  // compute capability of the current device (0 if it cannot be read)
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return 0;
+  return major;
+}
+
 template <typename T>
 inline bool tc_eligible(const Dims& D) {
   return false;
 }
 template <>
-inline bool tc_eligible<__nv_bfloat16>(const Dims& D) {
-  return (D.d == 64 || D.d == 128 || D.d == 256) && D.r % 16 == 0;
+inline bool tc_eligible<__nv_bfloat16>(const Dims& D) {  // mma.sync m16n8k16 with bf16 / f16 needs sm_80
+  return (D.d == 64 || D.d == 128 || D.d == 256) && D.r % 16 == 0 && device_major() >= 8;
 }
 template <>
 inline bool tc_eligible<__half>(const Dims& D) {

@@ -98,6 +98,7 @@ struct State {
   int order = 0;      // 0 in order, 1 reversed, 2 shuffled (seed)
   unsigned seed = 0;
   int sm_count = 4;
+  int cc_major = 9;  // the emulated device's compute capability (major): sm_90 unless a test says otherwise
   std::map<const void*, int> max_dyn_smem;
   long launches = 0;
 };
@@ -412,8 +413,9 @@ cudaError_t cudaGetDevice(int* dev) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* v, enum cudaDeviceAttr attr, int) {
-  if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
-  *v = emu::g().sm_count;
+  if (attr == cudaDevAttrMultiProcessorCount) *v = emu::g().sm_count;
+  else if (attr == cudaDevAttrComputeCapabilityMajor) *v = emu::g().cc_major;
+  else return cudaErrorInvalidValue;
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) {
@@ -448,5 +450,6 @@ void emu_set_schedule(int order, unsigned seed, int sm_count) {
   emu::g().sm_count = sm_count;
 }
 const char* emu_last_error_message() { return emu::g().error.c_str(); }
+void emu_set_compute_capability(int major) { emu::g().cc_major = major; }
 long emu_launch_count() { return emu::g().launches; }
 }
