@@ -9,9 +9,17 @@
 namespace {
 
 vha::gpu::Dims gpu_dims(const paddle::Tensor& q_phys, const paddle::Tensor& k, const paddle::Tensor& premix,
-                        const paddle::Tensor& cos, bool heads_first) {
+                        const paddle::Tensor& wq, const paddle::Tensor& wk, const paddle::Tensor& cos,
+                        const paddle::Tensor& sin, bool heads_first) {
+  // The same checks as the CPU entry (vha_prologue_cpu.cc make_dims), plus one device for every input.
+  for (const paddle::Tensor* t : {&k, &premix, &wq, &wk, &cos, &sin}) {
+    PD_CHECK(t->dtype() == q_phys.dtype(), "vha_prologue: all inputs must share q_phys's dtype");
+    PD_CHECK(t->place() == q_phys.place(), "vha_prologue: all inputs must be on q_phys's device");
+  }
   auto qs = q_phys.shape(), ks = k.shape(), ps = premix.shape(), cs = cos.shape();
   PD_CHECK(qs.size() == 4 && ks.size() == 4 && ps.size() == 3 && cs.size() == 3, "vha_prologue: bad ranks");
+  PD_CHECK(wq.numel() == ks[3] && wk.numel() == ks[3], "vha_prologue: norm weights must have head_dim elements");
+  PD_CHECK(sin.shape() == cs, "vha_prologue: sin must have cos's shape");
   PD_CHECK(ps[0] == ks[2] && ps[1] == qs[3] && ps[2] == ks[3], "vha_prologue: premix must be [H_kv, r, d]");
   PD_CHECK(ks[0] == qs[0] && ks[1] == qs[1], "vha_prologue: q_phys and k disagree on (B, S)");
   PD_CHECK(ks[3] % 2 == 0, "vha_prologue: head_dim must be even (RoPE)");
@@ -70,7 +78,7 @@ std::vector<paddle::Tensor> vha_prologue_cuda_forward(const paddle::Tensor& q_in
                                                       const paddle::Tensor& s_in, float eps, bool heads_first) {
   const auto q = q_in.contiguous(), k = k_in.contiguous(), W = p_in.contiguous(), wq = wq_in.contiguous(),
              wk = wk_in.contiguous(), cs = c_in.contiguous(), sn = s_in.contiguous();
-  const auto D = gpu_dims(q, k, W, cs, heads_first);
+  const auto D = gpu_dims(q, k, W, wq, wk, cs, sn, heads_first);
   auto qo = paddle::empty(oshape(D.B, D.S, D.Hp * D.Hkv, D.d, heads_first), q.dtype(), q.place());
   auto ko = paddle::empty(oshape(D.B, D.S, D.Hkv, D.d, heads_first), q.dtype(), q.place());
   cudaStream_t st = q.stream();
@@ -89,7 +97,7 @@ std::vector<paddle::Tensor> vha_prologue_cuda_backward(const paddle::Tensor& q_i
                                                        const paddle::Tensor& gk_in, float eps, bool heads_first) {
   const auto q = q_in.contiguous(), k = k_in.contiguous(), W = p_in.contiguous(), wq = wq_in.contiguous(),
              wk = wk_in.contiguous(), cs = c_in.contiguous(), sn = s_in.contiguous();
-  const auto D = gpu_dims(q, k, W, cs, heads_first);
+  const auto D = gpu_dims(q, k, W, wq, wk, cs, sn, heads_first);
   paddle::Tensor gq = gq_in.initialized()
                           ? gq_in.contiguous()
                           : paddle::zeros(oshape(D.B, D.S, D.Hp * D.Hkv, D.d, heads_first), q.dtype(), q.place());
