@@ -161,8 +161,16 @@ def run_case(emu: Emu, dtype: str, case, heads_first: int, seed: int = 0) -> dic
     out["error_message"] = L.emu_last_error_message().decode()
     if e != 0:
         return out
+    import hashlib
+
+    digests = {}
     for name, buf, ref in zip(["dq_phys", "dk", "dpremix", "dq_norm", "dk_norm"], (gqp, gkk, gW, gwq, gwk), ref_g):
-        out[name] = rel(Emu.get(buf), ref)
+        got = Emu.get(buf)
+        out[name] = rel(got, ref)
+        digests[name] = hashlib.sha256(got.tobytes()).hexdigest()[:16]
+    for name, buf in (("q", qo), ("k", ko)):
+        digests[name] = hashlib.sha256(Emu.get(buf).tobytes()).hexdigest()[:16]
+    out["digests"] = digests
     return out
 
 
@@ -171,13 +179,14 @@ def main(argv=None):
     ap.add_argument("--lib", required=True)
     ap.add_argument("--dtype", choices=list(DTYPES), required=True)
     ap.add_argument("--order", type=int, default=0, help="0 in order, 1 reversed, 2 shuffled")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="input data seed")
+    ap.add_argument("--schedule-seed", type=int, default=0, help="seed of the shuffled thread order")
     ap.add_argument("--cases", type=int, nargs="*", help="indices into CASES (default all)")
     ap.add_argument("--layouts", type=int, nargs="*", default=[1, 0])
     ap.add_argument("--cc-major", type=int, default=9, help="emulated compute capability (major)")
     args = ap.parse_args(argv)
     emu = Emu(args.lib)
-    emu.schedule(args.order, args.seed)
+    emu.schedule(args.order, args.schedule_seed)
     emu.lib.emu_set_compute_capability(ctypes.c_int(args.cc_major))
     for i in (args.cases if args.cases is not None else range(len(CASES))):
         for hf in args.layouts:

@@ -529,6 +529,9 @@ def test_cuda_sources_compile_with_nvcc_for_sm80_and_sm90(tmp_path):
     lib.vha_prologue_backward_workspace.argtypes = [ctypes.c_int] + [ctypes.c_long] * 6
     lib.vha_prologue_backward_workspace.restype = ctypes.c_size_t
     B, S, h_p, h_kv, r, d = 1, 16384, 8, 2, 128, 128
-    want = 4 * (B * S * h_p * h_kv * d + h_kv * r * d + 2 * d)  # fp32 dL/du, dW sums, two norm-weight sums
+    rows = B * S * h_p  # 131072 rows: 128 chunks of 1024 rows for dW; bwd_rows runs 1024 blocks (its cap)
+    chunks, blocks = 128, 1024
+    # fp32: dL/du, one dW partial per row chunk, one pair of norm-weight partials per block (all 256-aligned)
+    want = 4 * (rows * h_kv * d + chunks * h_kv * r * d + blocks * 2 * d)
     assert lib.vha_prologue_backward_workspace(2, B, S, h_p, h_kv, r, d) == want
     assert lib.vha_prologue_backward_workspace(1, B, S, h_p, h_kv, r, d) == 2 * want  # fp64 sums

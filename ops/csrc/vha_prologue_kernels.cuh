@@ -13,9 +13,9 @@
 //   other dtypes / shapes: one warp per (row, group), products in fp32 (fp64 for fp64).
 //   keys: one warp per (token, KV head).
 // Backward (SIMT, all dtypes): one pass recomputes u = q_phys W[g], writes dL/du (fp32 workspace) and the
-//   key gradients, accumulating the norm-weight gradients per block; then dq_phys = sum_g dL/du W[g]^T (one
-//   warp per row) and dW[g] = q_phys^T dL/du (shared-memory tiled, fp32 atomics over row chunks); a last
-//   kernel casts the fp32 weight-gradient sums to the parameter dtype.
+//   key gradients, writing per-block partials of the norm-weight gradients; then dq_phys = sum_g dL/du W[g]^T (one
+//   warp per row) and dW[g] = q_phys^T dL/du (shared-memory tiled, one partial per row chunk); sum_parts adds the
+//   partials in a fixed order and casts to the parameter dtype. No floating-point atomics: bitwise deterministic.
 #pragma once
 
 #ifdef VHA_EMU  // the host emulator of the CUDA execution model (ops/emu/cuda_emu.h): these kernels run in CI on a CPU
@@ -257,23 +257,24 @@ __global__ void __launch_bounds__(kTcWarps * 32) fwd_q_tc(const T* qp, const T* 
 
 // ---------------------------------------------------------------------------------------------------------------
 // Backward pass 1: one warp per task as in fwd_simt. q tasks write dL/du (fp32/fp64 workspace GU, layout
-// [rows, Hkv, d]); k tasks write dk. Norm-weight gradients are summed per block in shared memory, then added
-// to the workspace sums (gwq_acc, gwk_acc) with one atomic per element per block.
+// [rows, Hkv, d]); k tasks write dk. Norm-weight gradients: each warp sums its own in shared memory (a lane owns its
+// columns: no atomics), the block adds its warps in order and writes one partial per block (gw_part, [grid, 2d]);
+// sum_parts adds the blocks in a fixed order. Deterministic: no floating-point atomics anywhere in the backward.
 template <typename T>
 __global__ void bwd_rows(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp,
                          const T* sinp, const T* gqo, const T* gko, T* gk, typename Acc<T>::type* GU,
-                         typename Acc<T>::type* gwq_acc, typename Acc<T>::type* gwk_acc, Dims D,
-                         typename Acc<T>::type eps) {
+                         typename Acc<T>::type* gw_part, Dims D, typename Acc<T>::type eps) {
   using C = typename Acc<T>::type;
   VHA_DYNAMIC_SHARED(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wpb = blockDim.x / 32;
-  C* gw_blk = reinterpret_cast<C*>(smem_raw);  // 2*d: block sums for q_norm and k_norm weights
-  C* buf = gw_blk + 2 * D.d + warp * (D.r + 2 * D.d);
+  C* gw_warps = reinterpret_cast<C*>(smem_raw);  // [wpb, 2d]: per-warp sums for q_norm and k_norm weights
+  C* gw_blk = gw_warps + warp * 2 * D.d;
+  C* buf = gw_warps + wpb * 2 * D.d + warp * (D.r + 2 * D.d);
   C* qrow = buf;
   C* u = buf + D.r;
   C* gx = u + D.d;
-  for (long c = threadIdx.x; c < 2 * D.d; c += blockDim.x) gw_blk[c] = 0;
-  __syncthreads();
+  for (long c = lane; c < 2 * D.d; c += 32) gw_blk[c] = 0;
+  __syncwarp();
   const long q_tasks = D.rows() * D.Hkv, n_tasks = q_tasks + D.tokens() * D.Hkv;
   const int d = int(D.d), h = d / 2;
   for (long task = long(blockIdx.x) * wpb + warp; task < n_tasks; task += long(gridDim.x) * wpb) {
@@ -320,8 +321,8 @@ __global__ void bwd_rows(const T* qp, const T* kin, const T* W, const T* wq, con
       C gl, gh;
       rope_pair_bwd(C(to_c(g_out[c])), C(to_c(g_out[c + h])), C(to_c(cr[c])), C(to_c(sr[c])), C(to_c(cr[c + h])),
                     C(to_c(sr[c + h])), &gl, &gh);
-      atomicAdd(&gw[c], gl * u[c] * rs);
-      atomicAdd(&gw[c + h], gh * u[c + h] * rs);
+      gw[c] += gl * u[c] * rs;  // column c belongs to this lane of this warp
+      gw[c + h] += gh * u[c + h] * rs;
       const C tl = gl * C(to_c(w[c])), th = gh * C(to_c(w[c + h]));
       gx[c] = tl;
       gx[c + h] = th;
@@ -339,9 +340,10 @@ __global__ void bwd_rows(const T* qp, const T* kin, const T* W, const T* wq, con
     __syncwarp();
   }
   __syncthreads();
-  for (long c = threadIdx.x; c < D.d; c += blockDim.x) {
-    atomicAdd(&gwq_acc[c], gw_blk[c]);
-    atomicAdd(&gwk_acc[c], gw_blk[D.d + c]);
+  for (long c = threadIdx.x; c < 2 * D.d; c += blockDim.x) {
+    C sum = 0;
+    for (int w2 = 0; w2 < wpb; ++w2) sum += gw_warps[w2 * 2 * D.d + c];
+    gw_part[blockIdx.x * 2 * D.d + c] = sum;
   }
 }
 
@@ -367,18 +369,27 @@ __global__ void bwd_dq(const T* W, const typename Acc<T>::type* GU, T* gqp, Dims
   }
 }
 
-// Backward pass 3: dW[g] (r x d) += q_phys^T (r x rows) GU[:, g, :] (rows x d), 32 x 32 output tiles,
-// rows split into chunks across blockIdx.z (fp32/fp64 atomics into gW_acc).
-constexpr int kTile = 32, kRowsChunk = 1024;
+// Backward pass 3: dW[g] (r x d) = q_phys^T (r x rows) GU[:, g, :] (rows x d), 32 x 32 output tiles, rows split
+// into chunks across blockIdx.z; each chunk writes its partial (gW_part, [chunks, Hkv, r, d]) and sum_parts adds the
+// chunks in a fixed order. Within a chunk every 32-row tile is summed in fresh registers and then added, so the
+// sequential part of the sum is chunk / 32 terms long, not chunk.
+constexpr int kTile = 32, kRowsChunk = 1024, kMaxChunks = 256;
+inline long dw_rows_per_chunk(const Dims& D) {  // at least kRowsChunk; at most kMaxChunks chunks
+  long per = (D.rows() + kMaxChunks - 1) / kMaxChunks;
+  per = (per + kTile - 1) / kTile * kTile;
+  return per > kRowsChunk ? per : kRowsChunk;
+}
+inline long dw_chunks(const Dims& D) { return (D.rows() + dw_rows_per_chunk(D) - 1) / dw_rows_per_chunk(D); }
 template <typename T>
-__global__ void bwd_dw(const T* qp, const typename Acc<T>::type* GU, typename Acc<T>::type* gW_acc, Dims D) {
+__global__ void bwd_dw(const T* qp, const typename Acc<T>::type* GU, typename Acc<T>::type* gW_part, Dims D,
+                       long rows_per_chunk) {
   using C = typename Acc<T>::type;
   __shared__ C sa[kTile][kTile + 1];  // [row][k]
   __shared__ C sb[kTile][kTile + 1];  // [row][c]
   const long g = blockIdx.y / ((D.r + kTile - 1) / kTile);
   const long k0 = (blockIdx.y % ((D.r + kTile - 1) / kTile)) * kTile;
   const long c0 = long(blockIdx.x) * kTile;
-  const long rbeg = long(blockIdx.z) * kRowsChunk, rend = min(D.rows(), rbeg + kRowsChunk);
+  const long rbeg = long(blockIdx.z) * rows_per_chunk, rend = min(D.rows(), rbeg + rows_per_chunk);
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;  // 32 x 8 threads, 4 outputs each
   C acc[4] = {0, 0, 0, 0};
   for (long rb = rbeg; rb < rend; rb += kTile) {
@@ -388,25 +399,38 @@ __global__ void bwd_dw(const T* qp, const typename Acc<T>::type* GU, typename Ac
       sb[j][tx] = (row < rend && c0 + tx < D.d) ? GU[(row * D.Hkv + g) * D.d + c0 + tx] : C(0);
     }
     __syncthreads();
+    C tile[4] = {0, 0, 0, 0};
 #pragma unroll 4
     for (int j = 0; j < kTile; ++j) {
       const C b = sb[j][tx];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[q] += sa[j][ty + q * 8] * b;
+      for (int q = 0; q < 4; ++q) tile[q] += sa[j][ty + q * 8] * b;
     }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[q] += tile[q];
     __syncthreads();
   }
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const long k = k0 + ty + q * 8, c = c0 + tx;
-    if (k < D.r && c < D.d) atomicAdd(&gW_acc[(g * D.r + k) * D.d + c], acc[q]);
+    if (k < D.r && c < D.d) gW_part[((long(blockIdx.z) * D.Hkv + g) * D.r + k) * D.d + c] = acc[q];
   }
 }
 
+// out[i] = sum over p < n_parts of parts[p * stride + i], in a fixed order (16 parts at a time, then those sums), cast
+// to the parameter dtype once. n_parts = 0 gives zeros.
 template <typename T>
-__global__ void cast_out(const typename Acc<T>::type* src, T* dst, long n) {
-  for (long i = long(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x)
-    dst[i] = from_c<T>(src[i]);
+__global__ void sum_parts(const typename Acc<T>::type* parts, long n_parts, long stride, T* out, long n) {
+  using C = typename Acc<T>::type;
+  for (long i = long(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += long(gridDim.x) * blockDim.x) {
+    C total = 0;
+    for (long p0 = 0; p0 < n_parts; p0 += 16) {
+      C s = 0;
+      for (long p = p0; p < n_parts && p < p0 + 16; ++p) s += parts[p * stride + i];
+      total += s;
+    }
+    out[i] = from_c<T>(total);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -479,12 +503,16 @@ cudaError_t launch_forward(const T* qp, const T* kin, const T* W, const T* wq, c
   return cudaGetLastError();
 }
 
-// Workspace (bytes, 256-aligned pieces): GU [rows*Hkv*d], gW_acc [Hkv*r*d], gwq_acc [d], gwk_acc [d] (compute type).
+// Backward grid of bwd_rows (one partial of the norm-weight gradients per block).
+inline int rows_grid(const Dims& D) { return grid_for((D.rows() + D.tokens()) * D.Hkv, 4 * 8, 1024); }
+
+// Workspace (bytes, 256-aligned pieces, compute type): GU [rows*Hkv*d], gW_part [chunks*Hkv*r*d], gw_part [grid*2d].
 template <typename T>
 size_t backward_workspace_bytes(const Dims& D) {
   using C = typename Acc<T>::type;
   auto al = [](size_t b) { return (b + 255) / 256 * 256; };
-  return al(D.rows() * D.Hkv * D.d * sizeof(C)) + al(D.Hkv * D.r * D.d * sizeof(C)) + 2 * al(D.d * sizeof(C));
+  return al(D.rows() * D.Hkv * D.d * sizeof(C)) + al(dw_chunks(D) * D.Hkv * D.r * D.d * sizeof(C)) +
+         al(size_t(rows_grid(D)) * 2 * D.d * sizeof(C));
 }
 
 template <typename T>
@@ -497,31 +525,27 @@ cudaError_t launch_backward(const T* qp, const T* kin, const T* W, const T* wq, 
   unsigned char* p = static_cast<unsigned char*>(workspace);
   C* GU = reinterpret_cast<C*>(p);
   p += al(D.rows() * D.Hkv * D.d * sizeof(C));
-  C* gW_acc = reinterpret_cast<C*>(p);
-  p += al(D.Hkv * D.r * D.d * sizeof(C));
-  C* gwq_acc = reinterpret_cast<C*>(p);
-  p += al(D.d * sizeof(C));
-  C* gwk_acc = reinterpret_cast<C*>(p);
-  cudaError_t e = cudaMemsetAsync(gW_acc, 0, static_cast<unsigned char*>(workspace) + ws_bytes -
-                                                 reinterpret_cast<unsigned char*>(gW_acc), st);
-  if (e != cudaSuccess) return e;
+  C* gW_part = reinterpret_cast<C*>(p);
+  p += al(dw_chunks(D) * D.Hkv * D.r * D.d * sizeof(C));
+  C* gw_part = reinterpret_cast<C*>(p);
+  cudaError_t e = cudaSuccess;
   const int threads = 128, wpb = threads / 32;
-  const long n_tasks = (D.rows() + D.tokens()) * D.Hkv;
-  const size_t smem1 = (2 * D.d + size_t(wpb) * (D.r + 2 * D.d)) * sizeof(C);
-  VHA_LAUNCH(grid_for(n_tasks, wpb * 8, 1024), threads, smem1, st, bwd_rows<T>)(qp, kin, W, wq, wk, cosp, sinp, gqo, gko, gk,
-                                                                       GU, gwq_acc, gwk_acc, D, C(eps));
+  const size_t smem1 = (size_t(wpb) * 2 * D.d + size_t(wpb) * (D.r + 2 * D.d)) * sizeof(C);
+  const int g1 = rows_grid(D);
+  VHA_LAUNCH(g1, threads, smem1, st, bwd_rows<T>)(qp, kin, W, wq, wk, cosp, sinp, gqo, gko, gk, GU, gw_part, D, C(eps));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   VHA_LAUNCH(grid_for(D.rows(), wpb), threads, size_t(wpb) * D.Hkv * D.d * sizeof(C), st, bwd_dq<T>)(W, GU, gqp, D);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  dim3 g3(unsigned((D.d + kTile - 1) / kTile), unsigned(D.Hkv * ((D.r + kTile - 1) / kTile)),
-          unsigned((D.rows() + kRowsChunk - 1) / kRowsChunk));
-  if (D.rows() > 0) {  // an empty batch has no rows to sum (and a zero-sized grid is not a launch): dW stays 0
-    VHA_LAUNCH(g3, kTile * 8, 0, st, bwd_dw<T>)(qp, GU, gW_acc, D);
+  const long chunks = dw_chunks(D);
+  if (chunks > 0) {  // an empty batch has no rows to sum (and a zero-sized grid is not a launch): dW is then 0
+    dim3 g3(unsigned((D.d + kTile - 1) / kTile), unsigned(D.Hkv * ((D.r + kTile - 1) / kTile)), unsigned(chunks));
+    VHA_LAUNCH(g3, kTile * 8, 0, st, bwd_dw<T>)(qp, GU, gW_part, D, dw_rows_per_chunk(D));
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  VHA_LAUNCH(grid_for(D.Hkv * D.r * D.d, 256, 1024), 256, 0, st, cast_out<T>)(gW_acc, gW, D.Hkv * D.r * D.d);
-  VHA_LAUNCH(1, 256, 0, st, cast_out<T>)(gwq_acc, gwq, D.d);
-  VHA_LAUNCH(1, 256, 0, st, cast_out<T>)(gwk_acc, gwk, D.d);
+  const long nW = D.Hkv * D.r * D.d;
+  VHA_LAUNCH(grid_for(nW, 256, 1024), 256, 0, st, sum_parts<T>)(gW_part, chunks, nW, gW, nW);
+  VHA_LAUNCH(1, 256, 0, st, sum_parts<T>)(gw_part, long(g1), 2 * D.d, gwq, D.d);
+  VHA_LAUNCH(1, 256, 0, st, sum_parts<T>)(gw_part + D.d, long(g1), 2 * D.d, gwk, D.d);
   return cudaGetLastError();
 }
 
