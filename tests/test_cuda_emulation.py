@@ -142,3 +142,28 @@ def test_mutations_are_caught(emu_lib, tmp_path):
     r, res = run(lib, "fp32", cases=[4], layouts=[1])
     print("divergent barrier:", r.stderr.strip().splitlines()[-1:] if r.stderr else r.returncode)
     assert r.returncode != 0 and "cuda_emu:" in r.stderr and ("divergent" in r.stderr or "deadlock" in r.stderr)
+
+
+@pytest.mark.slow
+def test_ptxas_reports_no_spills_for_sm90(tmp_path):
+    """The compiled kernels, inspected without a GPU: ptxas -v (sm_90) reports no spill stores or loads and no stack
+    frame for any kernel, and names the tensor-core forward for bf16 and fp16 at d = 64 / 128 / 256."""
+    import re
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    csrc = os.path.join(ROOT, "ops", "csrc")
+    r = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas", "-v",
+                        f"-I{csrc}", os.path.join(csrc, "vha_prologue_launcher.cu"), "-o", str(tmp_path / "k.cubin")],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = r.stdout + r.stderr
+    entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90'\n(?:[^\n]*Function properties[^\n]*\n)?\s+(\d+) "
+                         r"bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", said)
+    print(f"{len(entries)} kernels; worst stack/spill: {max((int(a), int(b), int(c)) for _, a, b, c in entries)}")
+    assert len(entries) >= 20
+    for name, stack, st, ld in entries:
+        assert (int(stack), int(st), int(ld)) == (0, 0, 0), name
+    tc = [n for n, *_ in entries if "fwd_q_tc" in n]
+    assert len(tc) == 6  # {bf16, fp16} x d in {64, 128, 256}
