@@ -1,7 +1,8 @@
 """The fused prologue's CUDA kernels, run on the CPU under the host emulator of the CUDA execution model
 (ops/emu/cuda_emu.h; tests/cuda_emu_harness.py), against the float64 oracle, and a mutation self-test showing that the
 emulator catches a swapped mma fragment register, a removed barrier, an unmasked tail row, a wrong dW index and a
-divergent __syncthreads."""
+divergent __syncthreads, and
+that launches are checked against the shared-memory limit."""
 import json
 import os
 import shutil
@@ -142,6 +143,12 @@ def test_mutations_are_caught(emu_lib, tmp_path):
     r, res = run(lib, "fp32", cases=[4], layouts=[1])
     print("divergent barrier:", r.stderr.strip().splitlines()[-1:] if r.stderr else r.returncode)
     assert r.returncode != 0 and "cuda_emu:" in r.stderr and ("divergent" in r.stderr or "deadlock" in r.stderr)
+
+    # 6. the shared-memory opt-in of the backward row kernel dropped: the 80 KB fp64 launch at d = 512 is refused
+    lib = mutate(tmp_path / "m6", "if ((e = allow_smem(bwd_rows<T>, smem1)) != cudaSuccess || ", "if (")
+    r, res = run(lib, "fp64", cases=[6], layouts=[1])
+    print("no shared-memory opt-in:", res[0]["bwd_error"], res[0]["error_message"])
+    assert res[0]["bwd_error"] == 9 and "opted-in limit" in res[0]["error_message"]
 
 
 @pytest.mark.slow

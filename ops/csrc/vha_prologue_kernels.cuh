@@ -436,6 +436,13 @@ __global__ void sum_parts(const typename Acc<T>::type* parts, long n_parts, long
 // ---------------------------------------------------------------------------------------------------------------
 // Host launchers (return cudaError_t). T: float, double, __nv_bfloat16 or __half.
 
+// Dynamic shared memory above the 48 KB default needs an opt-in per kernel (and fails where the device has less).
+template <typename K>
+inline cudaError_t allow_smem(K* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+}
+
 inline int grid_for(long tasks, int per_block, int cap = 65535 * 4) {
   long g = (tasks + per_block - 1) / per_block;
   return int(g < 1 ? 1 : (g > cap ? cap : g));
@@ -498,6 +505,8 @@ cudaError_t launch_forward(const T* qp, const T* kin, const T* W, const T* wq, c
     }
   }
   if (n > 0) {
+    cudaError_t e = allow_smem(fwd_simt<T>, smem);
+    if (e != cudaSuccess) return e;
     VHA_LAUNCH(grid_for(n, wpb), threads, smem, st, fwd_simt<T>)(qp, kin, W, wq, wk, cosp, sinp, qo, ko, D, C(eps), first, n);
   }
   return cudaGetLastError();
@@ -532,9 +541,11 @@ cudaError_t launch_backward(const T* qp, const T* kin, const T* W, const T* wq, 
   const int threads = 128, wpb = threads / 32;
   const size_t smem1 = (size_t(wpb) * 2 * D.d + size_t(wpb) * (D.r + 2 * D.d)) * sizeof(C);
   const int g1 = rows_grid(D);
+  const size_t smem2 = size_t(wpb) * D.Hkv * D.d * sizeof(C);
+  if ((e = allow_smem(bwd_rows<T>, smem1)) != cudaSuccess || (e = allow_smem(bwd_dq<T>, smem2)) != cudaSuccess) return e;
   VHA_LAUNCH(g1, threads, smem1, st, bwd_rows<T>)(qp, kin, W, wq, wk, cosp, sinp, gqo, gko, gk, GU, gw_part, D, C(eps));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  VHA_LAUNCH(grid_for(D.rows(), wpb), threads, size_t(wpb) * D.Hkv * D.d * sizeof(C), st, bwd_dq<T>)(W, GU, gqp, D);
+  VHA_LAUNCH(grid_for(D.rows(), wpb), threads, smem2, st, bwd_dq<T>)(W, GU, gqp, D);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const long chunks = dw_chunks(D);
   if (chunks > 0) {  // an empty batch has no rows to sum (and a zero-sized grid is not a launch): dW is then 0

@@ -216,10 +216,19 @@ def _on_cpu(x: paddle.Tensor | None) -> bool:
 _MEASURED_FASTER_ON = ("x86_64", "amd64")
 
 
+def _on_gpu(x: paddle.Tensor | None) -> bool:
+    if x is not None and paddle.in_dynamic_mode():
+        return x.place.is_gpu_place()
+    return paddle.get_device().startswith("gpu")
+
+
 def fused_not_faster_reason(x: paddle.Tensor | None = None) -> str | None:
     """Why the default (vha_fused_prologue=None) keeps the composed path although the op runs, or None."""
     import platform
 
+    if _on_gpu(x):  # docs/prologue.md: no GPU run of tools/gpu_check.py is recorded yet
+        return ("its CUDA kernels have no recorded GPU run faster than the composed path (docs/prologue.md; "
+                "set vha_fused_prologue=True to use them)")
     machine = platform.machine().lower()
     if _on_cpu(x) and machine not in _MEASURED_FASTER_ON:
         return (f"its CPU kernels are not measured faster than the composed path on {machine} "
