@@ -31,6 +31,7 @@ class TrainSettings:
     eval_every: int = 0  # 0: evaluate only at the end
     progress: bool = True
     label: str = "train"
+    schedule: str = "cosine"  # "cosine": linear warm-up then cosine decay to 0; "constant": warm-up then a fixed rate
 
 
 @dataclass
@@ -39,6 +40,7 @@ class TrainResult:
     val_loss: float
     seconds: float
     val_curve: List[tuple] = field(default_factory=list)  # (step, val loss)
+    diverged_at: Optional[int] = None  # the step whose training loss was NaN or Inf (training stopped there)
 
     @property
     def first(self) -> float:
@@ -49,12 +51,15 @@ class TrainResult:
         return float(np.mean(self.losses[-3:]))
 
 
-def _xent(model, x, y):
+def _xent(model, x, y, check_finite: bool = False):
     import paddle
     import paddle.nn.functional as F
 
     logits = model(paddle.to_tensor(x), return_dict=True).logits  # (B, S, V)
-    return F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(y).reshape([-1]))
+    loss = F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(y).reshape([-1]))
+    if check_finite:  # Paddle's CPU cross-entropy returns ln(V), not NaN, for NaN / Inf logits: look at the logits
+        return loss, bool(paddle.isfinite(logits).all())
+    return loss
 
 
 def evaluate_lm(model, corpus, s: TrainSettings) -> float:
@@ -75,7 +80,10 @@ def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None) -> 
     from tqdm import tqdm
 
     rng = np.random.default_rng(s.data_seed)
-    schedule = lambda k: min(1.0, (k + 1) / max(s.warmup, 1)) * 0.5 * (1 + math.cos(math.pi * k / s.steps))  # noqa: E731
+    if s.schedule not in ("cosine", "constant"):
+        raise ValueError(f"schedule {s.schedule!r}: expected 'cosine' or 'constant'")
+    decay = (lambda k: 0.5 * (1 + math.cos(math.pi * k / s.steps))) if s.schedule == "cosine" else (lambda k: 1.0)
+    schedule = lambda k: min(1.0, (k + 1) / max(s.warmup, 1)) * decay(k)  # noqa: E731
     sched = paddle.optimizer.lr.LambdaDecay(s.lr, schedule)
     params = params if params is not None else [p for p in model.parameters() if not p.stop_gradient]
     opt = paddle.optimizer.AdamW(sched, parameters=params, weight_decay=s.weight_decay,
@@ -86,7 +94,13 @@ def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None) -> 
     bar = tqdm(range(s.steps), desc=s.label, disable=not s.progress, leave=False, file=sys.stderr)
     for step in bar:
         x, y = corpus.batch(rng, s.batch_size, s.seq_len)
-        loss = _xent(model, x, y)
+        loss, finite = _xent(model, x, y, check_finite=True)
+        if not (finite and math.isfinite(float(loss))):  # diverged: stop here, never report a number for it
+            losses.append(float("nan"))
+            bar.close()
+            model.eval()
+            return TrainResult(losses=losses, val_loss=float("nan"), seconds=time.time() - t0, val_curve=curve,
+                               diverged_at=step)
         loss.backward()
         opt.step()
         opt.clear_grad()
