@@ -107,6 +107,11 @@ def test_lr_study_runs_small(tmp_path):
     assert "(1) 'MEA stays stable" in md and "(3) 'the variant without GroupNorm" in md and "(4) Short-run fit" in md
     assert open(tmp_path / "lr_study.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert len(data["long_runs"]) == 4 and all(x["steps"] == 32 for x in data["long_runs"])
+    before = open(tmp_path / "lr_study.md").read()
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "lr_study.py"), "--render",
+                        str(tmp_path / "lr_study.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert open(tmp_path / "lr_study.md").read() == before  # the saved JSON alone reproduces the report
 
 
 @pytest.mark.slow

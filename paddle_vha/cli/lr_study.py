@@ -268,7 +268,7 @@ def plot(stats, variants, rates, path):
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate (linear warm-up, then fixed)")
     ax.set_ylabel("final validation loss (nats / byte)")
-    ax.set_title("x: some seed spiked or diverged (diverged: drawn at the top)")
+    ax.set_title("final validation loss, mean ± std over seeds (x: a seed spiked or diverged)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
@@ -314,8 +314,12 @@ def verdicts(stats, variants, rates, long_check):
     if "MEA" in variants:
         others = [v for v in variants if v != "MEA"]
         beyond = [v for v in others if largest[v] is not None and largest["MEA"] is not None and largest[v] >= largest["MEA"]]
-        claim = ("holds" if largest["MEA"] is not None and not beyond else "does not hold")
-        out.append(f"(1) 'MEA stays stable at larger learning rates than the others': {claim} here — largest rate with no "
+        if all(largest[v] == max(rates) for v in variants):
+            claim = (f"cannot be tested at this scale — no variant spiked or diverged at any rate, up to {max(rates):g}, "
+                     "so the grid does not separate them")
+        else:
+            claim = ("holds" if largest["MEA"] is not None and not beyond else "does not hold") + " here"
+        out.append(f"(1) 'MEA stays stable at larger learning rates than the others': {claim}; largest rate with no "
                    "spike or divergence in any seed: " + ", ".join(f"{v} {largest[v]:g}" if largest[v] else f"{v} none"
                                                                       for v in variants) + ".")
         best_rate = {v: min((r for r in rates if stats[v][str(r)]["val"][0] is not None),
@@ -345,61 +349,43 @@ def verdicts(stats, variants, rates, long_check):
     return out
 
 
-@command
-def main(argv=None):
-    args = parse_args(argv)
-    quiet()
-    from paddle_vha.train.corpus import load_stdlib_corpus
+def ordering_pick(stats, args):
+    """(best rate, the two variants with the lowest fitted L_inf there) for the longer-run check, or (None, [])."""
+    def best_cell(v):
+        cells = [(stats[v][str(r)]["val"][0], r) for r in args.rates if stats[v][str(r)]["val"][0] is not None]
+        return min(cells) if cells else (float("inf"), None)
 
-    t0 = time.time()
-    try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create {args.out}: {e.strerror or e}")
-    corpus = load_stdlib_corpus(max_bytes=int(args.corpus_mb * (1 << 20)))
-    runs = []
-    for seed in args.seeds:
-        for rate in args.rates:
-            for name in args.variants:
-                r = one_run(name, rate, seed, args.steps, args, corpus)
-                runs.append(r)
-                state = "diverged" if r["diverged"] else ("spiked" if r["spiked"] else "ok")
-                linf = f", L_inf {r['fit']['L_inf']:.3f}" if r["fit"] else ""
-                print(f"{name:<12} lr {rate:<7g} seed {seed}: {state:<8} val "
-                      f"{'nan' if r['val'] is None else format(r['val'], '.4f')}{linf} ({r['seconds']:.0f} s)",
-                      file=sys.stderr, flush=True)
+    best_rate = min(best_cell(v) for v in args.variants)[1]
+    if best_rate is None:
+        return None, []
+    ranked = sorted((stats[v][str(best_rate)]["L_inf"][0], v) for v in args.variants
+                    if stats[v][str(best_rate)]["L_inf"][0] is not None)[:2]
+    return best_rate, ranked
+
+
+def long_sentence(best_rate, ranked, long_runs, factor) -> str:
+    import numpy as np
+
+    if len(ranked) < 2 or not long_runs:
+        return ""
+    long_val = {}
+    for _, v in ranked:
+        vals = [r["val"] for r in long_runs if r["variant"] == v and r["val"] is not None]
+        long_val[v] = float(np.mean(vals)) if vals else float("inf")
+    predicted = [v for _, v in ranked]
+    observed = sorted(long_val, key=long_val.get)
+    return (f"(4) Short-run fit vs a {factor}x longer run at the best rate {best_rate:g}: the fitted L_inf ranks "
+            f"{predicted[0]} ({ranked[0][0]:.4f}) ahead of {predicted[1]} ({ranked[1][0]:.4f}); the longer runs end at "
+            f"{observed[0]} {long_val[observed[0]]:.4f}, {observed[1]} {long_val[observed[1]]:.4f} — the fit "
+            f"{'predicted' if predicted == observed else 'did not predict'} the ordering (a weak test: two variants, and "
+            "the short runs' L_inf are poorly determined, see the spread and the fits at a bound).")
+
+
+def render(args, runs, long_runs, wall) -> str:
+    """Tables, verdicts, PNG and JSON from the runs (also used by --render on a saved JSON)."""
     stats = {v: {str(r): cell_stats(runs, v, r) for r in args.rates} for v in args.variants}
-
-    # Does the short runs' fit predict the longer runs' ordering? Top two variants by fitted L_inf at the best rate.
-    long_check, long_runs = "", []
-    if args.long_factor > 0 and len(args.variants) >= 2:
-        def best_cell(v):
-            cells = [(stats[v][str(r)]["val"][0], r) for r in args.rates if stats[v][str(r)]["val"][0] is not None]
-            return min(cells) if cells else (float("inf"), None)
-
-        best_rate = min(best_cell(v) for v in args.variants)[1]
-        ranked = sorted((stats[v][str(best_rate)]["L_inf"][0], v) for v in args.variants
-                        if stats[v][str(best_rate)]["L_inf"][0] is not None)[:2]
-        if len(ranked) == 2:
-            for seed in args.seeds:
-                for _, v in ranked:
-                    r = one_run(v, best_rate, seed, args.steps * args.long_factor, args, corpus)
-                    long_runs.append(r)
-                    print(f"long {v:<12} lr {best_rate:g} seed {seed}: val {r['val']}", file=sys.stderr, flush=True)
-            import numpy as np
-
-            long_val = {v: float(np.mean([r["val"] for r in long_runs if r["variant"] == v and r["val"] is not None]))
-                        for _, v in ranked}
-            predicted = [v for _, v in ranked]
-            observed = sorted(long_val, key=long_val.get)
-            long_check = (f"(4) Short-run fit vs a {args.long_factor}x longer run at the best rate {best_rate:g}: the "
-                          f"fitted L_inf ranks {predicted[0]} ({ranked[0][0]:.4f}) ahead of {predicted[1]} "
-                          f"({ranked[1][0]:.4f}); the longer runs end at {observed[0]} {long_val[observed[0]]:.4f}, "
-                          f"{observed[1]} {long_val[observed[1]]:.4f} — the fit "
-                          f"{'predicted' if predicted == observed else 'did not predict'} the ordering.")
-    said = verdicts(stats, args.variants, args.rates, long_check)
-    wall = time.time() - t0
-
+    best_rate, ranked = ordering_pick(stats, args)
+    said = verdicts(stats, args.variants, args.rates, long_sentence(best_rate, ranked, long_runs, args.long_factor))
     rows = ["| variant | rate | spiked / diverged seeds | final val loss | fitted L_inf | fit rms | fits at a bound |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for v in args.variants:
@@ -436,6 +422,60 @@ def main(argv=None):
     write_atomic(os.path.join(args.out, "lr_study.json"), json.dumps(finite_or_null(payload), indent=1))
     plot(stats, args.variants, args.rates, os.path.join(args.out, "lr_study.png"))
     write_atomic(os.path.join(args.out, "lr_study.md"), md)
+    return md
+
+
+@command
+def main(argv=None):
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--render"]:  # re-render tables, verdicts and the plot from a saved lr_study.json (no training)
+        if len(argv) != 2:
+            fail("usage: tools/lr_study.py --render OUT/lr_study.json")
+        import types
+
+        try:
+            with open(argv[1]) as f:
+                saved = json.load(f)
+            args = types.SimpleNamespace(**saved["settings"])
+            args.out = os.path.dirname(os.path.abspath(argv[1]))
+            print(render(args, saved["runs"], saved["long_runs"], saved["wall_seconds"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            fail(f"{argv[1]}: not a lr_study.json this version can render ({type(e).__name__}: {e})")
+        return 0
+    args = parse_args(argv)
+    quiet()
+    from paddle_vha.train.corpus import load_stdlib_corpus
+
+    t0 = time.time()
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create {args.out}: {e.strerror or e}")
+    corpus = load_stdlib_corpus(max_bytes=int(args.corpus_mb * (1 << 20)))
+    runs = []
+    for seed in args.seeds:
+        for rate in args.rates:
+            for name in args.variants:
+                r = one_run(name, rate, seed, args.steps, args, corpus)
+                runs.append(r)
+                state = "diverged" if r["diverged"] else ("spiked" if r["spiked"] else "ok")
+                linf = f", L_inf {r['fit']['L_inf']:.3f}" if r["fit"] else ""
+                print(f"{name:<12} lr {rate:<7g} seed {seed}: {state:<8} val "
+                      f"{'nan' if r['val'] is None else format(r['val'], '.4f')}{linf} ({r['seconds']:.0f} s)",
+                      file=sys.stderr, flush=True)
+    # Does the short runs' fit predict the longer runs' ordering? Top two variants by fitted L_inf at the best rate.
+    long_runs = []
+    if args.long_factor > 0 and len(args.variants) >= 2:
+        stats = {v: {str(r): cell_stats(runs, v, r) for r in args.rates} for v in args.variants}
+        best_rate, ranked = ordering_pick(stats, args)
+        if len(ranked) == 2:
+            for seed in args.seeds:
+                for _, v in ranked:
+                    r = one_run(v, best_rate, seed, args.steps * args.long_factor, args, corpus)
+                    long_runs.append(r)
+                    print(f"long {v:<12} lr {best_rate:g} seed {seed}: val {r['val']}", file=sys.stderr, flush=True)
+    md = render(args, runs, long_runs, time.time() - t0)
     print("\n" + md)
     print(f"wrote {args.out}/lr_study.json, lr_study.png, lr_study.md")
     return 0
