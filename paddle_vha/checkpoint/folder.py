@@ -171,6 +171,21 @@ class CheckpointFolder:
         return files, folders
 
 
+def produced_or_copied(inputs, produced, error, verb: str):
+    """The `chunks` callback of write_checkpoint_folder for a converter: the tensor it produced (float64 numpy), else
+    the input's, checked against the planned shape and cast to the output dtype; a NaN / Inf or a value the dtype
+    cannot hold raises `error` with one line ("...; refusing to {verb}")."""
+    def chunks(name, code, shape):
+        arr = produced[name] if name in produced else st.read_tensor(inputs[name])
+        if tuple(arr.shape) != tuple(shape):
+            raise error(f"{name}: produced shape {list(arr.shape)}, planned {list(shape)} (a bug)")
+        try:
+            yield st.cast_finite(np.asarray(arr), code, name)
+        except ValueError as e:
+            raise error(f"{e}; refusing to {verb}") from None
+    return chunks
+
+
 def write_checkpoint_folder(folder: str, shards: List[list], chunks, config: dict, total_size: int,
                             copy_from: Optional[str] = None, copy_files: Iterable[str] = (),
                             on_written=None) -> Dict[str, str]:

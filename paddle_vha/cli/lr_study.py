@@ -34,10 +34,10 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 
 from paddle_vha.cli import command, fail, quiet
+from paddle_vha.train.report import write_atomic, write_json
 
 VARIANTS = ["Qwen3", "MEA", "MEA no-norm", "VHA"]
 RATES = [1e-4, 5e-4, 1e-3, 3e-3, 1e-2]
@@ -276,23 +276,6 @@ def plot(stats, variants, rates, path):
     plt.close(fig)
 
 
-def finite_or_null(x):
-    """The payload with NaN / Inf floats as null: strict JSON (a diverged run has no number)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: finite_or_null(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [finite_or_null(v) for v in x]
-    return x
-
-
-def write_atomic(path, text):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def fmt(ms, p=4):
@@ -419,7 +402,7 @@ def render(args, runs, long_runs, wall) -> str:
         "Postmix's mixing ||V U^T|| after training (its start is 0):\n\n" + "\n".join(mrows),
         "\n".join(said), "![final loss vs rate](lr_study.png)"]) + "\n"
     payload = dict(settings=vars(args), runs=runs, long_runs=long_runs, stats=stats, verdicts=said, wall_seconds=wall)
-    write_atomic(os.path.join(args.out, "lr_study.json"), json.dumps(finite_or_null(payload), indent=1))
+    write_json(os.path.join(args.out, "lr_study.json"), payload)
     plot(stats, args.variants, args.rates, os.path.join(args.out, "lr_study.png"))
     write_atomic(os.path.join(args.out, "lr_study.md"), md)
     return md

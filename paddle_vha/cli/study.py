@@ -18,13 +18,12 @@ seed noise (|diff| > 2 x the standard error of the difference).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 import time
 
 from paddle_vha.cli import command, quiet
+from paddle_vha.train.report import write_json
 
 VARIANTS = {
     "GQA-8": dict(kind="gqa", heads=16, kv=8),
@@ -151,11 +150,7 @@ def main(argv=None):
 
     os.makedirs(args.out, exist_ok=True)
     payload = dict(settings=dict(vars(args), **settings), runs=runs, stats=stats, wall_seconds=time.time() - t0)
-    fd, tmp = tempfile.mkstemp(dir=args.out, suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600
-    os.replace(tmp, os.path.join(args.out, "study.json"))
+    write_json(os.path.join(args.out, "study.json"), payload)
     plot(runs, args.variants, os.path.join(args.out, "study.png"))
 
     refs = [r for r in ("GQA-8", "GQA-2 half-q") if r in stats]

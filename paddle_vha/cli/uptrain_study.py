@@ -33,6 +33,7 @@ import tempfile
 import time
 
 from paddle_vha.cli import command, fail, quiet
+from paddle_vha.train.report import write_atomic, write_json
 
 STARTS = ["GQA-2 mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated"]
 REFERENCES = ["GQA-2 scratch", "VHA scratch"]
@@ -284,13 +285,6 @@ def plot(runs, names, base_val, tokens_per_step, path):
     plt.close(fig)
 
 
-def write_atomic(path, text):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
 
 @command
 def main(argv=None):
@@ -357,9 +351,7 @@ def main(argv=None):
             f"{wall:.0f} s")
     payload = dict(settings=vars(args), base=dict(base_info, val_loss_eval=base_val, folder=base_dir), runs=runs,
                    stats=stats, sentence=said, wall_seconds=wall, tokens_per_step=tokens_per_step)
-    from paddle_vha.cli.lr_study import finite_or_null
-
-    write_atomic(os.path.join(args.out, "uptrain.json"), json.dumps(finite_or_null(payload), indent=1))
+    write_json(os.path.join(args.out, "uptrain.json"), payload)
     plot(runs, names, base_val, tokens_per_step, os.path.join(args.out, "uptrain.png"))
     md = (f"# Uptraining study: GQA-8 -> 2 KV heads (written by tools/uptrain_study.py)\n\n{head}.\n\n"
           f"{table(stats, names)}\n\nValidation loss in nats/byte on the fixed held-out windows; KL(base || model) "

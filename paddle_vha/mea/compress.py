@@ -27,15 +27,14 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from paddleformers.transformers import Qwen3Config
 
 from ..accounting import arch_from_config, kv_bytes_per_token
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError
-from ..checkpoint.folder import CheckpointFolder, write_checkpoint_folder
+from ..checkpoint.folder import produced_or_copied, write_checkpoint_folder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir, linked_view
 from ..evaluate import compare_logits, log_softmax
-from ..families import family
+from ..qwen3.source import open_stock_qwen3
 from ..units import fmt_bytes
 from .config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig
 from .contract import tensor_shapes as mea_tensor_shapes
@@ -102,16 +101,8 @@ def plan_compress(src, out_dir: str, kv_heads: int, layers: str = "all", k_norm:
         raise CompressError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPE_CHOICES)}")
     if k_norm not in K_NORM_POSITIONS:
         raise CompressError(f"--k-norm {k_norm!r}: expected one of {', '.join(K_NORM_POSITIONS)}")
-    ck = CheckpointFolder.open(src)
+    ck, src_cfg = open_stock_qwen3(src, CompressError)
     in_dir, raw = ck.path, ck.config
-    stock = family(Qwen3Config.model_type)
-    if ck.model_type != stock.model_type:
-        raise CompressError(f"{in_dir}: not a stock Qwen3 checkpoint (config.json model_type={ck.model_type!r}, "
-                            f"expected {stock.model_type!r})")
-    src_cfg = stock.load_config(ck)
-    if src_cfg.fuse_attention_qkv:
-        raise CompressError(f"{in_dir}/config.json: fuse_attention_qkv=true checkpoints are not supported")
-    stock.check_tensors(ck, src_cfg)
     H_kv = src_cfg.num_key_value_heads
     if not (isinstance(kv_heads, int) and 1 <= kv_heads <= H_kv):
         raise CompressError(f"--kv-heads {kv_heads}: must be between 1 and the checkpoint's {H_kv} KV heads")
@@ -207,14 +198,7 @@ def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_siz
     names = sorted(plan.out_shapes, key=st.natural_key)
     shards = st.plan_shards([(n, plan.out_code, tuple(plan.out_shapes[n])) for n in names], max_bytes)
     out_dir = os.path.abspath(plan.out_dir)
-    def chunks(name, code, shape):
-        arr = out[name] if name in out else st.read_tensor(plan.inputs[name])
-        if tuple(arr.shape) != tuple(shape):
-            raise CompressError(f"{name}: produced shape {list(arr.shape)}, planned {list(shape)} (a bug)")
-        try:
-            yield st.cast_finite(np.asarray(arr), code, name)
-        except ValueError as e:
-            raise CompressError(f"{e}; refusing to compress") from None
+    chunks = produced_or_copied(plan.inputs, out, CompressError, "compress")
 
     # --force: an existing OUT_DIR is replaced only by a complete, checked new folder (fsutil's output rule)
     with atomic_dir(out_dir, tool="compress_kv", replace=plan.force, error=CompressError) as tmp:

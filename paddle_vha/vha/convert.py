@@ -31,15 +31,14 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from paddleformers.transformers import Qwen3Config
 
 from ..accounting import arch_from_config, kv_bytes_per_token
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError
-from ..checkpoint.folder import CheckpointFolder, write_checkpoint_folder
+from ..checkpoint.folder import produced_or_copied, write_checkpoint_folder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir, linked_view
 from ..evaluate import compare_logits
-from ..families import family
+from ..qwen3.source import open_stock_qwen3
 from ..units import fmt_bytes
 from .config import Qwen3VHAConfig
 from .contract import tensor_shapes as vha_tensor_shapes
@@ -162,19 +161,11 @@ def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = N
         raise ConvertError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
     if dtype not in DTYPE_CHOICES:
         raise ConvertError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPE_CHOICES)}")
-    ck = CheckpointFolder.open(src)
+    ck, src_cfg = open_stock_qwen3(src, ConvertError, hint="; a Qwen3-VHA checkpoint folds first (tools/fold.py)")
     in_dir, raw = ck.path, ck.config
-    stock = family(Qwen3Config.model_type)
-    if ck.model_type != stock.model_type:
-        raise ConvertError(f"{in_dir}: not a stock Qwen3 checkpoint (config.json model_type={ck.model_type!r}, "
-                           f"expected {stock.model_type!r}); a Qwen3-VHA checkpoint folds first (tools/fold.py)")
-    src_cfg = stock.load_config(ck)
-    if src_cfg.fuse_attention_qkv:
-        raise ConvertError(f"{in_dir}/config.json: fuse_attention_qkv=true checkpoints are not supported")
     if src_cfg.attention_bias:
         raise ConvertError(f"{in_dir}/config.json: attention_bias=true: the query bias would need its own "
                            "factorization; convert_to_vha supports Qwen3's bias-free attention only")
-    stock.check_tensors(ck, src_cfg)
     h_q, h_kv, d = src_cfg.num_attention_heads, src_cfg.num_key_value_heads, src_cfg.head_dim
     if not (isinstance(kv_heads, int) and 1 <= kv_heads <= h_kv and h_kv % kv_heads == 0):
         raise ConvertError(f"--kv-heads {kv_heads}: must divide the checkpoint's {h_kv} KV heads "
@@ -304,18 +295,6 @@ def calibration_moments(in_dir: str, tokens: int, seq_len: int = 128, seed: int 
     return {i: v / count[0] for i, v in sums.items()}
 
 
-def _chunks_for(plan: ConvertPlan, converted: Dict[str, np.ndarray]):
-    def chunks(name, code, shape):
-        arr = converted[name] if name in converted else st.read_tensor(plan.inputs[name])
-        if tuple(arr.shape) != tuple(shape):
-            raise ConvertError(f"{name}: produced shape {list(arr.shape)}, planned {list(shape)} (a bug)")
-        try:
-            yield st.cast_finite(np.asarray(arr), code, name)
-        except ValueError as e:
-            raise ConvertError(f"{e}; refusing to convert") from None
-    return chunks
-
-
 def _write(plan: ConvertPlan, folder: str, converted: Dict[str, np.ndarray], max_shard_size: str, progress: bool):
     from tqdm import tqdm
 
@@ -326,7 +305,8 @@ def _write(plan: ConvertPlan, folder: str, converted: Dict[str, np.ndarray], max
     names = sorted(plan.out_shapes, key=st.natural_key)
     shards = st.plan_shards([(n, plan.out_code, tuple(plan.out_shapes[n])) for n in names], max_bytes)
     bar = tqdm(total=len(names), desc="write", disable=not progress, leave=False)
-    write_checkpoint_folder(folder, shards, _chunks_for(plan, converted), plan.out_config, plan.bytes_out,
+    write_checkpoint_folder(folder, shards, produced_or_copied(plan.inputs, converted, ConvertError, "convert"),
+                            plan.out_config, plan.bytes_out,
                             plan.in_dir, plan.copy_files, on_written=lambda name, nbytes: bar.update(1))
     bar.close()
 
