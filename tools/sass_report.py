@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""What the fused prologue's CUDA kernels compile to, without a GPU: per kernel registers, spills, shared memory
+(ptxas -v), and from the SASS (nvdisasm) the tensor-core instructions and the widths of global loads and stores; then a
+roofline table at the 1.7B shape (bytes that must move, FLOPs, predicted time on an H200).
+
+    python tools/sass_report.py                       # sm_90; nvdisasm from PATH or $NVDISASM
+    NVDISASM=/path/to/nvdisasm python tools/sass_report.py --arch sm_80
+
+nvdisasm is not part of this project's pinned environment: `pip install nvidia-cuda-nvdisasm` (13.5.37 was used) in
+any Python environment gives `.../nvidia/cu13/bin/nvdisasm`; without it only the ptxas columns are printed.
+Roofline inputs (stated, not measured here): H200 HBM3e 4.8 TB/s, dense bf16 tensor-core peak 989 TFLOP/s.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSRC = os.path.join(ROOT, "ops", "csrc")
+HBM_BYTES_PER_S, TC_FLOP_PER_S = 4.8e12, 989e12
+
+
+def find_nvdisasm():
+    env = os.environ.get("NVDISASM")
+    if env and os.path.isfile(env):
+        return env
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    for site in sys.path:  # a pip-installed nvidia-cuda-nvdisasm in this interpreter's environment
+        hits = glob.glob(os.path.join(site, "nvidia", "cu*", "bin", "nvdisasm"))
+        if hits:
+            return hits[0]
+    return None
+
+
+def short(mangled: str) -> str:
+    m = re.search(r"gpu\d+(\w+?)I", mangled)
+    name = m.group(1) if m else mangled
+    for tag, dt in (("13__nv_bfloat16", "bf16"), ("6__half", "fp16"), ("If", "fp32"), ("Id", "fp64")):
+        if tag in mangled:
+            name += f"<{dt}"
+            break
+    dh = re.search(r"Li(\d+)E", mangled)
+    return name + (f",{dh.group(1)}>" if dh else ">")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="sm_90")
+    args = ap.parse_args(argv)
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        print("error: nvcc not found on PATH", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        r = subprocess.run([nvcc, "-cubin", f"-arch={args.arch}", "-O3", "-std=c++17", "--expt-relaxed-constexpr",
+                            "-Xptxas", "-v", f"-I{CSRC}", os.path.join(CSRC, "vha_prologue_launcher.cu"), "-o", cubin],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            print("error: nvcc failed: " + r.stderr.strip().splitlines()[-1], file=sys.stderr)
+            return 2
+        info = {}
+        for m in re.finditer(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                             r"(\d+) bytes spill loads\nptxas info\s+: Used (\d+) registers[^\n]*?(?:, (\d+) bytes smem)?\n",
+                             r.stdout + r.stderr, re.S):
+            info[m.group(1)] = dict(stack=int(m.group(2)), spill=int(m.group(3)) + int(m.group(4)), regs=int(m.group(5)),
+                                    smem=int(m.group(6) or 0))
+        nvd = find_nvdisasm()
+        sass = {}
+        if nvd:
+            text = subprocess.run([nvd, "-c", cubin], capture_output=True, text=True).stdout
+            for part in re.split(r"\n(?=\s*\.text\.)", text):
+                m = re.match(r"\s*\.text\.(\w+):", part)
+                if m:
+                    sass[m.group(1)] = part
+    print(f"# {len(info)} kernels for {args.arch}; nvdisasm: {nvd or 'not found (ptxas columns only)'}")
+    head = "| kernel | regs | spill B | static smem B |"
+    if sass:
+        head += " HMMA | global loads 16/32/64/128-bit | global stores 16/32/64/128-bit |"
+    print(head)
+    print("| --- " * (head.count("|") - 1) + "|")
+    for name in sorted(info, key=short):
+        i = info[name]
+        row = f"| {short(name)} | {i['regs']} | {i['spill']} | {i['smem']} |"
+        if sass:
+            s = sass.get(name, "")
+            def widths(op):
+                n16 = len(re.findall(rf"\b{op}\.E(?:\.U16|\.S16)\b", s))
+                n32 = len(re.findall(rf"\b{op}\.E(?:\.CONSTANT)?\s", s))
+                n64 = len(re.findall(rf"\b{op}\.E\.64\b", s))
+                n128 = len(re.findall(rf"\b{op}\.E\.128\b", s))
+                return f"{n16}/{n32}/{n64}/{n128}"
+            row += f" {len(re.findall(r'HMMA', s))} | {widths('LDG')} | {widths('STG')} |"
+        print(row)
+
+    # Roofline at the 1.7B shape (H_p 8, H_kv 2, r = d = 128), bf16: what must move and what must be computed.
+    print("\n# roofline, 1.7B shape, bf16: bytes that must move (read inputs + write outputs once), Premix FLOPs")
+    print("| tokens | pass | MB moved | GFLOP | at 4.8 TB/s µs | at 989 TFLOP/s µs | bound |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | --- |")
+    hp, hkv, d, r, e = 8, 2, 128, 128, 2
+    for n in (1024, 4096, 16384):
+        fwd_b = e * n * (hp * r + hkv * d + 2 * d + hp * hkv * d + hkv * d)  # q_phys, k, cos, sin in; q, k out
+        bwd_b = fwd_b + e * n * (hp * hkv * d + hkv * d + hp * r + hkv * d)  # + dq, dk in; dq_phys, dk out
+        fl = 2.0 * n * hp * r * hkv * d
+        for name, b, f in (("fwd", fwd_b, fl), ("fwd+bwd", fwd_b + bwd_b, 3 * fl)):
+            tb, tf = b / HBM_BYTES_PER_S * 1e6, f / TC_FLOP_PER_S * 1e6
+            print(f"| {n} | {name} | {b / 1e6:.1f} | {f / 1e9:.2f} | {tb:.1f} | {tf:.1f} | "
+                  f"{'bandwidth' if tb >= tf else 'compute'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
