@@ -171,6 +171,25 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// Two adjacent 16-bit values (4-byte aligned: an even column of a row whose length is even) as one 32-bit access.
+template <typename T>
+__device__ __forceinline__ void load_pair(const T* p, float (&x)[2]) {
+  static_assert(sizeof(T) == 2, "16-bit types only");
+  const uint32_t u = *reinterpret_cast<const uint32_t*>(p);
+  const uint16_t h[2] = {uint16_t(u & 0xffffu), uint16_t(u >> 16)};
+  T v[2];
+  memcpy(v, h, 4);
+  x[0] = to_c(v[0]);
+  x[1] = to_c(v[1]);
+}
+template <typename T>
+__device__ __forceinline__ void store_pair(T* p, const float (&x)[2]) {
+  const T v[2] = {from_c<T>(x[0]), from_c<T>(x[1])};
+  uint32_t u;
+  memcpy(&u, v, 4);
+  *reinterpret_cast<uint32_t*>(p) = u;
+}
+
 constexpr int kTcWarps = 4;            // 64 rows per CTA
 constexpr int kSmemPad = 8;            // elements of padding per staged W^T row (bank-conflict avoidance)
 
@@ -241,15 +260,21 @@ __global__ void __launch_bounds__(kTcWarps * 32) fwd_q_tc(const T* qp, const T* 
       T* out = qo + D.out_off(t, g * D.Hp + i, D.Hp * D.Hkv);
 #pragma unroll
       for (int nt = 0; nt < HT; ++nt) {
+        // this thread's columns c, c + 1 and their RoPE partners: every table and output access is one 32-bit pair
+        const int c = nt * 8 + tig * 2, ch = c + DH / 2;
+        float w_lo[2], w_hi[2], c_lo[2], s_lo[2], c_hi[2], s_hi[2], lo[2], hi[2];
+        load_pair(wq + c, w_lo);
+        load_pair(wq + ch, w_hi);
+        load_pair(cr + c, c_lo);
+        load_pair(sr + c, s_lo);
+        load_pair(cr + ch, c_hi);
+        load_pair(sr + ch, s_hi);
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = nt * 8 + tig * 2 + e, ch = c + DH / 2;
-          float lo, hi;
-          rope_pair_fwd(acc[nt][2 * half + e] * rs * to_c(wq[c]), acc[nt + HT][2 * half + e] * rs * to_c(wq[ch]),
-                        to_c(cr[c]), to_c(sr[c]), to_c(cr[ch]), to_c(sr[ch]), &lo, &hi);
-          out[c] = from_c<T>(lo);
-          out[ch] = from_c<T>(hi);
-        }
+        for (int e = 0; e < 2; ++e)
+          rope_pair_fwd(acc[nt][2 * half + e] * rs * w_lo[e], acc[nt + HT][2 * half + e] * rs * w_hi[e], c_lo[e],
+                        s_lo[e], c_hi[e], s_hi[e], &lo[e], &hi[e]);
+        store_pair(out + c, lo);
+        store_pair(out + ch, hi);
       }
     }
   }
