@@ -118,7 +118,8 @@ def test_mutations_are_caught(emu_lib, tmp_path):
     assert r.returncode == 0 and worst(res, ["q"]) > 0.05
 
     # 2. the barrier after staging W^T in shared memory removed: threads read 0xCD bytes
-    lib = mutate(tmp_path / "m2", "    wt[n * ldw + k] = Wg[idx];\n  }\n  __syncthreads();", "    wt[n * ldw + k] = Wg[idx];\n  }")
+    lib = mutate(tmp_path / "m2", "wt[(n0 + j) * ldw + k] = vals[j];\n  }\n  __syncthreads();",
+                 "wt[(n0 + j) * ldw + k] = vals[j];\n  }")
     r, res = run(lib, "bf16", order=1, cases=tc_case, layouts=[1])
     print("removed barrier: q error", worst(res, ["q"]), r.returncode)
     assert r.returncode != 0 or not worst(res, ["q"]) <= TOL["bf16"]

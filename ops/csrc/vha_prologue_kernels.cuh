@@ -202,9 +202,13 @@ __global__ void __launch_bounds__(kTcWarps * 32) fwd_q_tc(const T* qp, const T* 
   const int r = int(D.r), ldw = r + kSmemPad;
   const long g = blockIdx.y;
   const T* Wg = W + g * D.r * DH;
-  for (int idx = threadIdx.x; idx < r * DH; idx += blockDim.x) {
-    const int k = idx / DH, n = idx % DH;  // coalesced global read along n
-    wt[n * ldw + k] = Wg[idx];
+  for (int v = threadIdx.x; v < r * DH / 8; v += blockDim.x) {
+    const int idx = v * 8, k = idx / DH, n0 = idx % DH;  // columns n0 .. n0+7 of row k: one 16-byte global load
+    const uint4 q = *reinterpret_cast<const uint4*>(Wg + idx);
+    T vals[8];
+    memcpy(vals, &q, 16);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) wt[(n0 + j) * ldw + k] = vals[j];
   }
   __syncthreads();
 
