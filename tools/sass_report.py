@@ -33,11 +33,11 @@ def find_nvdisasm():
     found = shutil.which("nvdisasm")
     if found:
         return found
-    for site in sys.path:  # a pip-installed nvidia-cuda-nvdisasm in this interpreter's environment
-        hits = glob.glob(os.path.join(site, "nvidia", "cu*", "bin", "nvdisasm"))
-        if hits:
-            return hits[0]
-    return None
+    import sysconfig
+
+    purelib = sysconfig.get_paths()["purelib"]  # a pip-installed nvidia-cuda-nvdisasm in this interpreter's environment
+    hits = glob.glob(os.path.join(purelib, "nvidia", "cu*", "bin", "nvdisasm"))
+    return hits[0] if hits else None
 
 
 def short(mangled: str) -> str:
