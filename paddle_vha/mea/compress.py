@@ -31,7 +31,7 @@ import numpy as np
 from ..accounting import arch_from_config, kv_bytes_per_token
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError
-from ..checkpoint.folder import produced_or_copied, write_checkpoint_folder
+from ..checkpoint.folder import produced_or_copied, read_finite_float64, write_checkpoint_folder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir, linked_view
 from ..evaluate import compare_logits, log_softmax
 from ..qwen3.source import open_stock_qwen3
@@ -173,10 +173,7 @@ def compress_checkpoint(plan: CompressPlan, progress: bool = True, max_shard_siz
     out: Dict[str, np.ndarray] = {}
 
     def read(n):  # float64 math on finite inputs only
-        try:
-            return st.to_float64(st.cast_finite(st.read_tensor(plan.inputs[n]), plan.inputs[n].dtype, n))
-        except ValueError as e:
-            raise CompressError(f"{e}; refusing to compress") from None
+        return read_finite_float64(plan.inputs, n, CompressError, "compress")
 
     for i in tqdm(plan.layers, desc="svd", disable=not progress, leave=False):
         p = f"model.layers.{i}.self_attn."

@@ -35,7 +35,7 @@ import numpy as np
 from ..accounting import arch_from_config, kv_bytes_per_token
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError
-from ..checkpoint.folder import produced_or_copied, write_checkpoint_folder
+from ..checkpoint.folder import produced_or_copied, read_finite_float64, write_checkpoint_folder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir, linked_view
 from ..evaluate import compare_logits
 from ..qwen3.source import open_stock_qwen3
@@ -216,10 +216,7 @@ def format_plan(plan: ConvertPlan) -> str:
 
 
 def _read(plan: ConvertPlan, name: str) -> np.ndarray:
-    try:
-        return st.to_float64(st.cast_finite(st.read_tensor(plan.inputs[name]), plan.inputs[name].dtype, name))
-    except ValueError as e:
-        raise ConvertError(f"{e}; refusing to convert") from None
+    return read_finite_float64(plan.inputs, name, ConvertError, "convert")
 
 
 def convert_state(plan: ConvertPlan, method: str, moments: Optional[Dict[int, np.ndarray]] = None,
