@@ -57,7 +57,8 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static  // static shared arrays: one per kernel instantiation, blocks run one at a time
+// static shared arrays: one per kernel instantiation (blocks run one at a time), in a section of their own
+#define __shared__ static __attribute__((section("emu_shared")))
 #ifndef __CUDA_ARCH__
 #define __CUDA_ARCH__ 900  // the device-code paths (mma) compile; their bodies come from the emulator
 #endif
@@ -67,7 +68,13 @@ namespace emu {
 constexpr int kWarp = 32;
 constexpr size_t kStackBytes = 128 * 1024;
 enum class Wait { None, Block, Warp };
-enum class Coll { None, Sync, Shfl, Mma };
+enum class Coll { None, Sync, Shfl, Mma, Ldm };
+
+struct AsyncCopy {  // one cp.async: performed when a cp.async.wait_group retires its group, not before
+  void* dst;
+  const void* src;
+  int bytes, src_bytes;
+};
 
 struct Lane {
   ucontext_t ctx;
@@ -83,6 +90,12 @@ struct Lane {
   uint32_t a[4], b[2];
   float c[4];
   bool bf16 = false;
+  const void* ldm_addr = nullptr;  // ldmatrix: this lane's row address, how many matrices, transposed or not
+  int ldm_num = 0;
+  bool ldm_trans = false;
+  uint32_t ldm_out[4];
+  std::vector<AsyncCopy> open_copies;               // cp.async issued since the last commit_group
+  std::vector<std::vector<AsyncCopy>> copy_groups;  // committed, not yet waited for (oldest first)
 };
 
 struct State {
@@ -107,6 +120,17 @@ inline State& g() {
   return s;
 }
 inline Lane& cur() { return g().lanes[g().cur]; }
+}  // namespace emu
+// Static __shared__ arrays are placed in their own section, so the linker's start/stop symbols bound them.
+extern "C" unsigned char __start_emu_shared[] __attribute__((weak));
+extern "C" unsigned char __stop_emu_shared[] __attribute__((weak));
+namespace emu {
+inline bool in_shared(const void* p, size_t bytes) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  const auto& dyn = g().dyn_smem;
+  if (!dyn.empty() && c >= dyn.data() && c + bytes <= dyn.data() + dyn.size()) return true;
+  return __start_emu_shared != nullptr && c >= __start_emu_shared && c + bytes <= __stop_emu_shared;
+}
 
 [[noreturn]] inline void die(const std::string& msg) {  // an error inside a fiber ends the whole process loudly
   std::fprintf(stderr, "cuda_emu: %s\n", msg.c_str());
@@ -116,8 +140,11 @@ inline Lane& cur() { return g().lanes[g().cur]; }
 
 inline void yield() { swapcontext(&cur().ctx, &g().sched); }
 
+inline void retire(Lane& l, size_t keep);
 inline void entry() {
   g().body();
+  cur().copy_groups.push_back(std::move(cur().open_copies));  // a thread's copies land even if it never waits
+  retire(cur(), 0);
   cur().done = true;
   cur().wait = Wait::None;
   swapcontext(&cur().ctx, &g().sched);
@@ -186,6 +213,41 @@ inline void run_mma(int first) {
   }
 }
 
+inline bool in_shared(const void* p, size_t bytes);
+
+// ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16 for the 32 lanes of a warp (PTX ISA): matrix i's 8 rows of
+// 8 16-bit elements start at the addresses given by lanes 8i .. 8i+7 (each 16-byte aligned, in shared memory); lane l
+// receives in register i the elements (row l/4, columns 2(l%4), 2(l%4)+1) of matrix i, or with .trans the elements
+// (rows 2(l%4), 2(l%4)+1, column l/4), i.e. the same positions of the transposed matrix.
+inline void run_ldmatrix(int first, std::string& err) {
+  const Lane& l0 = g().lanes[first];
+  for (int lane = 0; lane < kWarp; ++lane) {
+    const Lane& l = g().lanes[first + lane];
+    if (l.ldm_num != l0.ldm_num || l.ldm_trans != l0.ldm_trans) {
+      err = "lanes of the warp of " + where(first + lane) + " disagree on ldmatrix's shape (divergence)";
+      return;
+    }
+    if (lane < 8 * l.ldm_num) {
+      if (reinterpret_cast<uintptr_t>(l.ldm_addr) % 16 != 0 || !in_shared(l.ldm_addr, 16)) {
+        err = "ldmatrix row address of " + where(first + lane) + " is not a 16-byte aligned shared-memory row";
+        return;
+      }
+    }
+  }
+  for (int lane = 0; lane < kWarp; ++lane) {
+    Lane& l = g().lanes[first + lane];
+    for (int i = 0; i < l0.ldm_num; ++i) {
+      uint16_t e[2];
+      for (int j = 0; j < 2; ++j) {
+        const int row = l0.ldm_trans ? 2 * (lane % 4) + j : lane / 4, col = l0.ldm_trans ? lane / 4 : 2 * (lane % 4) + j;
+        const auto* rowp = static_cast<const uint16_t*>(g().lanes[first + 8 * i + row].ldm_addr);
+        e[j] = rowp[col];
+      }
+      l.ldm_out[i] = uint32_t(e[0]) | (uint32_t(e[1]) << 16);
+    }
+  }
+}
+
 // Release what can be released; returns whether anything was.
 inline bool release(std::string& err) {
   auto& L = g().lanes;
@@ -240,6 +302,9 @@ inline bool release(std::string& err) {
       for (int i = w0; i < w1; ++i) std::memcpy(L[i].val, tmp[(i - w0) ^ L[i].shfl_xor], 8);
     } else if (kind == Coll::Mma) {
       run_mma(w0);
+    } else if (kind == Coll::Ldm) {
+      run_ldmatrix(w0, err);
+      if (!err.empty()) return false;
     }
     for (int i = w0; i < w1; ++i) L[i].wait = Wait::None;
     any = true;
@@ -366,6 +431,44 @@ inline void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (
   yield();
   std::memcpy(c, cur().c, sizeof cur().c);
 }
+
+template <int N>
+inline void ldmatrix(uint32_t (&r)[N], const void* row_addr, bool trans) {
+  static_assert(N == 1 || N == 2 || N == 4, "ldmatrix .x1 / .x2 / .x4");
+  Lane& l = cur();
+  l.ldm_addr = row_addr;
+  l.ldm_num = N;
+  l.ldm_trans = trans;
+  l.mask = 0xffffffffu;
+  l.coll = Coll::Ldm;
+  l.wait = Wait::Warp;
+  yield();
+  for (int i = 0; i < N; ++i) r[i] = cur().ldm_out[i];
+}
+
+// cp.async.cg.shared.global [dst], [src], 16, src_bytes: copies src_bytes and zero-fills the rest of the 16 bytes.
+// Deferred: the shared memory is written only when a cp.async.wait_group retires the copy's group (what a fast GPU
+// may also do late); a read before the wait sees the old bytes.
+inline void cp_async(void* dst, const void* src, int src_bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0 || !in_shared(dst, 16))
+    die("cp.async of 16 bytes needs 16-byte aligned addresses, the destination in shared memory (" + where(g().cur) + ")");
+  cur().open_copies.push_back(AsyncCopy{dst, src, 16, src_bytes});
+}
+inline void cp_async_commit() {
+  Lane& l = cur();
+  l.copy_groups.push_back(std::move(l.open_copies));
+  l.open_copies.clear();
+}
+inline void retire(Lane& l, size_t keep) {
+  while (l.copy_groups.size() > keep) {
+    for (const AsyncCopy& c : l.copy_groups.front()) {
+      std::memset(c.dst, 0, size_t(c.bytes));
+      if (c.src_bytes > 0) std::memcpy(c.dst, c.src, size_t(c.src_bytes));
+    }
+    l.copy_groups.erase(l.copy_groups.begin());
+  }
+}
+inline void cp_async_wait(int keep) { retire(cur(), size_t(keep)); }
 
 }  // namespace emu
 
