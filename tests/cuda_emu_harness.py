@@ -3,10 +3,12 @@
     python tests/cuda_emu_harness.py --lib LIB.so --dtype bf16 --order 1     # prints one JSON line per case
 
 build(out_so, kernels_dir=None) compiles ops/csrc/vha_prologue_launcher.cu with g++ (-x c++ -DVHA_EMU) around the
-unmodified kernel sources (or a mutated copy of ops/csrc in kernels_dir, for the self-test). Each case allocates every device
-buffer with emu_alloc (it ends at a guard page), runs forward and backward through the extern "C" launcher, and
-reports max |err| / max |ref| per output against tests/prologue_oracle.py. A fault (guard page), a deadlock or a
-divergent barrier ends the process: callers run this file as a subprocess.
+unmodified kernel sources (or a mutated copy of ops/csrc in kernels_dir, for the self-test); build(..., race=True)
+adds the emulator's shared-memory race detector (such a library is passed to --lib like any other). Each case
+allocates every device buffer with emu_alloc (it ends at a guard page), runs forward and backward through the
+extern "C" launcher, and reports max |err| / max |ref| per output against tests/prologue_oracle.py. A fault (guard
+page), a deadlock, a divergent barrier or a race (race-checking build) ends the process: callers run this file as a
+subprocess.
 """
 from __future__ import annotations
 
@@ -52,16 +54,29 @@ def cuda_include() -> str | None:
     return None
 
 
-def build(out_so: str, kernels_dir: str | None = None, extra=()) -> None:
+def build(out_so: str, kernels_dir: str | None = None, extra=(), race: bool = False, source: str | None = None) -> None:
+    """Compile the launcher (or `source`, a .cu file that includes cuda_emu.h) into out_so for the emulator.
+
+    race=True builds the shared-memory race detector (cuda_emu.h, VHA_EMU_RACECHECK): the source is compiled with
+    GCC's -fsanitize=thread instrumentation (compile step only), then linked without libtsan, whose entry points the
+    emulator defines; out_so's emu_race_checking() then returns 1."""
     inc = cuda_include()
     if inc is None:
         raise RuntimeError("no CUDA headers (cuda_fp16.h) found: set CUDA_HOME")
     src = kernels_dir or os.path.join(ROOT, "ops", "csrc")  # a quoted include looks beside the launcher first
-    cmd = ["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-DVHA_EMU", f"-I{os.path.join(ROOT, 'ops', 'emu')}",
-           f"-I{src}", f"-I{inc}", *extra, os.path.join(src, "vha_prologue_launcher.cu"), "-o", out_so]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError("emulator build failed:\n" + r.stderr[-4000:])
+    source = source or os.path.join(src, "vha_prologue_launcher.cu")
+    flags = ["-x", "c++", "-std=c++17", "-O1", "-fPIC", "-DVHA_EMU", f"-I{os.path.join(ROOT, 'ops', 'emu')}",
+             f"-I{src}", f"-I{inc}", *extra]
+    if not race:
+        steps = [["g++", *flags, "-shared", source, "-o", out_so]]
+    else:
+        obj = out_so + ".o"
+        steps = [["g++", *flags, "-DVHA_EMU_RACECHECK", "-fsanitize=thread", "-c", source, "-o", obj],
+                 ["g++", "-shared", "-Wl,-z,defs", obj, "-o", out_so]]  # -z defs: a missing __tsan_* hook fails here
+    for cmd in steps:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("emulator build failed:\n" + " ".join(cmd) + "\n" + r.stderr[-4000:])
 
 
 class Emu:

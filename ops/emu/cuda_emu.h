@@ -21,6 +21,17 @@
 // memory against 48 KB or the size opted in by cudaFuncSetAttribute (at most 227 KB, sm_90). Device buffers from
 // emu_alloc end at a PROT_NONE page, so an out-of-bounds read past a buffer's end faults; the dynamic shared memory is
 // filled with 0xCD bytes before each block, so reading it uninitialised gives garbage, not zeros.
+// Race detector (built with -DVHA_EMU_RACECHECK, the kernels compiled with -fsanitize=thread but linked without
+// libtsan: the __tsan_* entry points are defined below): every load and store of the kernels reaches a hook that
+// ignores addresses outside shared memory (the dynamic buffer and the emu_shared section) and host code. A shadow
+// record per byte of shared memory (its last writer, and up to two readers chosen so that no race is missed) holds
+// the thread and the epochs of the access: the block epoch advances at each __syncthreads released (and each new
+// block, which resets the shadow), a warp's epoch at each __syncwarp of that warp. Two accesses to one byte by two
+// threads of a block, at least one a write, race unless a __syncthreads separated them, or both threads are in one
+// warp and a __syncwarp separated them; shuffles, mma and ldmatrix do not order memory. cp.async writes count as
+// writes by the issuing thread when their group is retired; ldmatrix reads as reads by the lane giving the row
+// address. A race stops the run (die) naming the shared-memory offset, the block, the two threads and their access
+// kinds and code addresses. Not seen: atomics (atomicAdd is not recorded) and memcpy / memset calls into libc.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,6 +53,16 @@
 #include <tuple>
 #include <type_traits>
 #include <vector>
+
+#if defined(VHA_EMU_RACECHECK)
+#include <cxxabi.h>
+#include <dlfcn.h>
+// The emulator's own functions are not instrumented (only the kernels' accesses are of interest, and the hooks must
+// not call instrumented code that calls the hooks).
+#define EMU_NOTSAN __attribute__((no_sanitize_thread))
+#else
+#define EMU_NOTSAN
+#endif
 
 // ---- the CUDA runtime surface the kernels and launchers use ----------------------------------------------------
 // Types and declarations come from the toolkit's headers (cuda_fp16.h brings cuda_runtime_api.h); the functions the
@@ -140,7 +161,7 @@ inline bool in_shared(const void* p, size_t bytes) {
 
 inline void yield() { swapcontext(&cur().ctx, &g().sched); }
 
-inline void retire(Lane& l, size_t keep);
+EMU_NOTSAN inline void retire(Lane& l, size_t keep);
 inline void entry() {
   g().body();
   cur().copy_groups.push_back(std::move(cur().open_copies));  // a thread's copies land even if it never waits
@@ -166,6 +187,188 @@ inline std::string where(int i) {
   return buf;
 }
 
+// ---- shared-memory race detector (the state and checks; the __tsan_* hooks are at the end of this file) ----------
+// Without VHA_EMU_RACECHECK every function here is an empty inline: the normal build is unchanged.
+enum RaceKind : uint8_t { kRead = 0, kWrite = 1, kLdmRead = 2, kAsyncWrite = 3 };
+#if defined(VHA_EMU_RACECHECK)
+struct RaceRec {         // one access: b == 0 means none (block epochs start at 1)
+  uint32_t b = 0, w = 0;  // block epoch, and the epoch of the thread's warp, at the access
+  uint16_t lane = 0;      // linear thread index in the block (warp = lane / 32)
+  uint8_t kind = 0;
+  uint32_t bytes = 0;
+  const void* pc = nullptr;
+};
+struct RaceCell {  // shadow of one byte of shared memory: the last write, and two reads of the current block epoch
+  RaceRec wr, r1, r2;
+};
+struct RaceState {
+  int lane = -1;  // the running fiber (g().cur), -1 in host code: its accesses are not checked
+  uint32_t block_epoch = 0;
+  uint32_t warp_epoch[32] = {};
+  uintptr_t dyn_lo = 0, dyn_n = 0, st_lo = 0, st_n = 0;
+  RaceCell* dyn = nullptr;
+  size_t dyn_cap = 0;
+  RaceCell* st = nullptr;
+  const void* kernel = nullptr;
+};
+inline RaceState race;
+
+EMU_NOTSAN inline void race_set_lane(int i) { race.lane = i; }
+EMU_NOTSAN inline void race_kernel(const void* k) { race.kernel = k; }
+EMU_NOTSAN inline void race_block_barrier() { ++race.block_epoch; }  // every thread passed it: all earlier accesses
+EMU_NOTSAN inline void race_warp_barrier(int warp) { ++race.warp_epoch[warp]; }
+// A new block: a new epoch (the shadow of earlier blocks is then stale, i.e. reset), and where shared memory is.
+EMU_NOTSAN inline void race_block_start(const unsigned char* dyn, size_t dyn_bytes) {
+  RaceState& R = race;
+  ++R.block_epoch;
+  for (uint32_t& w : R.warp_epoch) w = 0;
+  R.dyn_lo = reinterpret_cast<uintptr_t>(dyn);
+  R.dyn_n = dyn_bytes;
+  if (dyn_bytes > R.dyn_cap) {
+    std::free(R.dyn);
+    R.dyn = static_cast<RaceCell*>(std::calloc(dyn_bytes, sizeof(RaceCell)));
+    if (R.dyn == nullptr) die("out of memory for the race detector's shadow");
+    R.dyn_cap = dyn_bytes;
+  }
+  const uintptr_t st_lo = reinterpret_cast<uintptr_t>(__start_emu_shared);  // integers: two distinct objects
+  const uintptr_t st_hi = reinterpret_cast<uintptr_t>(__stop_emu_shared);
+  if (R.st == nullptr && st_lo != 0 && st_hi > st_lo) {
+    R.st_lo = st_lo;
+    R.st_n = st_hi - st_lo;
+    R.st = static_cast<RaceCell*>(std::calloc(R.st_n, sizeof(RaceCell)));
+    if (R.st == nullptr) die("out of memory for the race detector's shadow");
+  }
+}
+
+inline std::string race_symbol(const void* pc, bool offset) {  // "function+0x1f (lib+0x2a3f)", for addr2line
+  Dl_info info;
+  if (pc == nullptr || dladdr(pc, &info) == 0) return "?";
+  std::string name = "?";
+  if (info.dli_sname != nullptr) {
+    int st = 0;
+    char* dm = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &st);
+    name = st == 0 && dm != nullptr ? dm : info.dli_sname;
+    std::free(dm);
+    const size_t paren = name.find('(');
+    if (paren != std::string::npos) name.resize(paren);
+  }
+  if (!offset) return name;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "+0x%lx (lib+0x%lx)",
+                info.dli_saddr ? (unsigned long)((const char*)pc - (const char*)info.dli_saddr) : 0ul,
+                (unsigned long)((const char*)pc - (const char*)info.dli_fbase));
+  return name + buf;
+}
+
+[[noreturn]] EMU_NOTSAN inline void race_report(const RaceRec& now, const RaceRec& before, size_t off, bool dyn) {
+  race.lane = -1;  // nothing more is checked: the message is built by (instrumented) library code
+  static const char* const kinds[] = {"read", "write", "ldmatrix read", "cp.async write"};
+  auto who = [](const RaceRec& r) {
+    const uint3 t = g().lanes[r.lane].tid;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%u-byte %s by thread (%u,%u,%u) (warp %d)", r.bytes, kinds[r.kind], t.x, t.y, t.z,
+                  r.lane / kWarp);
+    return std::string(buf) + (r.pc ? " at " + race_symbol(r.pc, true) : std::string());
+  };
+  char head[200];
+  std::snprintf(head, sizeof head, "race on shared memory: %s shared memory offset %zu, block (%u,%u,%u) of kernel ",
+                dyn ? "dynamic" : "static (emu_shared section)", off, g().block_idx.x, g().block_idx.y,
+                g().block_idx.z);
+  const bool same_warp = now.lane / kWarp == before.lane / kWarp;
+  die(std::string(head) + race_symbol(race.kernel, false) + ": " + who(now) + " and an earlier " + who(before) +
+      (same_warp ? ", one warp, with no __syncwarp or __syncthreads between them (shuffles, mma and ldmatrix do not "
+                   "order memory)"
+                 : ", different warps, with no __syncthreads between them"));
+}
+
+// Whether the recorded access r and an access now by `lane` (warp w) race: same block epoch, another thread, and
+// another warp or the same warp epoch.
+EMU_NOTSAN inline bool race_unordered(const RaceRec& r, int lane, int w) {
+  const RaceState& R = race;
+  return r.b == R.block_epoch && r.lane != lane && (r.lane / kWarp != w || r.w == R.warp_epoch[w]);
+}
+
+// Keep a read: the two slots hold reads of the current block epoch such that, for any later writer, a racing read
+// is among them whenever one exists: two reads of two different warps (any writer is in another warp than one of
+// them) once two warps read, else the newest-epoch reads of up to two different lanes of the one warp.
+EMU_NOTSAN inline void race_add_read(RaceCell& c, const RaceRec& n) {
+  const uint32_t B = race.block_epoch;
+  const int wn = n.lane / kWarp;
+  const bool v1 = c.r1.b == B, v2 = c.r2.b == B;
+  if (!v1 && !v2) {
+    c.r1 = n;
+    return;
+  }
+  RaceRec& a = v1 ? c.r1 : c.r2;  // a valid slot
+  RaceRec& o = v1 ? c.r2 : c.r1;  // the other one
+  if (!(v1 && v2)) {
+    if (a.lane / kWarp != wn) o = n;                 // now two warps
+    else if (a.lane == n.lane || a.w < n.w) a = n;   // the new read covers the old one
+    else o = n;                                      // a second lane of the warp in this warp epoch
+    return;
+  }
+  const int w1 = c.r1.lane / kWarp, w2 = c.r2.lane / kWarp;
+  if (w1 != w2) {  // two warps already: keep two warps, refreshing the one of this warp
+    if (w1 == wn) c.r1 = n;
+    else if (w2 == wn) c.r2 = n;
+    return;
+  }
+  if (wn != w1) c.r2 = n;  // a second warp
+  else if (c.r1.lane == n.lane) c.r1 = n;
+  else if (c.r2.lane == n.lane) c.r2 = n;
+  else if (c.r1.w < n.w) c.r1 = n;
+  else if (c.r2.w < n.w) c.r2 = n;
+  // else two other lanes of this warp epoch are kept: they cover any writer
+}
+
+// An access by thread `lane` of the block to [p, p + bytes); ignored unless in shared memory.
+EMU_NOTSAN inline void race_access(int lane, const void* p, size_t bytes, uint8_t kind, const void* pc) {
+  RaceState& R = race;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  RaceCell* cells;
+  size_t off, n;
+  bool dyn;
+  if (a - R.dyn_lo < R.dyn_n) {
+    cells = R.dyn, off = a - R.dyn_lo, n = std::min(bytes, R.dyn_n - off), dyn = true;
+  } else if (a - R.st_lo < R.st_n) {
+    cells = R.st, off = a - R.st_lo, n = std::min(bytes, R.st_n - off), dyn = false;
+  } else {
+    return;
+  }
+  const int w = lane / kWarp;
+  RaceRec me;
+  me.b = R.block_epoch;
+  me.w = R.warp_epoch[w];
+  me.lane = uint16_t(lane);
+  me.kind = kind;
+  me.bytes = uint32_t(bytes);
+  me.pc = pc;
+  const bool write = kind & 1;
+  for (size_t i = 0; i < n; ++i) {
+    RaceCell& c = cells[off + i];
+    if (race_unordered(c.wr, lane, w)) race_report(me, c.wr, off + i, dyn);
+    if (write) {
+      if (race_unordered(c.r1, lane, w)) race_report(me, c.r1, off + i, dyn);
+      if (race_unordered(c.r2, lane, w)) race_report(me, c.r2, off + i, dyn);
+      c.wr = me;
+    } else {
+      race_add_read(c, me);
+    }
+  }
+}
+EMU_NOTSAN __attribute__((always_inline)) inline void race_hook(const void* p, size_t bytes, uint8_t kind,
+                                                                 const void* pc) {
+  if (race.lane >= 0) race_access(race.lane, p, bytes, kind, pc);
+}
+#else
+inline void race_set_lane(int) {}
+inline void race_kernel(const void*) {}
+inline void race_block_barrier() {}
+inline void race_warp_barrier(int) {}
+inline void race_block_start(const unsigned char*, size_t) {}
+inline void race_access(int, const void*, size_t, uint8_t, const void*) {}
+#endif
+
 inline float bits_to_float(uint16_t h, bool bf16) {
   if (bf16) {
     uint32_t u = uint32_t(h) << 16;
@@ -179,7 +382,7 @@ inline float bits_to_float(uint16_t h, bool bf16) {
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 for the 32 lanes of warp w (PTX ISA tables).
-inline void run_mma(int first) {
+EMU_NOTSAN inline void run_mma(int first) {
   float A[16][16], B[16][8], C[16][8];
   for (int lane = 0; lane < kWarp; ++lane) {
     const Lane& l = g().lanes[first + lane];
@@ -219,7 +422,7 @@ inline bool in_shared(const void* p, size_t bytes);
 // 8 16-bit elements start at the addresses given by lanes 8i .. 8i+7 (each 16-byte aligned, in shared memory); lane l
 // receives in register i the elements (row l/4, columns 2(l%4), 2(l%4)+1) of matrix i, or with .trans the elements
 // (rows 2(l%4), 2(l%4)+1, column l/4), i.e. the same positions of the transposed matrix.
-inline void run_ldmatrix(int first, std::string& err) {
+EMU_NOTSAN inline void run_ldmatrix(int first, std::string& err) {
   const Lane& l0 = g().lanes[first];
   for (int lane = 0; lane < kWarp; ++lane) {
     const Lane& l = g().lanes[first + lane];
@@ -234,6 +437,8 @@ inline void run_ldmatrix(int first, std::string& err) {
       }
     }
   }
+  for (int lane = 0; lane < 8 * l0.ldm_num; ++lane)  // each row: 16 bytes read by the lane that gave its address
+    race_access(first + lane, g().lanes[first + lane].ldm_addr, 16, kLdmRead, nullptr);
   for (int lane = 0; lane < kWarp; ++lane) {
     Lane& l = g().lanes[first + lane];
     for (int i = 0; i < l0.ldm_num; ++i) {
@@ -249,7 +454,7 @@ inline void run_ldmatrix(int first, std::string& err) {
 }
 
 // Release what can be released; returns whether anything was.
-inline bool release(std::string& err) {
+EMU_NOTSAN inline bool release(std::string& err) {
   auto& L = g().lanes;
   const int n = int(L.size());
   bool any = false;
@@ -266,6 +471,7 @@ inline bool release(std::string& err) {
       }
     if (at_block == live) {
       for (auto& l : L) l.wait = Wait::None;
+      race_block_barrier();
       return true;
     }
   }
@@ -305,6 +511,8 @@ inline bool release(std::string& err) {
     } else if (kind == Coll::Ldm) {
       run_ldmatrix(w0, err);
       if (!err.empty()) return false;
+    } else if (kind == Coll::Sync) {
+      race_warp_barrier(w0 / kWarp);  // only __syncwarp orders the warp's memory accesses
     }
     for (int i = w0; i < w1; ++i) L[i].wait = Wait::None;
     any = true;
@@ -312,8 +520,9 @@ inline bool release(std::string& err) {
   return any;
 }
 
-inline void run_block(unsigned nthreads, std::mt19937& rng) {
+EMU_NOTSAN inline void run_block(unsigned nthreads, std::mt19937& rng) {
   auto& G = g();
+  race_block_start(G.dyn_smem.data(), G.dyn_smem.size());
   G.lanes.assign(nthreads, Lane());
   while (G.stacks.size() < nthreads) G.stacks.push_back(new_stack());
   for (unsigned i = 0; i < nthreads; ++i) {
@@ -338,7 +547,9 @@ inline void run_block(unsigned nthreads, std::mt19937& rng) {
       all_done = false;
       if (l.wait != Wait::None) continue;
       G.cur = i;
+      race_set_lane(i);
       swapcontext(&G.sched, &l.ctx);
+      race_set_lane(-1);
       G.cur = -1;
       ran = true;
     }
@@ -388,6 +599,7 @@ struct Launch {
     G.grid_dim = uint3{grid.x, grid.y, grid.z};
     G.block_dim = uint3{block.x, block.y, block.z};
     G.dyn_smem.assign(smem + 16, 0xCD);
+    race_kernel(key);
     std::mt19937 rng(G.seed + unsigned(G.launches));
     for (unsigned z = 0; z < grid.z; ++z)
       for (unsigned y = 0; y < grid.y; ++y)
@@ -459,9 +671,11 @@ inline void cp_async_commit() {
   l.copy_groups.push_back(std::move(l.open_copies));
   l.open_copies.clear();
 }
-inline void retire(Lane& l, size_t keep) {
+EMU_NOTSAN inline void retire(Lane& l, size_t keep) {
+  const int lane = int(&l - g().lanes.data());
   while (l.copy_groups.size() > keep) {
     for (const AsyncCopy& c : l.copy_groups.front()) {
+      race_access(lane, c.dst, size_t(c.bytes), kAsyncWrite, nullptr);  // a write by the issuing thread, now
       std::memset(c.dst, 0, size_t(c.bytes));
       if (c.src_bytes > 0) std::memcpy(c.dst, c.src, size_t(c.src_bytes));
     }
@@ -494,7 +708,7 @@ inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int = 32) {
   return emu::shfl_xor(mask, v, lane_mask);
 }
 template <typename T>
-inline T atomicAdd(T* p, T v) {  // fibers switch only at rendezvous points: a plain add is atomic here
+EMU_NOTSAN inline T atomicAdd(T* p, T v) {  // fibers switch only at rendezvous points: a plain add is atomic here
   T old = *p;
   *p = old + v;
   return old;
@@ -518,6 +732,7 @@ cudaError_t cudaGetDevice(int* dev) {
 cudaError_t cudaDeviceGetAttribute(int* v, enum cudaDeviceAttr attr, int) {
   if (attr == cudaDevAttrMultiProcessorCount) *v = emu::g().sm_count;
   else if (attr == cudaDevAttrComputeCapabilityMajor) *v = emu::g().cc_major;
+  else if (attr == cudaDevAttrMaxSharedMemoryPerBlockOptin) *v = 227 * 1024;  // sm_90
   else return cudaErrorInvalidValue;
   return cudaSuccess;
 }
@@ -556,3 +771,70 @@ const char* emu_last_error_message() { return emu::g().error.c_str(); }
 void emu_set_compute_capability(int major) { emu::g().cc_major = major; }
 long emu_launch_count() { return emu::g().launches; }
 }
+
+// ---- the race detector's hooks: the entry points GCC's -fsanitize=thread instrumentation calls --------------------
+// Defined here, not by libtsan (the library is linked without it); hidden, so the kernels call them directly.
+#if defined(VHA_EMU_RACECHECK)
+#define EMU_HOOK extern "C" EMU_NOTSAN __attribute__((visibility("hidden"))) void
+#define EMU_TSAN_RW(n)                                                                                              \
+  EMU_HOOK __tsan_read##n(void* p) { emu::race_hook(p, n, emu::kRead, __builtin_return_address(0)); }             \
+  EMU_HOOK __tsan_write##n(void* p) { emu::race_hook(p, n, emu::kWrite, __builtin_return_address(0)); }           \
+  EMU_HOOK __tsan_unaligned_read##n(void* p) { emu::race_hook(p, n, emu::kRead, __builtin_return_address(0)); }   \
+  EMU_HOOK __tsan_unaligned_write##n(void* p) { emu::race_hook(p, n, emu::kWrite, __builtin_return_address(0)); } \
+  EMU_HOOK __tsan_volatile_read##n(void* p) { emu::race_hook(p, n, emu::kRead, __builtin_return_address(0)); }    \
+  EMU_HOOK __tsan_volatile_write##n(void* p) { emu::race_hook(p, n, emu::kWrite, __builtin_return_address(0)); }
+EMU_TSAN_RW(1)
+EMU_TSAN_RW(2)
+EMU_TSAN_RW(4)
+EMU_TSAN_RW(8)
+EMU_TSAN_RW(16)
+#undef EMU_TSAN_RW
+EMU_HOOK __tsan_read_range(void* p, size_t n) { emu::race_hook(p, n, emu::kRead, __builtin_return_address(0)); }
+EMU_HOOK __tsan_write_range(void* p, size_t n) { emu::race_hook(p, n, emu::kWrite, __builtin_return_address(0)); }
+EMU_HOOK __tsan_init() {}
+EMU_HOOK __tsan_func_entry(void*) {}
+EMU_HOOK __tsan_func_exit() {}
+EMU_HOOK __tsan_vptr_update(void**, void*) {}
+EMU_HOOK __tsan_vptr_read(void**) {}
+EMU_HOOK __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+EMU_HOOK __tsan_atomic_signal_fence(int) {}
+#undef EMU_HOOK
+// Atomics of host-side library code (e.g. the guard of a function-local static): performed, not recorded.
+#define EMU_TSAN_ATOMIC(n, T)                                                                                        \
+  extern "C" EMU_NOTSAN __attribute__((visibility("hidden"))) T __tsan_atomic##n##_load(const volatile T* a, int) { \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                                     \
+  }                                                                                                                  \
+  extern "C" EMU_NOTSAN __attribute__((visibility("hidden"))) void __tsan_atomic##n##_store(volatile T* a, T v,     \
+                                                                                           int) {                   \
+    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                                        \
+  }                                                                                                                  \
+  extern "C" EMU_NOTSAN __attribute__((visibility("hidden"))) T __tsan_atomic##n##_exchange(volatile T* a, T v,     \
+                                                                                           int) {                   \
+    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                              \
+  }                                                                                                                  \
+  extern "C" EMU_NOTSAN __attribute__((visibility("hidden"))) T __tsan_atomic##n##_fetch_add(volatile T* a, T v,    \
+                                                                                            int) {                  \
+    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                               \
+  }                                                                                                                  \
+  extern "C" EMU_NOTSAN __attribute__((visibility("hidden"))) T __tsan_atomic##n##_fetch_sub(volatile T* a, T v,    \
+                                                                                            int) {                  \
+    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                               \
+  }                                                                                                                  \
+  extern "C" EMU_NOTSAN __attribute__((visibility("hidden"))) int __tsan_atomic##n##_compare_exchange_strong(       \
+      volatile T* a, T* c, T v, int, int) {                                                                          \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                          \
+  }                                                                                                                  \
+  extern "C" EMU_NOTSAN __attribute__((visibility("hidden"))) T __tsan_atomic##n##_compare_exchange_val(            \
+      volatile T* a, T c, T v, int, int) {                                                                           \
+    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                                \
+    return c;                                                                                                        \
+  }
+EMU_TSAN_ATOMIC(8, uint8_t)
+EMU_TSAN_ATOMIC(16, uint16_t)
+EMU_TSAN_ATOMIC(32, uint32_t)
+EMU_TSAN_ATOMIC(64, uint64_t)
+#undef EMU_TSAN_ATOMIC
+extern "C" int emu_race_checking() { return 1; }
+#else
+extern "C" int emu_race_checking() { return 0; }
+#endif
