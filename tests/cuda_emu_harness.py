@@ -155,11 +155,12 @@ def run_case(emu: Emu, dtype: str, case, heads_first: int, seed: int = 0) -> dic
     ko = emu.empty(lay(np.empty((B, S, hkv, d))).shape, dt)
     L = emu.lib
     dims = [ctypes.c_long(v) for v in (B, S, hp, hkv, r, d, 1)]
-    before = L.emu_launch_count()
+    before, mma_before = L.emu_launch_count(), L.emu_mma_count()
     e = L.vha_prologue_forward(code, *[ctypes.c_void_p(p) for p in ptr], ctypes.c_void_p(qo[0]), ctypes.c_void_p(ko[0]),
                                *dims, ctypes.c_float(eps), ctypes.c_int(heads_first), ctypes.c_void_p(0))
     out = {"case": list(case), "dtype": dtype, "heads_first": heads_first, "fwd_error": int(e),
-           "fwd_launches": int(L.emu_launch_count() - before), "error_message": L.emu_last_error_message().decode()}
+           "fwd_launches": int(L.emu_launch_count() - before), "fwd_mma": int(L.emu_mma_count() - mma_before),
+           "error_message": L.emu_last_error_message().decode()}
     if e != 0:
         return out
     out["q"] = rel(Emu.get(qo), lay(ref_q))
@@ -174,6 +175,7 @@ def run_case(emu: Emu, dtype: str, case, heads_first: int, seed: int = 0) -> dic
                                 ctypes.c_size_t(ws_bytes), *dims, ctypes.c_float(eps), ctypes.c_int(heads_first),
                                 ctypes.c_void_p(0))
     out["bwd_error"] = int(e)
+    out["bwd_mma"] = int(L.emu_mma_count() - mma_before) - out["fwd_mma"]
     out["error_message"] = L.emu_last_error_message().decode()
     if e != 0:
         return out
@@ -187,6 +189,13 @@ def run_case(emu: Emu, dtype: str, case, heads_first: int, seed: int = 0) -> dic
     for name, buf in (("q", qo), ("k", ko)):
         digests[name] = hashlib.sha256(Emu.get(buf).tobytes()).hexdigest()[:16]
     out["digests"] = digests
+    if dtype in ("bf16", "fp16"):  # the yardstick of the tolerance: the composed chain's own error in this dtype
+        import composed_lowp
+
+        (cq, ck), cg = composed_lowp.forward_and_vjp(q_phys, k, W, wq, wk, cos, sin, eps, gq, gk, dt)
+        out["composed"] = {name: rel(c, ref) for name, c, ref in
+                           zip(("q", "k", "dq_phys", "dk", "dpremix", "dq_norm", "dk_norm"), (cq, ck, *cg),
+                               (ref_q, ref_k, *ref_g))}
     return out
 
 

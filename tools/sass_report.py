@@ -41,20 +41,43 @@ def find_nvdisasm():
 
 
 def short(mangled: str) -> str:
+    """e.g. q_tc<bf16,128,bwd>, gemm_tc<fp16,dW>, bwd_rows<fp32>."""
     m = re.search(r"gpu\d+(\w+?)I", mangled)
     name = m.group(1) if m else mangled
+    tags = []
     for tag, dt in (("13__nv_bfloat16", "bf16"), ("6__half", "fp16"), ("If", "fp32"), ("Id", "fp64")):
         if tag in mangled:
-            name += f"<{dt}"
+            tags.append(dt)
             break
     dh = re.search(r"Li(\d+)E", mangled)
-    return name + (f",{dh.group(1)}>" if dh else ">")
+    if dh:
+        tags.append(dh.group(1))
+    if name == "q_tc":
+        tags.append("bwd" if "Lb1E" in mangled else "fwd")
+    if name == "gemm_tc":  # <T, A_K, B_K, O>: dq has k-contiguous operands and a T output, dW neither and fp32 partials
+        tags.append("dq" if "Lb1ELb1E" in mangled else "dW")
+    return name + "<" + ",".join(tags) + ">"
+
+
+def sass_counts(s: str) -> dict:
+    """Instruction counts of one kernel's SASS: tensor-core MMAs, global loads / stores by width, cp.async
+    (LDGSTS: global -> shared, never through registers) by width, and ldmatrix."""
+    def widths(op):
+        return [len(re.findall(rf"\b{op}\.E(?:\.U16|\.S16)\b", s)),
+                len(re.findall(rf"\b{op}\.E(?:\.CONSTANT)?\s", s)),
+                len(re.findall(rf"\b{op}\.E\.64\b", s)),
+                len(re.findall(rf"\b{op}\.E\.128\b", s))]
+    return {"hmma": len(re.findall(r"\bHMMA\b", s)), "ldg": widths("LDG"), "stg": widths("STG"),
+            "ldgsts_128": len(re.findall(r"\bLDGSTS\.E(?:\.BYPASS)?\.128\b", s)),
+            "ldgsts_narrow": len(re.findall(r"\bLDGSTS\.E(?:\.BYPASS)?(?:\.64)?\s", s)),
+            "ldsm": len(re.findall(r"\bLDSM\b", s))}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--json", metavar="PATH", help="also write the per-kernel table as JSON (tests read it)")
     args = ap.parse_args(argv)
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -85,22 +108,26 @@ def main(argv=None) -> int:
     print(f"# {len(info)} kernels for {args.arch}; nvdisasm: {nvd or 'not found (ptxas columns only)'}")
     head = "| kernel | regs | spill B | static smem B |"
     if sass:
-        head += " HMMA | global loads 16/32/64/128-bit | global stores 16/32/64/128-bit |"
+        head += (" HMMA | LDSM | cp.async 128-bit / narrower | global loads 16/32/64/128-bit |"
+                 " global stores 16/32/64/128-bit |")
     print(head)
     print("| --- " * (head.count("|") - 1) + "|")
+    report = {}
     for name in sorted(info, key=short):
-        i = info[name]
+        i = dict(info[name])
         row = f"| {short(name)} | {i['regs']} | {i['spill']} | {i['smem']} |"
         if sass:
-            s = sass.get(name, "")
-            def widths(op):
-                n16 = len(re.findall(rf"\b{op}\.E(?:\.U16|\.S16)\b", s))
-                n32 = len(re.findall(rf"\b{op}\.E(?:\.CONSTANT)?\s", s))
-                n64 = len(re.findall(rf"\b{op}\.E\.64\b", s))
-                n128 = len(re.findall(rf"\b{op}\.E\.128\b", s))
-                return f"{n16}/{n32}/{n64}/{n128}"
-            row += f" {len(re.findall(r'HMMA', s))} | {widths('LDG')} | {widths('STG')} |"
+            c = sass_counts(sass.get(name, ""))
+            i.update(c)
+            row += (f" {c['hmma']} | {c['ldsm']} | {c['ldgsts_128']} / {c['ldgsts_narrow']} | "
+                    f"{'/'.join(map(str, c['ldg']))} | {'/'.join(map(str, c['stg']))} |")
+        report[short(name)] = i
         print(row)
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"arch": args.arch, "nvdisasm": bool(sass), "kernels": report}, f, indent=1)
 
     # Roofline at the 1.7B shape (H_p 8, H_kv 2, r = d = 128), bf16: what must move and what must be computed.
     print("\n# roofline, 1.7B shape, bf16: bytes that must move (read inputs + write outputs once), Premix FLOPs")

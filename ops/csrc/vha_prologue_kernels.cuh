@@ -2,20 +2,23 @@
 // operator contract). Framework-free: included by the Paddle op glue (vha_prologue_cuda.cu) and by the extern "C"
 // launcher (vha_prologue_launcher.cu) used for checks on machines without Paddle.
 //
-// STATUS: compiled for sm_80 / sm_90 here, never run on a GPU by this project (docs/prologue.md).
+// STATUS: compiled for sm_80 / sm_90 here and run in CI under the host emulator (ops/emu/cuda_emu.h,
+// tests/test_cuda_emulation.py, tests/test_cuda_emu_races.py); never run on a GPU by this project (docs/prologue.md).
 //
-// Forward
-//   bf16 / fp16 with d in {64, 128, 256} and r % 16 == 0: tensor cores. A CTA of 4 warps owns 64 rows of
-//     q_phys ([rows = B*S*H_p, r]) and one Premix group g; W[g] is staged transposed in shared memory; each
-//     warp forms its 16 x d product with mma.sync m16n8k16 (fp32 accumulation) straight from global q_phys,
-//     and normalises + rotates it in registers: in the m16n8 accumulator layout a thread holds columns
-//     c and c + d/2 of the same row, so RoPE is thread-local and the row norm is a 4-lane shuffle reduction.
-//   other dtypes / shapes: one warp per (row, group), products in fp32 (fp64 for fp64).
-//   keys: one warp per (token, KV head).
-// Backward (SIMT, all dtypes): one pass recomputes u = q_phys W[g], writes dL/du (fp32 workspace) and the
-//   key gradients, writing per-block partials of the norm-weight gradients; then dq_phys = sum_g dL/du W[g]^T (one
-//   warp per row) and dW[g] = q_phys^T dL/du (shared-memory tiled, one partial per row chunk); sum_parts adds the
-//   partials in a fixed order and casts to the parameter dtype. No floating-point atomics: bitwise deterministic.
+// Tensor-core path (bf16 / fp16, d in {64, 128, 256}, r % 16 == 0, 16-byte aligned pointers, sm_80+):
+//   forward  q_tc<fwd>: one launch. Per CTA a Premix group g and 64-row tiles of q_phys ([rows = B*S*H_p, r]) in a
+//            persistent loop: W[g] and the q tiles (double-buffered) staged with 16-byte cp.async, read with ldmatrix,
+//            multiplied with mma.sync m16n8k16 (fp32 accumulation); RMSNorm + RoPE in registers (a thread holds
+//            columns c, c + 1 and their RoPE partners of two rows); each warp writes its 16 rows through shared memory
+//            in 16-byte stores. Then the CTA's share of the key rows, in 16-byte vectors.
+//   backward q_tc<bwd> recomputes u = q_phys W[g] the same way, stages dL/dout with cp.async, and writes dL/du (T) in
+//            16-byte stores, dk, and per-block norm-weight partials; then dq = dL/du W^T and dW = q_phys^T dL/du as
+//            tensor-core GEMMs (gemm_tc: cp.async double buffering, ldmatrix(.trans), 16-byte stores), dW as per-chunk
+//            fp32 partials; sum_parts adds every partial in a fixed order.
+// SIMT path (fp32 / fp64, other shapes, below sm_80): fwd_simt (one warp per (row, group) or key row); backward
+//   bwd_rows (dL/du in fp32/fp64, dk, norm-weight partials per block), bwd_dq (one warp per row), bwd_dw (shared-memory
+//   tiles, one partial per row chunk), sum_parts.
+// No floating-point atomics anywhere: every output is bitwise deterministic.
 #pragma once
 
 #ifdef VHA_EMU  // the host emulator of the CUDA execution model (ops/emu/cuda_emu.h): these kernels run in CI on a CPU
@@ -31,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "vha_prologue_math.h"
@@ -171,14 +175,90 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 #endif
 }
 
-// Two adjacent 16-bit values (4-byte aligned: an even column of a row whose length is even) as one 32-bit access.
+// ---------------------------------------------------------------------------------------------------------------
+// Tensor-core building blocks (sm_80+): 16-byte asynchronous copies into shared memory, ldmatrix, 16-byte vectors.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+#if defined(__CUDA_ARCH__) && !defined(VHA_EMU)
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+#else
+  return uint32_t(reinterpret_cast<uintptr_t>(p));
+#endif
+}
+
+// cp.async.cg of 16 bytes; `valid` false zero-fills them (src must still be a mapped address: callers pass a base).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(VHA_EMU)
+  emu::cp_async(dst, src, valid ? 16 : 0);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(VHA_EMU)
+  emu::cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>  // every committed group but the N most recent has landed (for this thread: a barrier follows)
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(VHA_EMU)
+  emu::cp_async_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// ldmatrix.x4: lanes 8i..8i+7 give the 16-byte rows of 8x8 matrix i; register i receives the lane's mma fragment
+// element pair of matrix i (of its transpose with TRANS).
+template <bool TRANS>
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row) {
+#if defined(VHA_EMU)
+  emu::ldmatrix<4>(r, row, TRANS);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+// Eight 16-bit values as one 16-byte access (p 16-byte aligned), converted to / from fp32.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&x)[8]) {
+  static_assert(sizeof(T) == 2, "16-bit types only");
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  T v[8];
+  memcpy(v, &u, 16);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) x[j] = to_c(v[j]);
+}
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&x)[8]) {
+  T v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = from_c<T>(x[j]);
+  uint4 u;
+  memcpy(&u, v, 16);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+__device__ __forceinline__ void copy16(void* dst, const void* src) {
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+// Two adjacent 16-bit values of shared memory (an even column) as one 32-bit access.
 template <typename T>
 __device__ __forceinline__ void load_pair(const T* p, float (&x)[2]) {
-  static_assert(sizeof(T) == 2, "16-bit types only");
   const uint32_t u = *reinterpret_cast<const uint32_t*>(p);
-  const uint16_t h[2] = {uint16_t(u & 0xffffu), uint16_t(u >> 16)};
   T v[2];
-  memcpy(v, h, 4);
+  memcpy(v, &u, 4);
   x[0] = to_c(v[0]);
   x[1] = to_c(v[1]);
 }
@@ -190,97 +270,501 @@ __device__ __forceinline__ void store_pair(T* p, const float (&x)[2]) {
   *reinterpret_cast<uint32_t*>(p) = u;
 }
 
-constexpr int kTcWarps = 4;            // 64 rows per CTA
-constexpr int kSmemPad = 8;            // elements of padding per staged W^T row (bank-conflict avoidance)
+constexpr int kTcWarps = 4;  // 64 rows per CTA in the prologue kernels, 4 warps of 16
+constexpr int kSmemPad = 8;  // elements of padding per shared-memory row: rows stay 16-byte aligned, and the 8 rows of
+                             // an ldmatrix fall in different banks
 
-// Requires rows of q_phys 4-byte aligned pairs: r even (r % 16 == 0 checked by the launcher).
+// Shared memory of q_tc: W[g] (r x DH), `stages` q tiles (64 x r), per-warp staging of 16 output rows (16 x DH), and
+// per-warp fp32 sums of the q_norm weight gradient (backward, DH = 256).
+inline size_t q_tc_smem(long r, int DH, int stages) {
+  return size_t(2) * (size_t(r) * (DH + kSmemPad) + size_t(stages) * 16 * kTcWarps * (r + kSmemPad) +
+                      size_t(kTcWarps) * 16 * (DH + kSmemPad)) +
+         size_t(kTcWarps) * DH * sizeof(float);
+}
+
+// ---- keys: RMSNorm + RoPE of the rows of k in 16-byte vectors. L = DH/16 lanes per row, each with 8 columns of the
+// first half and their RoPE partners; 32/L rows per warp. Warps w0, w0 + nw, ... of the grid take the row groups.
 template <typename T, int DH>
-__global__ void __launch_bounds__(kTcWarps * 32) fwd_q_tc(const T* qp, const T* W, const T* wq, const T* cosp,
-                                                          const T* sinp, T* qo, Dims D, float eps) {
-  VHA_DYNAMIC_SHARED(smem_raw);
-  T* wt = reinterpret_cast<T*>(smem_raw);  // (DH, r + pad): W[g]^T, so B fragments read k-pairs contiguously
-  const int r = int(D.r), ldw = r + kSmemPad;
-  const long g = blockIdx.y;
-  const T* Wg = W + g * D.r * DH;
-  for (int v = threadIdx.x; v < r * DH / 8; v += blockDim.x) {
-    const int idx = v * 8, k = idx / DH, n0 = idx % DH;  // columns n0 .. n0+7 of row k: one 16-byte global load
-    const uint4 q = *reinterpret_cast<const uint4*>(Wg + idx);
-    T vals[8];
-    memcpy(vals, &q, 16);
+__device__ void keys_fwd(const T* kin, const T* wk, const T* cosp, const T* sinp, T* ko, const Dims& D, float eps,
+                         long w0, long nw) {
+  constexpr int L = DH / 16, RPW = 32 / L, H = DH / 2;
+  const int lane = threadIdx.x % 32, c0 = (lane % L) * 8;
+  const long n = D.tokens() * D.Hkv;
+  float w_lo[8], w_hi[8];
+  load8(wk + c0, w_lo);
+  load8(wk + H + c0, w_hi);
+  for (long base = w0 * RPW; base < n; base += nw * RPW) {  // uniform over the warp: every lane reaches the shuffles
+    const long kr = base + lane / L;
+    const bool ok = kr < n;
+    float lo[8], hi[8], ss = 0.f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) wt[(n0 + j) * ldw + k] = vals[j];
+    for (int j = 0; j < 8; ++j) lo[j] = hi[j] = 0.f;
+    if (ok) {
+      load8(kin + kr * DH + c0, lo);
+      load8(kin + kr * DH + H + c0, hi);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += lo[j] * lo[j] + hi[j] * hi[j];
+#pragma unroll
+    for (int o = 1; o < L; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);  // the L lanes of this row
+    if (!ok) continue;
+    const float rs = rms_rstd(ss, DH, eps);
+    const long t = kr / D.Hkv, g = kr % D.Hkv;
+    float cl[8], sl[8], ch[8], sh[8], ol[8], oh[8];
+    load8(cosp + D.table_off(t) + c0, cl);
+    load8(sinp + D.table_off(t) + c0, sl);
+    load8(cosp + D.table_off(t) + H + c0, ch);
+    load8(sinp + D.table_off(t) + H + c0, sh);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      rope_pair_fwd(lo[j] * rs * w_lo[j], hi[j] * rs * w_hi[j], cl[j], sl[j], ch[j], sh[j], &ol[j], &oh[j]);
+    T* out = ko + D.out_off(t, g, D.Hkv);
+    store8(out + c0, ol);
+    store8(out + H + c0, oh);
   }
-  __syncthreads();
+}
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, tig = lane & 3;
-  const long rows = D.rows(), n_tiles = (rows + 16 * kTcWarps - 1) / (16 * kTcWarps);
-  // persistent CTAs: W[g] is staged once and reused over many 64-row tiles
-  for (long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-    const long row0 = (tile * kTcWarps + warp) * 16;
-    if (row0 >= rows) continue;
-    const long ra = row0 + gid, rb = row0 + gid + 8;  // this thread's two rows
-    const bool va = ra < rows, vb = rb < rows;
-    const uint32_t* qa = reinterpret_cast<const uint32_t*>(qp + (va ? ra : 0) * D.r);
-    const uint32_t* qb = reinterpret_cast<const uint32_t*>(qp + (vb ? rb : 0) * D.r);
+// Backward of keys_fwd: dk, and this lane's sums of the k_norm weight gradient (columns c0.. and H + c0..) in gw.
+template <typename T, int DH>
+__device__ void keys_bwd(const T* kin, const T* wk, const T* cosp, const T* sinp, const T* gko, T* gk, const Dims& D,
+                         float eps, long w0, long nw, float (&gw)[16]) {
+  constexpr int L = DH / 16, RPW = 32 / L, H = DH / 2;
+  const int lane = threadIdx.x % 32, c0 = (lane % L) * 8;
+  const long n = D.tokens() * D.Hkv;
+  float w_lo[8], w_hi[8];
+  load8(wk + c0, w_lo);
+  load8(wk + H + c0, w_hi);
+  for (long base = w0 * RPW; base < n; base += nw * RPW) {
+    const long kr = base + lane / L;
+    const bool ok = kr < n;
+    if (gko == nullptr) {  // k output did not reach the loss: dk = 0
+      const float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (ok) {
+        store8(gk + kr * DH + c0, z);
+        store8(gk + kr * DH + H + c0, z);
+      }
+      continue;
+    }
+    float lo[8], hi[8], gl[8], gh[8], ss = 0.f, dot = 0.f, rs = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) lo[j] = hi[j] = gl[j] = gh[j] = 0.f;
+    const long t = kr / D.Hkv, g = kr % D.Hkv;
+    if (ok) {
+      load8(kin + kr * DH + c0, lo);
+      load8(kin + kr * DH + H + c0, hi);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += lo[j] * lo[j] + hi[j] * hi[j];
+#pragma unroll
+    for (int o = 1; o < L; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (ok) {
+      rs = rms_rstd(ss, DH, eps);
+      float go_l[8], go_h[8], cl[8], sl[8], ch[8], sh[8];
+      const T* g_out = gko + D.out_off(t, g, D.Hkv);
+      load8(g_out + c0, go_l);
+      load8(g_out + H + c0, go_h);
+      load8(cosp + D.table_off(t) + c0, cl);
+      load8(sinp + D.table_off(t) + c0, sl);
+      load8(cosp + D.table_off(t) + H + c0, ch);
+      load8(sinp + D.table_off(t) + H + c0, sh);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float a, b;
+        rope_pair_bwd(go_l[j], go_h[j], cl[j], sl[j], ch[j], sh[j], &a, &b);
+        gw[j] += a * lo[j] * rs;
+        gw[8 + j] += b * hi[j] * rs;
+        gl[j] = a * w_lo[j];
+        gh[j] = b * w_hi[j];
+        dot += gl[j] * lo[j] + gh[j] * hi[j];
+      }
+    }
+#pragma unroll
+    for (int o = 1; o < L; o <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (!ok) continue;
+    float xl[8], xh[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      xl[j] = rms_input_grad(gl[j], lo[j], rs, dot / float(DH));
+      xh[j] = rms_input_grad(gh[j], hi[j], rs, dot / float(DH));
+    }
+    store8(gk + kr * DH + c0, xl);
+    store8(gk + kr * DH + H + c0, xh);
+  }
+}
 
-    constexpr int NT = DH / 8;  // n-tiles of 8 columns
+// ---- the virtual queries on tensor cores (bf16 / fp16, d = DH in {64, 128, 256}, r % 16 == 0), forward or backward.
+// A CTA owns group g = blockIdx.y and 64-row tiles of q_phys (rows = B*S*H_p) in a persistent loop; warp w the tile's
+// rows 16w .. 16w+15. W[g] (r x DH) is staged once with cp.async, row-major, and read with ldmatrix.trans as the mma
+// B operand; each q tile (64 x r) is staged with cp.async, the next one while this one is multiplied (stages = 2),
+// and read with ldmatrix. In the m16n8 accumulator a thread holds columns c, c + 1 and (DH/2 tiles on) their RoPE
+// partners of rows gid and gid + 8, so RoPE is thread-local and a row's norm is a 4-lane shuffle sum.
+// Forward: normalise + rotate; each warp stages its 16 output rows in shared memory and writes them in 16-byte stores.
+// Backward: the gradient dL/dout of the tile's rows is staged with cp.async while u = q_phys W[g] is recomputed;
+// dL/du goes out in 16-byte stores to GU ([rows, H_kv, DH], T: the operand of the dq and dW GEMMs that follow), and
+// the q_norm weight gradient is summed per thread in registers, then per block in a fixed order (gw_part row
+// blockIdx.y * gridDim.x + blockIdx.x: q half, then this block's k_norm half).
+// After its q tiles every CTA takes its share of the key rows (keys_fwd / keys_bwd): one launch in all.
+template <typename T, int DH, bool BWD>
+__global__ void __launch_bounds__(kTcWarps * 32)
+    q_tc(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp, const T* sinp, const T* gqo,
+         const T* gko, T* qo_or_gu, T* ko_or_gk, float* gw_part, Dims D, float eps, int stages) {
+  VHA_DYNAMIC_SHARED(smem_raw);
+  constexpr int NT = DH / 8, HT = NT / 2, LDW = DH + kSmemPad, ROWS = 16 * kTcWarps;
+  // q_norm weight-gradient sums: in registers across tiles up to DH = 128; at DH = 256 those 64 registers next to the
+  // 128 accumulators spill, so each row's terms are summed over the 8 lanes of a column (shuffles) and added to the
+  // warp's sums in shared memory instead
+  constexpr bool GW_REGS = DH <= 128;
+  const int r = int(D.r), ldq = r + kSmemPad;
+  T* ws = reinterpret_cast<T*>(smem_raw);    // [r][LDW]: W[g]
+  T* qs = ws + size_t(r) * LDW;              // [stages][ROWS][ldq]: q_phys tiles
+  T* os = qs + size_t(stages) * ROWS * ldq;  // [warps][16][LDW]: this warp's output rows (backward: dL/dout first)
+  float* gw_acc = reinterpret_cast<float*>(os + size_t(kTcWarps) * 16 * LDW);  // [warps][DH] (backward, !GW_REGS)
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane >> 2, tig = lane & 3;
+  T* my_os = os + size_t(warp) * 16 * LDW;
+  const long g = blockIdx.y, rows = D.rows(), n_tiles = (rows + ROWS - 1) / ROWS;
+  const T* Wg = W + g * D.r * DH;
+  const int heads = int(D.Hp * D.Hkv);
+
+  auto stage_q = [&](long tile, int buf) {  // 64 x r: r/8 chunks of 16 bytes per row; rows past the end zero-filled
+    for (int v = tid; v < ROWS * (r / 8); v += blockDim.x) {
+      const int rr = v / (r / 8), kc = (v % (r / 8)) * 8;
+      const long row = tile * ROWS + rr;
+      cp_async16(qs + (size_t(buf) * ROWS + rr) * ldq + kc, row < rows ? qp + row * D.r + kc : qp, row < rows);
+    }
+  };
+  for (int v = tid; v < r * (DH / 8); v += blockDim.x) {
+    const int k = v / (DH / 8), c = (v % (DH / 8)) * 8;
+    cp_async16(ws + size_t(k) * LDW + c, Wg + size_t(k) * DH + c, true);
+  }
+  if (blockIdx.x < n_tiles) stage_q(blockIdx.x, 0);
+  cp_async_commit();
+
+  float gwq[NT][2];  // backward: this thread's q_norm weight-gradient sums, columns nt*8 + 2*tig + e
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) gwq[nt][0] = gwq[nt][1] = 0.f;
+  if (BWD && !GW_REGS) {
+    for (int c = lane; c < DH; c += 32) gw_acc[warp * DH + c] = 0.f;
+  }
+
+  int buf = 0;
+  for (long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, buf ^= (stages - 1)) {
+    const long row0 = tile * ROWS + warp * 16;
+    const long next = tile + gridDim.x;
+    if (stages == 2 && next < n_tiles) stage_q(next, buf ^ 1);
+    cp_async_commit();
+    if (BWD) {  // this warp's 16 rows of dL/dout, into its output staging
+      for (int v = lane; v < 16 * (DH / 8); v += 32) {
+        const int rr = v / (DH / 8), c = (v % (DH / 8)) * 8;
+        const long row = row0 + rr;
+        const bool ok = row < rows;
+        const long t = ok ? row / D.Hp : 0, i = ok ? row % D.Hp : 0;
+        cp_async16(my_os + rr * LDW + c, gqo + D.out_off(t, g * D.Hp + i, heads) + c, ok);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait<2>();  // W and this tile's q have landed (the next tile's q and dL/dout may still be in flight)
+    __syncthreads();
+
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-
+    const T* qw = qs + (size_t(buf) * ROWS + warp * 16) * ldq;
     for (int k0 = 0; k0 < r; k0 += 16) {
       uint32_t a[4];
-      const int ka = (k0 + tig * 2) / 2;  // in 32-bit words (pairs)
-      a[0] = va ? qa[ka] : 0u;
-      a[1] = vb ? qb[ka] : 0u;
-      a[2] = va ? qa[ka + 4] : 0u;
-      a[3] = vb ? qb[ka + 4] : 0u;
+      ldsm_x4<false>(a, qw + (lane & 15) * ldq + k0 + (lane >> 4) * 8);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const T* bcol = wt + (nt * 8 + gid) * ldw + k0 + tig * 2;
-        uint32_t b[2];
-        b[0] = *reinterpret_cast<const uint32_t*>(bcol);
-        b[1] = *reinterpret_cast<const uint32_t*>(bcol + 8);
-        mma_16816(acc[nt], a, b, static_cast<T*>(nullptr));
+      for (int nt = 0; nt < NT; nt += 2) {
+        uint32_t b[4];  // b[0..1]: n-tile nt, b[2..3]: n-tile nt + 1
+        ldsm_x4<true>(b, ws + size_t(k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDW + nt * 8 + (lane >> 4) * 8);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_16816(acc[nt], a, b0, static_cast<T*>(nullptr));
+        mma_16816(acc[nt + 1], a, b1, static_cast<T*>(nullptr));
       }
     }
+    if (BWD) {
+      cp_async_wait<0>();
+      __syncwarp();  // every lane's dL/dout copies have landed
+    }
 
-    // Epilogue. acc[nt][0..1]: row ra, columns nt*8 + tig*2 + {0,1}; acc[nt][2..3]: row rb, same columns.
-    constexpr int HT = NT / 2;  // column c in tile nt has its RoPE partner c + DH/2 in tile nt + HT
+    // Epilogue. acc[nt][2*half + e]: row gid + 8*half of the warp's 16, column nt*8 + 2*tig + e.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const long row = half ? rb : ra;
+      const int rloc = gid + 8 * half;
+      const long row = row0 + rloc;
       float ss = 0.f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
         ss += acc[nt][2 * half] * acc[nt][2 * half] + acc[nt][2 * half + 1] * acc[nt][2 * half + 1];
       ss += __shfl_xor_sync(0xffffffffu, ss, 1);
       ss += __shfl_xor_sync(0xffffffffu, ss, 2);  // the 4 lanes of a quad hold one row
-      if (!(half ? vb : va)) continue;
       const float rs = rms_rstd(ss, DH, eps);
-      const long t = row / D.Hp, i = row % D.Hp;
+      const bool ok = row < rows;
+      const long t = ok ? row / D.Hp : 0;
       const T* cr = cosp + D.table_off(t);
       const T* sr = sinp + D.table_off(t);
-      T* out = qo + D.out_off(t, g * D.Hp + i, D.Hp * D.Hkv);
+      T* orow = my_os + rloc * LDW;
+      float dot = 0.f;
 #pragma unroll
       for (int nt = 0; nt < HT; ++nt) {
-        // this thread's columns c, c + 1 and their RoPE partners: every table and output access is one 32-bit pair
         const int c = nt * 8 + tig * 2, ch = c + DH / 2;
         float w_lo[2], w_hi[2], c_lo[2], s_lo[2], c_hi[2], s_hi[2], lo[2], hi[2];
         load_pair(wq + c, w_lo);
         load_pair(wq + ch, w_hi);
-        load_pair(cr + c, c_lo);
-        load_pair(sr + c, s_lo);
-        load_pair(cr + ch, c_hi);
-        load_pair(sr + ch, s_hi);
+        if (ok) {
+          load_pair(cr + c, c_lo);
+          load_pair(sr + c, s_lo);
+          load_pair(cr + ch, c_hi);
+          load_pair(sr + ch, s_hi);
+        } else {
+          c_lo[0] = c_lo[1] = s_lo[0] = s_lo[1] = c_hi[0] = c_hi[1] = s_hi[0] = s_hi[1] = 0.f;
+        }
+        if (!BWD) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          rope_pair_fwd(acc[nt][2 * half + e] * rs * w_lo[e], acc[nt + HT][2 * half + e] * rs * w_hi[e], c_lo[e],
-                        s_lo[e], c_hi[e], s_hi[e], &lo[e], &hi[e]);
-        store_pair(out + c, lo);
-        store_pair(out + ch, hi);
+          for (int e = 0; e < 2; ++e)
+            rope_pair_fwd(acc[nt][2 * half + e] * rs * w_lo[e], acc[nt + HT][2 * half + e] * rs * w_hi[e], c_lo[e],
+                          s_lo[e], c_hi[e], s_hi[e], &lo[e], &hi[e]);
+          store_pair(orow + c, lo);
+          store_pair(orow + ch, hi);
+        } else {  // pass 1: gradients of the norm weight, and the row's dot = sum_c (gn w)[c] u[c]
+          float g_lo[2], g_hi[2];
+          load_pair(orow + c, g_lo);  // dL/dout (zero-filled past the last row)
+          load_pair(orow + ch, g_hi);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float gnl, gnh;
+            const float ul = acc[nt][2 * half + e], uh = acc[nt + HT][2 * half + e];
+            rope_pair_bwd(g_lo[e], g_hi[e], c_lo[e], s_lo[e], c_hi[e], s_hi[e], &gnl, &gnh);
+            if (GW_REGS) {
+              gwq[nt][e] += gnl * ul * rs;
+              gwq[nt + HT][e] += gnh * uh * rs;
+            } else {  // summed over the 8 lanes of this column pair now, added to the warp's sums in shared memory
+              float vl = gnl * ul * rs, vh = gnh * uh * rs;
+#pragma unroll
+              for (int o = 4; o < 32; o <<= 1) {
+                vl += __shfl_xor_sync(0xffffffffu, vl, o);
+                vh += __shfl_xor_sync(0xffffffffu, vh, o);
+              }
+              if (gid == 0) {
+                gw_acc[warp * DH + c + e] += vl;
+                gw_acc[warp * DH + ch + e] += vh;
+              }
+            }
+            dot += gnl * w_lo[e] * ul + gnh * w_hi[e] * uh;
+          }
+        }
+      }
+      if (BWD) {  // pass 2: dL/du, written over dL/dout (each thread rewrites only the pairs it read)
+        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+#pragma unroll
+        for (int nt = 0; nt < HT; ++nt) {
+          const int c = nt * 8 + tig * 2, ch = c + DH / 2;
+          float w_lo[2], w_hi[2], c_lo[2] = {0.f, 0.f}, s_lo[2] = {0.f, 0.f}, c_hi[2] = {0.f, 0.f},
+                                  s_hi[2] = {0.f, 0.f}, g_lo[2], g_hi[2], xl[2], xh[2];
+          load_pair(wq + c, w_lo);
+          load_pair(wq + ch, w_hi);
+          if (ok) {
+            load_pair(cr + c, c_lo);
+            load_pair(sr + c, s_lo);
+            load_pair(cr + ch, c_hi);
+            load_pair(sr + ch, s_hi);
+          }
+          load_pair(orow + c, g_lo);
+          load_pair(orow + ch, g_hi);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float gnl, gnh;
+            rope_pair_bwd(g_lo[e], g_hi[e], c_lo[e], s_lo[e], c_hi[e], s_hi[e], &gnl, &gnh);
+            xl[e] = rms_input_grad(gnl * w_lo[e], acc[nt][2 * half + e], rs, dot / float(DH));
+            xh[e] = rms_input_grad(gnh * w_hi[e], acc[nt + HT][2 * half + e], rs, dot / float(DH));
+          }
+          store_pair(orow + c, xl);
+          store_pair(orow + ch, xh);
+        }
       }
     }
+    __syncwarp();  // the warp's 16 staged rows are complete: 16-byte stores, 8 columns per lane per step
+    for (int v = lane; v < 16 * (DH / 8); v += 32) {
+      const int rr = v / (DH / 8), c = (v % (DH / 8)) * 8;
+      const long row = row0 + rr;
+      if (row >= rows) continue;
+      const long t = row / D.Hp, i = row % D.Hp;
+      T* dst = BWD ? qo_or_gu + (row * D.Hkv + g) * DH + c : qo_or_gu + D.out_off(t, g * D.Hp + i, heads) + c;
+      copy16(dst, my_os + rr * LDW + c);
+    }
+    if (stages == 1 && next < n_tiles) {
+      __syncthreads();  // every warp is done with the single q buffer
+      stage_q(next, 0);
+      cp_async_commit();
+    }
+    __syncthreads();  // q buffer and output staging free for the next tile
+  }
+
+  cp_async_wait<0>();  // nothing in flight into shared memory (a CTA without q tiles still staged W)
+  __syncthreads();
+
+  // Keys: this CTA's warps take every (gridDim.x * gridDim.y * warps)-th group of key rows.
+  const long nw = long(gridDim.x) * gridDim.y * kTcWarps;
+  const long w0 = (long(blockIdx.y) * gridDim.x + blockIdx.x) * kTcWarps + warp;
+  if constexpr (!BWD) {
+    keys_fwd<T, DH>(kin, wk, cosp, sinp, ko_or_gk, D, eps, w0, nw);
+  } else {
+    float gwk[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) gwk[j] = 0.f;
+    keys_bwd<T, DH>(kin, wk, cosp, sinp, gko, ko_or_gk, D, eps, w0, nw, gwk);
+
+    // Block sums of the norm-weight gradients, in a fixed order: lanes sharing columns (shuffles), then warps.
+    float* red = reinterpret_cast<float*>(smem_raw);  // [warps][2 * DH]; the q tiles are done (barrier above)
+    if (GW_REGS) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float v = gwq[nt][e];
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          v += __shfl_xor_sync(0xffffffffu, v, 16);  // the 8 lanes of one tig
+          if (gid == 0) red[warp * 2 * DH + nt * 8 + tig * 2 + e] = v;
+        }
+    } else {
+      __syncwarp();
+      for (int c = lane; c < DH; c += 32) red[warp * 2 * DH + c] = gw_acc[warp * DH + c];
+    }
+    constexpr int L = DH / 16;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      float v = gwk[j];
+#pragma unroll
+      for (int o = L; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);  // the lanes with the same columns
+      if (lane < L) red[warp * 2 * DH + DH + (j < 8 ? lane * 8 + j : DH / 2 + lane * 8 + j - 8)] = v;
+    }
+    __syncthreads();
+    float* part = gw_part + (long(blockIdx.y) * gridDim.x + blockIdx.x) * 2 * DH;
+    for (int c = tid; c < 2 * DH; c += blockDim.x) {
+      float s = 0.f;
+      for (int w2 = 0; w2 < kTcWarps; ++w2) s += red[w2 * 2 * DH + c];
+      part[c] = s;
+    }
+  }
+}
+
+// ---- C = A B on tensor cores (bf16 / fp16 in, fp32 accumulation): the dq and dW GEMMs of the backward.
+// An operand is addressed as (outer, inner) with `inner` its contiguous index: A is (m, k) when A_K (k contiguous)
+// and (k, m) otherwise; B is (n, k) when B_K and (k, n) otherwise. Inner indices split into groups of 2^grp_shift,
+// each group grp_stride elements on (dq's B = W: K runs over (g, c), and W[g] are r x d apart).
+template <typename T>
+struct Opnd {
+  const T* p;
+  long ld;
+  int grp_shift;
+  long grp_stride;
+  __device__ const T* at(long outer, long inner) const {
+    return p + (inner >> grp_shift) * grp_stride + outer * ld + (inner & ((1L << grp_shift) - 1));
+  }
+};
+constexpr int kGM = 64, kGN = 64, kGK = 32;  // CTA tile; 4 warps of 32 x 32; K in steps of 32, double-buffered
+constexpr int kGTile = 64 * (kGK + kSmemPad);  // elements of one staged operand tile (either orientation fits)
+
+// Stage an operand tile: rows of 16-byte chunks along the contiguous index; chunks past the ends zero-filled.
+// K_INNER: (64 outer-mn x 32 k) stored [mn][k]; else (32 k x 64 mn) stored [k][mn]. n_mn % 8 == 0 when !K_INNER and
+// k_end % 8 == 0 when K_INNER (so a chunk is all in or all out).
+template <typename T, bool K_INNER>
+__device__ __forceinline__ void stage_operand(T* s, const Opnd<T>& op, long mn0, long n_mn, long k0, long k_end) {
+  for (int v = threadIdx.x; v < 256; v += blockDim.x) {
+    if (K_INNER) {
+      const int o = v / 4, kc = (v % 4) * 8;
+      const bool ok = mn0 + o < n_mn && k0 + kc < k_end;
+      cp_async16(s + o * (kGK + kSmemPad) + kc, ok ? op.at(mn0 + o, k0 + kc) : op.p, ok);
+    } else {
+      const int kk = v / 8, oc = (v % 8) * 8;
+      const bool ok = k0 + kk < k_end && mn0 + oc < n_mn;
+      cp_async16(s + kk * (kGM + kSmemPad) + oc, ok ? op.at(k0 + kk, mn0 + oc) : op.p, ok);
+    }
+  }
+}
+
+// grid: x = M tiles, y = batch * N tiles, z = K splits (K range [z * k_split, min(K, (z + 1) * k_split))).
+// Batch b reads B at B.p + b * b_batch; split z and batch b write out + z * out_split + b * out_batch, (M x N, row
+// stride N), in 16-byte stores through shared memory. O: T (the gradient itself) or float (a partial).
+template <typename T, bool A_K, bool B_K, typename O>
+__global__ void __launch_bounds__(128) gemm_tc(Opnd<T> A, Opnd<T> B, O* out, long M, long N, long K, long k_split,
+                                               long b_batch, long out_batch, long out_split) {
+  VHA_DYNAMIC_SHARED(smem_raw);
+  T* sm = reinterpret_cast<T*>(smem_raw);  // [2 stages][A tile, B tile]
+  const long n_tn = (N + kGN - 1) / kGN, batch = blockIdx.y / n_tn;
+  const long m0 = long(blockIdx.x) * kGM, n0 = (blockIdx.y % n_tn) * kGN;
+  const long kb = long(blockIdx.z) * k_split, ke = min(K, kb + k_split);
+  B.p += batch * b_batch;
+  out += blockIdx.z * out_split + batch * out_batch;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, tig = lane & 3;
+  const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+  const int nk = int((ke - kb + kGK - 1) / kGK);
+  auto stage = [&](int kt, int buf) {
+    stage_operand<T, A_K>(sm + buf * 2 * kGTile, A, m0, M, kb + long(kt) * kGK, ke);
+    stage_operand<T, B_K>(sm + buf * 2 * kGTile + kGTile, B, n0, N, kb + long(kt) * kGK, ke);
+  };
+  if (nk > 0) stage(0, 0);
+  cp_async_commit();
+  for (int kt = 0; kt < nk; ++kt) {
+    if (kt + 1 < nk) stage(kt + 1, (kt + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // tile kt has landed
+    __syncthreads();
+    const T* as = sm + (kt & 1) * 2 * kGTile;
+    const T* bs = as + kGTile;
+#pragma unroll
+    for (int kk = 0; kk < kGK; kk += 16) {
+      uint32_t a[2][4], b[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int mm = wm + 16 * i;
+        if (A_K)
+          ldsm_x4<false>(a[i], as + (mm + (lane & 15)) * (kGK + kSmemPad) + kk + (lane >> 4) * 8);
+        else
+          ldsm_x4<true>(a[i], as + (kk + (lane & 7) + (lane >> 4) * 8) * (kGM + kSmemPad) + mm + ((lane >> 3) & 1) * 8);
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {  // n-tiles 2j and 2j + 1 of the warp's four
+        const int nn = wn + 16 * j;
+        if (B_K)
+          ldsm_x4<false>(b[j], bs + (nn + (lane & 7) + (lane >> 4) * 8) * (kGK + kSmemPad) + kk + ((lane >> 3) & 1) * 8);
+        else
+          ldsm_x4<true>(b[j], bs + (kk + (lane & 7) + ((lane >> 3) & 1) * 8) * (kGN + kSmemPad) + nn + (lane >> 4) * 8);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t bb[2] = {b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]};
+          mma_16816(acc[i][j], a[i], bb, static_cast<T*>(nullptr));
+        }
+    }
+    __syncthreads();  // the buffer is restaged by the next iteration
+  }
+
+  // Epilogue through shared memory (the staging buffers are free): then 16-byte row-contiguous stores.
+  cp_async_wait<0>();
+  constexpr int LDC = kGN + 16 / int(sizeof(O));
+  O* cs = reinterpret_cast<O*>(smem_raw);  // [64][LDC]
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        cs[(wm + 16 * i + gid + 8 * (e >> 1)) * LDC + wn + 8 * j + 2 * tig + (e & 1)] = from_c<O>(acc[i][j][e]);
+  __syncthreads();
+  constexpr int V = 16 / int(sizeof(O));  // elements per 16-byte store
+  for (int v = threadIdx.x; v < kGM * (kGN / V); v += blockDim.x) {
+    const int rr = v / (kGN / V), cc = (v % (kGN / V)) * V;
+    if (m0 + rr < M && n0 + cc < N) copy16(out + (m0 + rr) * N + n0 + cc, cs + rr * LDC + cc);
   }
 }
 
@@ -477,40 +961,47 @@ inline int grid_for(long tasks, int per_block, int cap = 65535 * 4) {
   return int(g < 1 ? 1 : (g > cap ? cap : g));
 }
 
-inline int device_major() {  // compute capability of the current device (0 if it cannot be read)
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return 0;
-  return major;
+inline int device_attr(cudaDeviceAttr attr, int fallback) {  // of the current device
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) return fallback;
+  return v;
 }
 
+constexpr int kMaxQtcBlocks = 1024;  // q_tc grid cap: one norm-weight partial per block in the workspace
+constexpr int kQtcStagesMax = 2;
+
+// The tensor-core path: bf16 / fp16 (mma.sync m16n8k16 needs sm_80), d in {64, 128, 256}, r % 16 == 0, every pointer
+// 16-byte aligned (cp.async, 16-byte vectors) and W[g] plus one q tile within the device's shared memory.
 template <typename T>
-inline bool tc_eligible(const Dims& D) {
-  return false;
-}
-template <>
-inline bool tc_eligible<__nv_bfloat16>(const Dims& D) {  // mma.sync m16n8k16 with bf16 / f16 needs sm_80
-  return (D.d == 64 || D.d == 128 || D.d == 256) && D.r % 16 == 0 && device_major() >= 8;
-}
-template <>
-inline bool tc_eligible<__half>(const Dims& D) {
-  return tc_eligible<__nv_bfloat16>(D);
+inline bool tc_eligible(const Dims& D, std::initializer_list<const void*> ptrs) {
+  if (!(std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value)) return false;
+  if (!(D.d == 64 || D.d == 128 || D.d == 256) || D.r % 16 != 0 || D.r < 16) return false;
+  if (device_attr(cudaDevAttrComputeCapabilityMajor, 0) < 8) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return q_tc_smem(D.r, int(D.d), 1) <= size_t(device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024));
 }
 
-template <typename T, int DH>
-inline cudaError_t launch_fwd_q_tc(const T* qp, const T* W, const T* wq, const T* cosp, const T* sinp, T* qo,
-                                   const Dims& D, float eps, cudaStream_t st) {
-  const size_t smem = size_t(DH) * (D.r + kSmemPad) * sizeof(T);
-  cudaError_t e = cudaFuncSetAttribute(fwd_q_tc<T, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+// q_tc: persistent grid (x: 64-row tiles, y: group) sized to the CTAs the SMs hold; two q stages where they fit.
+template <typename T, int DH, bool BWD>
+inline cudaError_t launch_q_tc(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp,
+                               const T* sinp, const T* gqo, const T* gko, T* qo_or_gu, T* ko_or_gk, float* gw_part,
+                               const Dims& D, float eps, cudaStream_t st, int* blocks) {
+  const size_t optin = size_t(device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024));
+  const int stages = q_tc_smem(D.r, DH, kQtcStagesMax) <= optin ? kQtcStagesMax : 1;
+  const size_t smem = q_tc_smem(D.r, DH, stages);
+  cudaError_t e = allow_smem(q_tc<T, DH, BWD>, smem);
   if (e != cudaSuccess) return e;
-  int dev = 0, sms = 132;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const long sms = device_attr(cudaDevAttrMultiProcessorCount, 1);
+  const long per_sm = long(optin / smem) < 1 ? 1 : long(optin / smem);
   const long tiles = (D.rows() + 16 * kTcWarps - 1) / (16 * kTcWarps);
-  const long per_group = (4L * sms + D.Hkv - 1) / D.Hkv;  // ~4 CTAs per SM in all
-  dim3 grid(unsigned(tiles < per_group ? tiles : per_group), unsigned(D.Hkv));
-  VHA_LAUNCH(grid, kTcWarps * 32, smem, st, fwd_q_tc<T, DH>)(qp, W, wq, cosp, sinp, qo, D, eps);
+  long x = (sms * per_sm + D.Hkv - 1) / D.Hkv;
+  if (x > tiles) x = tiles;
+  if (x > kMaxQtcBlocks / D.Hkv) x = kMaxQtcBlocks / D.Hkv;
+  if (x < 1) x = 1;  // an empty batch still normalises no keys: one CTA per group, no tiles
+  *blocks = int(x * D.Hkv);
+  VHA_LAUNCH(dim3(unsigned(x), unsigned(D.Hkv)), kTcWarps * 32, smem, st, q_tc<T, DH, BWD>)(
+      qp, kin, W, wq, wk, cosp, sinp, gqo, gko, qo_or_gu, ko_or_gk, gw_part, D, eps, stages);
   return cudaGetLastError();
 }
 
@@ -518,39 +1009,74 @@ template <typename T>
 cudaError_t launch_forward(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp,
                            const T* sinp, T* qo, T* ko, const Dims& D, float eps, cudaStream_t st) {
   using C = typename Acc<T>::type;
-  const int threads = 128, wpb = threads / 32;
-  const long q_tasks = D.rows() * D.Hkv, k_tasks = D.tokens() * D.Hkv;
-  const size_t smem = size_t(wpb) * (D.r + D.d) * sizeof(C);
-  long first = 0, n = q_tasks + k_tasks;
+  if (D.tokens() == 0) return cudaSuccess;  // nothing to write (and a zero-sized grid is not a launch)
   if constexpr (std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value) {
-    if (tc_eligible<T>(D) && D.rows() > 0) {
-      cudaError_t e = cudaSuccess;
-      if (D.d == 64) e = launch_fwd_q_tc<T, 64>(qp, W, wq, cosp, sinp, qo, D, eps, st);
-      if (D.d == 128) e = launch_fwd_q_tc<T, 128>(qp, W, wq, cosp, sinp, qo, D, eps, st);
-      if (D.d == 256) e = launch_fwd_q_tc<T, 256>(qp, W, wq, cosp, sinp, qo, D, eps, st);
-      if (e != cudaSuccess) return e;
-      first = q_tasks;  // the SIMT kernel then does the keys only
-      n = k_tasks;
+    if (tc_eligible<T>(D, {qp, kin, W, wq, wk, cosp, sinp, qo, ko})) {  // one launch: queries, then keys
+      int blocks = 0;
+      if (D.d == 64) return launch_q_tc<T, 64, false>(qp, kin, W, wq, wk, cosp, sinp, nullptr, nullptr, qo, ko, nullptr, D, eps, st, &blocks);
+      if (D.d == 128) return launch_q_tc<T, 128, false>(qp, kin, W, wq, wk, cosp, sinp, nullptr, nullptr, qo, ko, nullptr, D, eps, st, &blocks);
+      return launch_q_tc<T, 256, false>(qp, kin, W, wq, wk, cosp, sinp, nullptr, nullptr, qo, ko, nullptr, D, eps, st, &blocks);
     }
   }
-  if (n > 0) {
-    cudaError_t e = allow_smem(fwd_simt<T>, smem);
-    if (e != cudaSuccess) return e;
-    VHA_LAUNCH(grid_for(n, wpb), threads, smem, st, fwd_simt<T>)(qp, kin, W, wq, wk, cosp, sinp, qo, ko, D, C(eps), first, n);
-  }
+  const int threads = 128, wpb = threads / 32;
+  const long n = (D.rows() + D.tokens()) * D.Hkv;
+  const size_t smem = size_t(wpb) * (D.r + D.d) * sizeof(C);
+  cudaError_t e = allow_smem(fwd_simt<T>, smem);
+  if (e != cudaSuccess) return e;
+  VHA_LAUNCH(grid_for(n, wpb), threads, smem, st, fwd_simt<T>)(qp, kin, W, wq, wk, cosp, sinp, qo, ko, D, C(eps), 0L, n);
   return cudaGetLastError();
 }
 
 // Backward grid of bwd_rows (one partial of the norm-weight gradients per block).
 inline int rows_grid(const Dims& D) { return grid_for((D.rows() + D.tokens()) * D.Hkv, 4 * 8, 1024); }
+inline long norm_parts(const Dims& D) { return rows_grid(D) > kMaxQtcBlocks ? rows_grid(D) : kMaxQtcBlocks; }
 
-// Workspace (bytes, 256-aligned pieces, compute type): GU [rows*Hkv*d], gW_part [chunks*Hkv*r*d], gw_part [grid*2d].
+// Workspace (bytes, 256-aligned pieces, compute type): GU [rows*Hkv*d] (T on the tensor-core path), gW_part
+// [chunks*Hkv*r*d], gw_part [norm_parts*2d].
 template <typename T>
 size_t backward_workspace_bytes(const Dims& D) {
   using C = typename Acc<T>::type;
   auto al = [](size_t b) { return (b + 255) / 256 * 256; };
   return al(D.rows() * D.Hkv * D.d * sizeof(C)) + al(dw_chunks(D) * D.Hkv * D.r * D.d * sizeof(C)) +
-         al(size_t(rows_grid(D)) * 2 * D.d * sizeof(C));
+         al(size_t(norm_parts(D)) * 2 * D.d * sizeof(C));
+}
+
+// Tensor-core backward (bf16 / fp16): q_tc<BWD> (dL/du as T, dk, norm-weight partials), then dq = GU W^T and the
+// per-chunk dW partials q_phys^T GU as tensor-core GEMMs, then fixed-order sums.
+template <typename T>
+cudaError_t launch_backward_tc(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp,
+                               const T* sinp, const T* gqo, const T* gko, T* gqp, T* gk, T* gW, T* gwq, T* gwk,
+                               T* GU, float* gW_part, float* gw_part, const Dims& D, float eps, cudaStream_t st) {
+  cudaError_t e = cudaSuccess;
+  int blocks = 0;
+  if (D.d == 64) e = launch_q_tc<T, 64, true>(qp, kin, W, wq, wk, cosp, sinp, gqo, gko, GU, gk, gw_part, D, eps, st, &blocks);
+  if (D.d == 128) e = launch_q_tc<T, 128, true>(qp, kin, W, wq, wk, cosp, sinp, gqo, gko, GU, gk, gw_part, D, eps, st, &blocks);
+  if (D.d == 256) e = launch_q_tc<T, 256, true>(qp, kin, W, wq, wk, cosp, sinp, gqo, gko, GU, gk, gw_part, D, eps, st, &blocks);
+  if (e != cudaSuccess) return e;
+  const size_t gsmem = size_t(2) * 2 * kGTile * sizeof(T);
+  const long rows = D.rows(), r = D.r, d = D.d, K = D.Hkv * d;
+  int sh = 0;
+  while ((1L << sh) < d) ++sh;
+  const long chunks = rows > 0 ? dw_chunks(D) : 0;
+  if (rows > 0) {
+    // dq_phys (rows x r) = GU (rows x Hkv*d) . W^T, W read as (n = k', k = (g, c)): one K pass, no split
+    const Opnd<T> A{GU, K, 62, 0}, B{W, d, sh, r * d};
+    dim3 g1(unsigned((rows + kGM - 1) / kGM), unsigned((r + kGN - 1) / kGN), 1);
+    VHA_LAUNCH(g1, 128, gsmem, st, gemm_tc<T, true, true, T>)(A, B, gqp, rows, r, K, K, 0L, 0L, 0L);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    // dW[g] (r x d) = q_phys^T (r x rows) . GU[:, g, :] (rows x d), rows split into chunks: fp32 partials
+    const long per = dw_rows_per_chunk(D);
+    const Opnd<T> Aq{qp, r, 62, 0}, Bg{GU, K, 62, 0};
+    dim3 g2(unsigned((r + kGM - 1) / kGM), unsigned(D.Hkv * ((d + kGN - 1) / kGN)), unsigned(chunks));
+    VHA_LAUNCH(g2, 128, gsmem, st, gemm_tc<T, false, false, float>)(Aq, Bg, gW_part, r, d, rows, per, d, r * d,
+                                                                    D.Hkv * r * d);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  const long nW = D.Hkv * r * d;
+  VHA_LAUNCH(grid_for(nW, 256, 1024), 256, 0, st, sum_parts<T>)(gW_part, chunks, nW, gW, nW);
+  VHA_LAUNCH(1, 256, 0, st, sum_parts<T>)(gw_part, long(blocks), 2 * d, gwq, d);
+  VHA_LAUNCH(1, 256, 0, st, sum_parts<T>)(gw_part + d, long(blocks), 2 * d, gwk, d);
+  return cudaGetLastError();
 }
 
 template <typename T>
@@ -566,6 +1092,11 @@ cudaError_t launch_backward(const T* qp, const T* kin, const T* W, const T* wq, 
   C* gW_part = reinterpret_cast<C*>(p);
   p += al(dw_chunks(D) * D.Hkv * D.r * D.d * sizeof(C));
   C* gw_part = reinterpret_cast<C*>(p);
+  if constexpr (std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value) {
+    if (tc_eligible<T>(D, {qp, kin, W, wq, wk, cosp, sinp, gqo, gko, gqp, gk, workspace}))
+      return launch_backward_tc<T>(qp, kin, W, wq, wk, cosp, sinp, gqo, gko, gqp, gk, gW, gwq, gwk,
+                                   reinterpret_cast<T*>(GU), gW_part, gw_part, D, eps, st);
+  }
   cudaError_t e = cudaSuccess;
   const int threads = 128, wpb = threads / 32;
   const size_t smem1 = (size_t(wpb) * 2 * D.d + size_t(wpb) * (D.r + 2 * D.d)) * sizeof(C);

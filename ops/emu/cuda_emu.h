@@ -382,7 +382,12 @@ inline float bits_to_float(uint16_t h, bool bf16) {
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 for the 32 lanes of warp w (PTX ISA tables).
+EMU_NOTSAN inline long& mma_count() {  // warp-level mma.sync executed since the library was loaded
+  static long n = 0;
+  return n;
+}
 EMU_NOTSAN inline void run_mma(int first) {
+  ++mma_count();
   float A[16][16], B[16][8], C[16][8];
   for (int lane = 0; lane < kWarp; ++lane) {
     const Lane& l = g().lanes[first + lane];
@@ -770,6 +775,7 @@ void emu_set_schedule(int order, unsigned seed, int sm_count) {
 const char* emu_last_error_message() { return emu::g().error.c_str(); }
 void emu_set_compute_capability(int major) { emu::g().cc_major = major; }
 long emu_launch_count() { return emu::g().launches; }
+long emu_mma_count() { return emu::mma_count(); }
 }
 
 // ---- the race detector's hooks: the entry points GCC's -fsanitize=thread instrumentation calls --------------------
