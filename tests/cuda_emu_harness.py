@@ -39,6 +39,7 @@ CASES = [
     (1, 6, 2, 1, 16, 64, 0),
     (0, 5, 4, 2, 64, 64, 0),
     (1, 2, 2, 1, 512, 512, 0),  # wide heads: the fp64 backward needs 80 KB of shared memory (an opt-in above 48 KB)
+    (1, 20, 4, 1, 256, 256, 3),  # tensor cores with one q stage: W[g] (135 KB) leaves room for one 64 x 256 q tile only
 ]
 
 
@@ -209,9 +210,10 @@ def main(argv=None):
     ap.add_argument("--cases", type=int, nargs="*", help="indices into CASES (default all)")
     ap.add_argument("--layouts", type=int, nargs="*", default=[1, 0])
     ap.add_argument("--cc-major", type=int, default=9, help="emulated compute capability (major)")
+    ap.add_argument("--sms", type=int, default=4, help="emulated multiprocessors (fewer: more tiles per persistent CTA)")
     args = ap.parse_args(argv)
     emu = Emu(args.lib)
-    emu.schedule(args.order, args.schedule_seed)
+    emu.schedule(args.order, args.schedule_seed, args.sms)
     emu.lib.emu_set_compute_capability(ctypes.c_int(args.cc_major))
     for i in (args.cases if args.cases is not None else range(len(CASES))):
         for hf in args.layouts:
