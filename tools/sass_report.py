@@ -73,6 +73,39 @@ def sass_counts(s: str) -> dict:
             "ldsm": len(re.findall(r"\bLDSM\b", s))}
 
 
+HP, HKV, D, R, E = 8, 2, 128, 128, 2  # the 1.7B shape, bf16
+
+
+def pass_bytes(n: int):
+    """Forward bytes, backward bytes (each input read once, each output written once) and the Premix FLOPs at n tokens."""
+    fwd_b = E * n * (HP * R + HKV * D + 2 * D + HP * HKV * D + HKV * D)  # q_phys, k, cos, sin in; q, k out
+    bwd_b = fwd_b + E * n * (HP * HKV * D + HKV * D + HP * R + HKV * D)  # + dq, dk in; dq_phys, dk out
+    return fwd_b, bwd_b, 2.0 * n * HP * R * HKV * D
+
+
+def kernel_traffic(n: int):
+    """(kernel, bytes, FLOPs) of each launch of the tensor-core forward and backward at n tokens (ops/csrc: q_tc reads
+    the tables once per token and KV group; the backward's dL/du (T) and fp32 dW partials go through the workspace)."""
+    rows, flop = n * HP, 2.0 * n * HP * R * HKV * D
+    w = HKV * R * D * E
+    tables = HKV * n * 2 * D * E
+    q, k, qo, ko, gu = rows * R * E, n * HKV * D * E, rows * HKV * D * E, n * HKV * D * E, rows * HKV * D * E
+    per = max(1024, -(-(-(-rows // 256)) // 32) * 32)  # ops/csrc dw_rows_per_chunk
+    chunks = -(-rows // per)
+    parts = chunks * HKV * R * D * 4
+    return [("q_tc fwd", q + w + k + tables + qo + ko, flop),
+            ("q_tc bwd", q + w + k + tables + qo + ko + gu + k, flop),  # reads dL/dq, dL/dk; writes dL/du, dk
+            ("gemm_tc dq", gu + w + q, flop),
+            ("gemm_tc dW", q + gu + parts, flop),
+            ("sum_parts dW", parts + w, 0.0)]
+
+
+def roof_row(n, name, b, f):
+    tb, tf = b / HBM_BYTES_PER_S * 1e6, f / TC_FLOP_PER_S * 1e6
+    return (f"| {n} | {name} | {b / 1e6:.1f} | {f / 1e9:.2f} | {tb:.1f} | {tf:.1f} | "
+            f"{'bandwidth' if tb >= tf else 'compute'} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,15 +166,20 @@ def main(argv=None) -> int:
     print("\n# roofline, 1.7B shape, bf16: bytes that must move (read inputs + write outputs once), Premix FLOPs")
     print("| tokens | pass | MB moved | GFLOP | at 4.8 TB/s µs | at 989 TFLOP/s µs | bound |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | --- |")
-    hp, hkv, d, r, e = 8, 2, 128, 128, 2
     for n in (1024, 4096, 16384):
-        fwd_b = e * n * (hp * r + hkv * d + 2 * d + hp * hkv * d + hkv * d)  # q_phys, k, cos, sin in; q, k out
-        bwd_b = fwd_b + e * n * (hp * hkv * d + hkv * d + hp * r + hkv * d)  # + dq, dk in; dq_phys, dk out
-        fl = 2.0 * n * hp * r * hkv * d
+        fwd_b, bwd_b, fl = pass_bytes(n)
         for name, b, f in (("fwd", fwd_b, fl), ("fwd+bwd", fwd_b + bwd_b, 3 * fl)):
-            tb, tf = b / HBM_BYTES_PER_S * 1e6, f / TC_FLOP_PER_S * 1e6
-            print(f"| {n} | {name} | {b / 1e6:.1f} | {f / 1e9:.2f} | {tb:.1f} | {tf:.1f} | "
-                  f"{'bandwidth' if tb >= tf else 'compute'} |")
+            print(roof_row(n, name, b, f))
+    print("\n# per kernel of the tensor-core path (bf16, 1.7B shape): each kernel's global reads + writes counted once "
+          "(repeats served by L2 not counted), workspace round trips included")
+    print("| tokens | kernel | MB moved | GFLOP | at 4.8 TB/s µs | at 989 TFLOP/s µs | bound |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | --- |")
+    for n in (1024, 4096, 16384):
+        total_b = total_f = 0.0
+        for name, b, f in kernel_traffic(n):
+            total_b, total_f = total_b + b, total_f + f
+            print(roof_row(n, name, b, f))
+        print(roof_row(n, "**all, fwd+bwd**", total_b, total_f))
     return 0
 
 

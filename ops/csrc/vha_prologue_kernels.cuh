@@ -654,16 +654,18 @@ __device__ __forceinline__ void stage_operand(T* s, const Opnd<T>& op, long mn0,
   }
 }
 
-// grid: x = M tiles, y = batch * N tiles, z = K splits (K range [z * k_split, min(K, (z + 1) * k_split))).
+// grid: x = M tiles x batches x N tiles (N tiles fastest, then batches: the CTAs that share an A tile run side by
+// side, and L2 serves its repeats), z = K splits (K range [z * k_split, min(K, (z + 1) * k_split))).
 // Batch b reads B at B.p + b * b_batch; split z and batch b write out + z * out_split + b * out_batch, (M x N, row
 // stride N), in 16-byte stores through shared memory. O: T (the gradient itself) or float (a partial).
 template <typename T, bool A_K, bool B_K, typename O>
 __global__ void __launch_bounds__(128) gemm_tc(Opnd<T> A, Opnd<T> B, O* out, long M, long N, long K, long k_split,
-                                               long b_batch, long out_batch, long out_split) {
+                                               long batches, long b_batch, long out_batch, long out_split) {
   VHA_DYNAMIC_SHARED(smem_raw);
   T* sm = reinterpret_cast<T*>(smem_raw);  // [2 stages][A tile, B tile]
-  const long n_tn = (N + kGN - 1) / kGN, batch = blockIdx.y / n_tn;
-  const long m0 = long(blockIdx.x) * kGM, n0 = (blockIdx.y % n_tn) * kGN;
+  const long n_tn = (N + kGN - 1) / kGN, per_m = n_tn * batches, bx = blockIdx.x;
+  const long batch = (bx % per_m) / n_tn;
+  const long m0 = (bx / per_m) * kGM, n0 = (bx % n_tn) * kGN;
   const long kb = long(blockIdx.z) * k_split, ke = min(K, kb + k_split);
   B.p += batch * b_batch;
   out += blockIdx.z * out_split + batch * out_batch;
@@ -1031,15 +1033,15 @@ cudaError_t launch_backward_tc(const T* qp, const T* kin, const T* W, const T* w
   if (rows > 0) {
     // dq_phys (rows x r) = GU (rows x Hkv*d) . W^T, W read as (n = k', k = (g, c)): one K pass, no split
     const Opnd<T> A{GU, K, 62, 0}, B{W, d, sh, r * d};
-    dim3 g1(unsigned((rows + kGM - 1) / kGM), unsigned((r + kGN - 1) / kGN), 1);
-    VHA_LAUNCH(g1, 128, gsmem, st, gemm_tc<T, true, true, T>)(A, B, gqp, rows, r, K, K, 0L, 0L, 0L);
+    dim3 g1(unsigned((rows + kGM - 1) / kGM * ((r + kGN - 1) / kGN)), 1, 1);
+    VHA_LAUNCH(g1, 128, gsmem, st, gemm_tc<T, true, true, T>)(A, B, gqp, rows, r, K, K, 1L, 0L, 0L, 0L);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     // dW[g] (r x d) = q_phys^T (r x rows) . GU[:, g, :] (rows x d), rows split into chunks: fp32 partials
     const long per = dw_rows_per_chunk(D);
     const Opnd<T> Aq{qp, r, 62, 0}, Bg{GU, K, 62, 0};
-    dim3 g2(unsigned((r + kGM - 1) / kGM), unsigned(D.Hkv * ((d + kGN - 1) / kGN)), unsigned(chunks));
-    VHA_LAUNCH(g2, 128, gsmem, st, gemm_tc<T, false, false, float>)(Aq, Bg, gW_part, r, d, rows, per, d, r * d,
-                                                                    D.Hkv * r * d);
+    dim3 g2(unsigned((r + kGM - 1) / kGM * D.Hkv * ((d + kGN - 1) / kGN)), 1, unsigned(chunks));
+    VHA_LAUNCH(g2, 128, gsmem, st, gemm_tc<T, false, false, float>)(Aq, Bg, gW_part, r, d, rows, per, D.Hkv, d,
+                                                                    r * d, D.Hkv * r * d);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   const long nW = D.Hkv * r * d;
