@@ -176,6 +176,9 @@ SHAPES = [  # (B, S, H_p, H_kv, r, d, position offset)
     (3, 7, 4, 2, 40, 64, 5),
     (2, 257, 8, 2, 128, 128, 0),
     (1, 5, 3, 3, 8, 8, 2),
+    (2, 1031, 8, 2, 128, 128, 0),  # ~16K rows: every persistent tensor-core CTA loops over more than one 64-row tile
+    (1, 19, 4, 1, 256, 256, 3),  # d = r = 256: a single q stage fits next to W[g] in shared memory
+    (1, 33, 3, 3, 32, 256, 5),  # H_kv = 3, H_p = 3 (tiles straddle tokens), d = 256
 ]
 
 
