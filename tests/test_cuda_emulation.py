@@ -133,6 +133,15 @@ def mutate(tmp_path, *pairs):
     return lib
 
 
+def build_mutants(tmp_path, specs):
+    """{name: (old, new, ...)} -> {name: library}, built two at a time (each build is ~6 s of g++)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(mutate, tmp_path / name, *pairs) for name, pairs in specs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
 def worst(results, names=OUTPUTS):
     return max(res.get(k, 0.0) for res in results for k in names)
 
@@ -145,47 +154,56 @@ def test_mutations_are_caught(emu_lib, tmp_path):
     if shutil.which("g++") is None:
         pytest.skip("needs g++")
     tc_case = [1]  # (2, 37, 4, 2, 64, 64): tensor cores, a partial last tile
+    libs = build_mutants(tmp_path, {  # (old text, new text) in the kernels
+        "m1": ("const uint32_t b0[2] = {b[0], b[1]}", "const uint32_t b0[2] = {b[1], b[0]}"),
+        "m2": ("from_c<O>(acc[i][j][e]);\n  __syncthreads();", "from_c<O>(acc[i][j][e]);"),
+        "m3": ("row < rows ? qp + row * D.r + kc : qp, row < rows);", "qp + row * D.r + kc, true);"),
+        "m4": ("gW_part[((long(blockIdx.z) * D.Hkv + g) * D.r + k) * D.d + c] = acc[q];",
+               "gW_part[((long(blockIdx.z) * D.Hkv + g) * D.r + c % D.r) * D.d + k] = acc[q];"),
+        "m5": ("  __syncthreads();\n  for (long c = threadIdx.x; c < 2 * D.d; c += blockDim.x) {\n    C sum = 0;",
+               "  if (threadIdx.x < 32) __syncthreads();\n  for (long c = threadIdx.x; c < 2 * D.d; c += blockDim.x) {\n    C sum = 0;"),
+        "m6": ("if ((e = allow_smem(bwd_rows<T>, smem1)) != cudaSuccess || ", "if ("),
+        "m7": ("ldsm_x4<true>(b[j], bs", "ldsm_x4<false>(b[j], bs"),
+    })
 
     # 1. the two B-fragment registers of an mma swapped in the tensor-core query kernel
-    lib = mutate(tmp_path / "m1", "const uint32_t b0[2] = {b[0], b[1]}", "const uint32_t b0[2] = {b[1], b[0]}")
+    lib = libs["m1"]
     r, res = run(lib, "bf16", cases=tc_case, layouts=[1])
     print("swapped fragment: q error", worst(res, ["q"]))
     assert r.returncode == 0 and worst(res, ["q"]) > 0.05
 
     # 2. the barrier between the GEMM epilogue's shared-memory writes and its 16-byte reads removed
-    lib = mutate(tmp_path / "m2", "from_c<O>(acc[i][j][e]);\n  __syncthreads();", "from_c<O>(acc[i][j][e]);")
+    lib = libs["m2"]
     r, res = run(lib, "bf16", order=1, cases=tc_case, layouts=[1])
     print("removed barrier: dq_phys / dpremix error", worst(res, ["dq_phys"]), worst(res, ["dpremix"]), r.returncode)
     assert r.returncode != 0 or worst(res, ["dq_phys", "dpremix"]) > 0.05
 
     # 3. the q tile's rows past the end (row 296.. of 296) no longer masked: the copy reads the guard page
-    lib = mutate(tmp_path / "m3", "row < rows ? qp + row * D.r + kc : qp, row < rows);", "qp + row * D.r + kc, true);")
+    lib = libs["m3"]
     r, res = run(lib, "bf16", cases=tc_case, layouts=[1])
     print("unmasked tail: return code", r.returncode)
     assert r.returncode < 0  # killed by SIGSEGV at the guard page
 
     # 4. dW written transposed (k and c swapped) in the SIMT backward
-    lib = mutate(tmp_path / "m4", "gW_part[((long(blockIdx.z) * D.Hkv + g) * D.r + k) * D.d + c] = acc[q];",
-                 "gW_part[((long(blockIdx.z) * D.Hkv + g) * D.r + c % D.r) * D.d + k] = acc[q];")
+    lib = libs["m4"]
     r, res = run(lib, "fp32", cases=[3], layouts=[1])
     print("wrong dW index: dpremix error", worst(res, ["dpremix"]), r.returncode)
     assert r.returncode != 0 or worst(res, ["dpremix"]) > 0.05
 
     # 5. a __syncthreads only warp 0 reaches: the emulator stops with its divergence error
-    lib = mutate(tmp_path / "m5", "  __syncthreads();\n  for (long c = threadIdx.x; c < 2 * D.d; c += blockDim.x) {\n    C sum = 0;",
-                 "  if (threadIdx.x < 32) __syncthreads();\n  for (long c = threadIdx.x; c < 2 * D.d; c += blockDim.x) {\n    C sum = 0;")
+    lib = libs["m5"]
     r, res = run(lib, "fp32", cases=[4], layouts=[1])
     print("divergent barrier:", r.stderr.strip().splitlines()[-1:] if r.stderr else r.returncode)
     assert r.returncode != 0 and "cuda_emu:" in r.stderr and ("divergent" in r.stderr or "deadlock" in r.stderr)
 
     # 6. the shared-memory opt-in of the backward row kernel dropped: the 80 KB fp64 launch at d = 512 is refused
-    lib = mutate(tmp_path / "m6", "if ((e = allow_smem(bwd_rows<T>, smem1)) != cudaSuccess || ", "if (")
+    lib = libs["m6"]
     r, res = run(lib, "fp64", cases=[6], layouts=[1])
     print("no shared-memory opt-in:", res[0]["bwd_error"], res[0]["error_message"])
     assert res[0]["bwd_error"] == 9 and "opted-in limit" in res[0]["error_message"]
 
     # 7. ldmatrix without .trans for the dW GEMM's B operand (GU stored [row][column]): dW wrong
-    lib = mutate(tmp_path / "m7", "ldsm_x4<true>(b[j], bs", "ldsm_x4<false>(b[j], bs")
+    lib = libs["m7"]
     r, res = run(lib, "bf16", cases=tc_case, layouts=[1])
     print("ldmatrix without .trans: dpremix error", worst(res, ["dpremix"]), "dq_phys error", worst(res, ["dq_phys"]))
     assert r.returncode == 0 and worst(res, ["dpremix"]) > 0.05 and worst(res, ["dq_phys"]) <= 0.01

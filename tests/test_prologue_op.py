@@ -501,8 +501,10 @@ NVCC = shutil.which("nvcc")
 
 @pytest.mark.slow
 def test_cuda_sources_compile_with_nvcc_for_sm80_and_sm90(tmp_path):
-    """The CUDA kernels (Paddle op glue and the extern "C" launcher) compile for Ampere and Hopper, and the
-    bf16 / fp16 Premix uses tensor-core mma. Compiled only: nothing built from CUDA runs on this machine."""
+    """The CUDA kernels compile for Ampere and Hopper: the Paddle op glue as an object, the extern "C" launcher as the
+    shared library tools/gpu_check.py builds (sm_80 and sm_90 code plus compute_90 PTX), whose host-only entry point
+    answers through ctypes here. Compiled only: nothing built from CUDA runs on this machine (the tensor-core
+    instructions themselves are checked in the SASS: tests/test_cuda_emulation.py)."""
     if NVCC is None:
         pytest.skip("nvcc not on PATH: CUDA sources not compiled")
     inc = paddle.sysconfig.get_include()
@@ -510,41 +512,33 @@ def test_cuda_sources_compile_with_nvcc_for_sm80_and_sm90(tmp_path):
     archs = ["sm_80", "sm_90"]
     gencode = [f for a in archs for f in ("-gencode", f"arch=compute_{a[3:]},code={a}")]
     common = ["-std=c++17", "-O2", f"-I{csrc}", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr"]
+    so = tmp_path / "libvha_prologue.so"
     jobs = {  # flags that work with Paddle's headers: see /work/shared/notes/platform-facts.md
-        "vha_prologue_cuda.cu": [f"-I{inc}", f"-I{inc}/third_party", "-DPADDLE_WITH_CUDA", "-DPADDLE_NO_PYTHON",
-                                 "-DVHA_WITH_CUDA"],
-        "vha_prologue_launcher.cu": [],
+        "vha_prologue_cuda.cu": ([f"-I{inc}", f"-I{inc}/third_party", "-DPADDLE_WITH_CUDA", "-DPADDLE_NO_PYTHON",
+                                  "-DVHA_WITH_CUDA", "-c"], tmp_path / "glue.o"),
+        # uncompressed fatbin (-compress-mode=none) so that the embedded PTX can be seen
+        "vha_prologue_launcher.cu": (["-shared", "-gencode", "arch=compute_90,code=compute_90", "-compress-mode=none"],
+                                     so),
     }
-    for src, extra in jobs.items():
-        out = tmp_path / (src + ".o")
-        cmd = [NVCC, *common, *gencode, *extra, "-c", os.path.join(csrc, src), "-o", str(out)]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    import concurrent.futures
+
+    def build(src):
+        extra, out = jobs[src]
+        cmd = [NVCC, *common, *gencode, *extra, os.path.join(csrc, src), "-o", str(out)]
+        return src, out, subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        built = list(pool.map(build, jobs))
+    for src, out, res in built:
         print(src, "rc", res.returncode, res.stderr[-1500:])
         assert res.returncode == 0, res.stderr[-4000:]
         blob = out.read_bytes()
         for a in archs:  # each embedded cubin records its ptxas target
             assert f"-arch {a}".encode() in blob, (src, a)
-    ptx = tmp_path / "launcher.ptx"
-    res = subprocess.run([NVCC, *common[:-3], "--expt-relaxed-constexpr", "-arch=sm_90", "-ptx",
-                          os.path.join(csrc, "vha_prologue_launcher.cu"), "-o", str(ptx)],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
-    text = ptx.read_text()
-    for kind in ("bf16.bf16", "f16.f16"):
-        n = text.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.f32")
-        print(f"mma.sync m16n8k16 {kind} instructions in PTX: {n}")
-        assert n > 0, kind
+    assert b".target sm_90" in so.read_bytes()  # the PTX for newer GPUs to JIT
 
-    # The extern "C" launcher links as tools/gpu_check.py builds it, and its host-only entry point answers
-    # through ctypes here (the kernel entry points need a GPU: without one they return a CUDA error code).
     import ctypes
 
-    so = tmp_path / "libvha_prologue.so"
-    res = subprocess.run([NVCC, "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-                          "-gencode=arch=compute_90,code=sm_90", f"-I{csrc}",
-                          os.path.join(csrc, "vha_prologue_launcher.cu"), "-o", str(so)],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
     lib = ctypes.CDLL(str(so))
     lib.vha_prologue_backward_workspace.argtypes = [ctypes.c_int] + [ctypes.c_long] * 6
     lib.vha_prologue_backward_workspace.restype = ctypes.c_size_t
