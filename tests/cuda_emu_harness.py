@@ -40,6 +40,7 @@ CASES = [
     (0, 5, 4, 2, 64, 64, 0),
     (1, 2, 2, 1, 512, 512, 0),  # wide heads: the fp64 backward needs 80 KB of shared memory (an opt-in above 48 KB)
     (1, 20, 4, 1, 256, 256, 3),  # tensor cores with one q stage: W[g] (135 KB) leaves room for one 64 x 256 q tile only
+    (1, 50, 3, 2, 64, 128, 1),  # H_p = 3: 64-row tiles split tokens; a token's key row belongs to its first row's tile
 ]
 
 

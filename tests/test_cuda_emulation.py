@@ -102,12 +102,13 @@ def test_tensor_core_path_only_from_sm80(emu_lib):
 
 def test_persistent_ctas_loop_over_tiles(emu_lib):
     """One emulated multiprocessor: the tensor-core kernels' persistent CTAs each take several 64-row tiles (the next
-    q tile prefetched while this one is multiplied; with d = r = 256 a single q stage, restaged after each tile), in
+    q tile prefetched while this one is multiplied; with d = r = 256 a single q stage, restaged after each tile; with
+    H_p = 3 tiles that split tokens), in
     bf16 and fp16, threads shuffled; results within the policy bound and, except the norm-weight gradients (summed per CTA, so in an order that
     depends on the grid), bitwise equal to the 4-SM run."""
     for dtype in ("bf16", "fp16"):
-        _, ref = run(emu_lib, dtype, cases=[1, 7], layouts=[1])
-        r, res = run(emu_lib, dtype, order=2, cases=[1, 7], layouts=[1], sms=1)
+        _, ref = run(emu_lib, dtype, cases=[1, 7, 8], layouts=[1])
+        r, res = run(emu_lib, dtype, order=2, cases=[1, 7, 8], layouts=[1], sms=1)
         assert r.returncode == 0, r.stderr[-2000:]
         for a, b in zip(res, ref):
             assert a["fwd_mma"] > 0 and a["bwd_mma"] > 0
