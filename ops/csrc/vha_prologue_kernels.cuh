@@ -270,6 +270,34 @@ __device__ __forceinline__ void store_pair(T* p, const float (&x)[2]) {
   *reinterpret_cast<uint32_t*>(p) = u;
 }
 
+// One thread's columns c, c + 1 of a row and their RoPE partners ch, ch + 1 (ch = c + d/2) in the tensor-core epilogue:
+// the norm weight and the token's cos / sin there, from shared memory.
+struct ColPairs {
+  float w_lo[2], w_hi[2], c_lo[2], s_lo[2], c_hi[2], s_hi[2];
+};
+template <typename T>
+__device__ __forceinline__ ColPairs load_col_pairs(const T* w, const T* cr, const T* sr, int c, int ch) {
+  ColPairs p;
+  load_pair(w + c, p.w_lo);
+  load_pair(w + ch, p.w_hi);
+  load_pair(cr + c, p.c_lo);
+  load_pair(sr + c, p.s_lo);
+  load_pair(cr + ch, p.c_hi);
+  load_pair(sr + ch, p.s_hi);
+  return p;
+}
+// gn = the adjoint of RoPE applied to dL/dout at those columns (dL/dout read from the staged row `orow`).
+template <typename T>
+__device__ __forceinline__ void rope_bwd_pairs(const ColPairs& p, const T* orow, int c, int ch, float (&gn_lo)[2],
+                                               float (&gn_hi)[2]) {
+  float g_lo[2], g_hi[2];
+  load_pair(orow + c, g_lo);
+  load_pair(orow + ch, g_hi);
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+    rope_pair_bwd(g_lo[e], g_hi[e], p.c_lo[e], p.s_lo[e], p.c_hi[e], p.s_hi[e], &gn_lo[e], &gn_hi[e]);
+}
+
 constexpr int kTcWarps = 4;  // 64 rows per CTA in the prologue kernels, 4 warps of 16
 constexpr int kSmemPad = 8;  // elements of padding per shared-memory row: rows stay 16-byte aligned, and the 8 rows of
                              // an ldmatrix fall in different banks
@@ -505,30 +533,22 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
       for (int nt = 0; nt < HT; ++nt) {
         const int c = nt * 8 + tig * 2, ch = c + DH / 2;
-        float w_lo[2], w_hi[2], c_lo[2], s_lo[2], c_hi[2], s_hi[2];
-        load_pair(wqs + c, w_lo);
-        load_pair(wqs + ch, w_hi);
-        load_pair(cr + c, c_lo);
-        load_pair(sr + c, s_lo);
-        load_pair(cr + ch, c_hi);
-        load_pair(sr + ch, s_hi);
+        const ColPairs p = load_col_pairs(wqs, cr, sr, c, ch);
         if constexpr (!BWD) {
           float lo[2], hi[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            rope_pair_fwd(acc[nt][2 * half + e] * rs * w_lo[e], acc[nt + HT][2 * half + e] * rs * w_hi[e], c_lo[e],
-                          s_lo[e], c_hi[e], s_hi[e], &lo[e], &hi[e]);
+            rope_pair_fwd(acc[nt][2 * half + e] * rs * p.w_lo[e], acc[nt + HT][2 * half + e] * rs * p.w_hi[e],
+                          p.c_lo[e], p.s_lo[e], p.c_hi[e], p.s_hi[e], &lo[e], &hi[e]);
           store_pair(orow + c, lo);
           store_pair(orow + ch, hi);
         } else {  // pass 1: gradients of the norm weight, and the row's dot = sum_c (gn w)[c] u[c]
-          float g_lo[2], g_hi[2];
-          load_pair(orow + c, g_lo);  // dL/dout (zero-filled past the last row)
-          load_pair(orow + ch, g_hi);
+          float gn_lo[2], gn_hi[2];
+          rope_bwd_pairs(p, orow, c, ch, gn_lo, gn_hi);  // dL/dout zero-filled past the last row
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float gnl, gnh;
+            const float gnl = gn_lo[e], gnh = gn_hi[e];
             const float ul = acc[nt][2 * half + e], uh = acc[nt + HT][2 * half + e];
-            rope_pair_bwd(g_lo[e], g_hi[e], c_lo[e], s_lo[e], c_hi[e], s_hi[e], &gnl, &gnh);
             if (GW_REGS) {
               gwq[nt][e] += gnl * ul * rs;
               gwq[nt + HT][e] += gnh * uh * rs;
@@ -544,7 +564,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
                 my_gw[ch + e] += vh;
               }
             }
-            dot += gnl * w_lo[e] * ul + gnh * w_hi[e] * uh;
+            dot += gnl * p.w_lo[e] * ul + gnh * p.w_hi[e] * uh;
           }
         }
       }
@@ -554,21 +574,13 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
         for (int nt = 0; nt < HT; ++nt) {
           const int c = nt * 8 + tig * 2, ch = c + DH / 2;
-          float w_lo[2], w_hi[2], c_lo[2], s_lo[2], c_hi[2], s_hi[2], g_lo[2], g_hi[2], xl[2], xh[2];
-          load_pair(wqs + c, w_lo);
-          load_pair(wqs + ch, w_hi);
-          load_pair(cr + c, c_lo);
-          load_pair(sr + c, s_lo);
-          load_pair(cr + ch, c_hi);
-          load_pair(sr + ch, s_hi);
-          load_pair(orow + c, g_lo);
-          load_pair(orow + ch, g_hi);
+          const ColPairs p = load_col_pairs(wqs, cr, sr, c, ch);
+          float gn_lo[2], gn_hi[2], xl[2], xh[2];
+          rope_bwd_pairs(p, orow, c, ch, gn_lo, gn_hi);
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float gnl, gnh;
-            rope_pair_bwd(g_lo[e], g_hi[e], c_lo[e], s_lo[e], c_hi[e], s_hi[e], &gnl, &gnh);
-            xl[e] = rms_input_grad(gnl * w_lo[e], acc[nt][2 * half + e], rs, dot / float(DH));
-            xh[e] = rms_input_grad(gnh * w_hi[e], acc[nt + HT][2 * half + e], rs, dot / float(DH));
+            xl[e] = rms_input_grad(gn_lo[e] * p.w_lo[e], acc[nt][2 * half + e], rs, dot / float(DH));
+            xh[e] = rms_input_grad(gn_hi[e] * p.w_hi[e], acc[nt + HT][2 * half + e], rs, dot / float(DH));
           }
           store_pair(orow + c, xl);
           store_pair(orow + ch, xh);
