@@ -156,11 +156,17 @@ def main(argv=None) -> int:
                     f"{'/'.join(map(str, c['ldg']))} | {'/'.join(map(str, c['stg']))} |")
         report[short(name)] = i
         print(row)
-    if args.json:
+    if args.json:  # written to a temporary name beside it, then renamed: never half-written
         import json
 
-        with open(args.json, "w") as f:
-            json.dump({"arch": args.arch, "nvdisasm": bool(sass), "kernels": report}, f, indent=1)
+        try:
+            tmp = args.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"arch": args.arch, "nvdisasm": bool(sass), "kernels": report}, f, indent=1)
+            os.replace(tmp, args.json)
+        except OSError as e:
+            print(f"error: cannot write --json {args.json}: {e.strerror}", file=sys.stderr)
+            return 2
 
     # Roofline at the 1.7B shape (H_p 8, H_kv 2, r = d = 128), bf16: what must move and what must be computed.
     print("\n# roofline, 1.7B shape, bf16: bytes that must move (read inputs + write outputs once), Premix FLOPs")
