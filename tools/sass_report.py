@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """What the fused prologue's CUDA kernels compile to, without a GPU: per kernel registers, spills, shared memory
-(ptxas -v), and from the SASS (nvdisasm) the tensor-core instructions and the widths of global loads and stores; then a
-roofline table at the 1.7B shape (bytes that must move, FLOPs, predicted time on an H200).
+(ptxas -v), and from the SASS (nvdisasm) the tensor-core instructions, ldmatrix, cp.async and the widths of global loads
+and stores; then roofline tables at the 1.7B shape, per pass and per kernel (bytes, FLOPs, predicted time on an H200).
 
-    python tools/sass_report.py                       # sm_90; nvdisasm from PATH or $NVDISASM
-    NVDISASM=/path/to/nvdisasm python tools/sass_report.py --arch sm_80
+    bash tools/env.sh python tools/sass_report.py            # sm_90
+    bash tools/env.sh python tools/sass_report.py --arch sm_80 --json report.json
 
-nvdisasm is not part of this project's pinned environment: `pip install nvidia-cuda-nvdisasm` (13.5.37 was used) in
-any Python environment gives `.../nvidia/cu13/bin/nvdisasm`; without it only the ptxas columns are printed.
+nvdisasm comes from the pinned PyPI package nvidia-cuda-nvdisasm (13.5.37, in requirements.txt), found in this
+interpreter's environment, on PATH or at $NVDISASM; without it only the ptxas columns are printed.
 Roofline inputs (stated, not measured here): H200 HBM3e 4.8 TB/s, dense bf16 tensor-core peak 989 TFLOP/s.
 """
 from __future__ import annotations
