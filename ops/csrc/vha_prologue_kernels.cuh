@@ -302,14 +302,15 @@ constexpr int kTcWarps = 4;  // 64 rows per CTA in the prologue kernels, 4 warps
 constexpr int kSmemPad = 8;  // elements of padding per shared-memory row: rows stay 16-byte aligned, and the 8 rows of
                              // an ldmatrix fall in different banks
 
-// Shared memory of q_tc (bytes): W[g] (r x DH), `stages` q tiles (64 x r), per-warp staging of 16 output rows
-// (16 x DH), the cos and sin rows of the tokens a tile touches (at most 64/H_p + 2), the two norm weights, and per-warp
-// fp32 sums of the norm-weight gradients (backward).
-__host__ __device__ inline int q_tc_tokens(long Hp) { return int((16 * 4 + Hp - 1) / Hp + 1); }
+// Shared memory of q_tc (bytes), in the kernel's layout: W[g] (r x DH), `stages` q tiles (ROWS x r), per-warp staging
+// of 16 output rows (16 x DH), the cos and sin rows of the tokens a tile touches (at most ceil(ROWS / H_p) + 1), the two
+// norm weights, and per-warp fp32 sums of the norm-weight gradients (backward). Row pitches carry kSmemPad.
+constexpr int kTcRows = 16 * kTcWarps;  // q rows per tile
+__host__ __device__ inline int q_tc_tokens(long Hp) { return int((kTcRows + Hp - 1) / Hp + 1); }
 inline size_t q_tc_smem(long r, int DH, int stages, long Hp) {
-  return size_t(2) * (size_t(r) * (DH + 8) + size_t(stages) * 64 * (r + 8) + size_t(4) * 16 * (DH + 8) +
-                      size_t(2) * q_tc_tokens(Hp) * DH + 2 * size_t(DH)) +
-         size_t(4) * 2 * DH * sizeof(float);
+  return size_t(2) * (size_t(r) * (DH + kSmemPad) + size_t(stages) * kTcRows * (r + kSmemPad) +
+                      size_t(kTcWarps) * 16 * (DH + kSmemPad) + size_t(2) * q_tc_tokens(Hp) * DH + 2 * size_t(DH)) +
+         size_t(kTcWarps) * 2 * DH * sizeof(float);
 }
 
 // ---- keys of tokens [t0, t1) for KV head g: RMSNorm + RoPE in 16-byte vectors, cos / sin from shared memory (row t
@@ -422,7 +423,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     q_tc(const T* qp, const T* kin, const T* W, const T* wq, const T* wk, const T* cosp, const T* sinp, const T* gqo,
          const T* gko, T* qo_or_gu, T* ko_or_gk, float* gw_part, Dims D, float eps, int stages) {
   VHA_DYNAMIC_SHARED(smem_raw);
-  constexpr int NT = DH / 8, HT = NT / 2, LDW = DH + kSmemPad, ROWS = 16 * kTcWarps;
+  constexpr int NT = DH / 8, HT = NT / 2, LDW = DH + kSmemPad, ROWS = kTcRows;
   // q_norm weight-gradient sums: in registers across tiles up to DH = 128; at DH = 256 those 64 registers next to the
   // 128 accumulators spill, so each row's terms are summed over the 8 lanes of a column (shuffles) and added to the
   // warp's sums in shared memory instead
@@ -978,7 +979,7 @@ inline cudaError_t launch_q_tc(const T* qp, const T* kin, const T* W, const T* w
   if (e != cudaSuccess) return e;
   const long sms = device_attr(cudaDevAttrMultiProcessorCount, 1);
   const long per_sm = long(optin / smem) < 1 ? 1 : long(optin / smem);
-  const long tiles = (D.rows() + 16 * kTcWarps - 1) / (16 * kTcWarps);
+  const long tiles = (D.rows() + kTcRows - 1) / kTcRows;
   long x = (sms * per_sm + D.Hkv - 1) / D.Hkv;
   if (x > tiles) x = tiles;
   if (x > kMaxQtcBlocks / D.Hkv) x = kMaxQtcBlocks / D.Hkv;
