@@ -122,6 +122,13 @@ def rel(got, ref):
             "rel": float(diff.max() / max(np.abs(ref).max(), 1e-30))}
 
 
+def aggregate(got: dict, ref: dict) -> dict:
+    """Over every element of every tensor of `ref` at once: max / mean |got - ref|, and rel = sum |diff| / sum |ref|."""
+    diff = np.concatenate([np.abs(np.asarray(got[n], np.float64) - np.asarray(ref[n], np.float64)).ravel() for n in ref])
+    size = sum(float(np.abs(np.asarray(ref[n], np.float64)).sum()) for n in ref)
+    return {"max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "rel": float(diff.sum()) / max(size, 1e-30)}
+
+
 def worst(d: dict):
     """{name: rel-dict} -> the entry with the largest relative error, named."""
     name = max(d, key=lambda n: d[n]["rel"])
@@ -268,6 +275,9 @@ def run_case(name, overrides, out_dir, rank, t):
     res["adamw.tp_vs_ref32.params"] = worst({n: rel(pa["tp"][n], pa["ref32"][n]) for n in pa["ref32"]})
     res["adamw.ref32_vs_ref64.params"] = worst({n: rel(pa["ref32"][n], pa["ref64"][n]) for n in pa["ref64"]})
     res["adamw.tp_vs_ref64.params"] = worst({n: rel(pa["tp"][n], pa["ref64"][n]) for n in pa["ref64"]})
+    # the same over all parameters at once (sum |diff| / sum |ref|): the size of the deviation, not its worst element
+    res["adamw.tp_vs_ref32.params_all"] = aggregate(pa["tp"], pa["ref32"])
+    res["adamw.ref32_vs_ref64.params_all"] = aggregate(pa["ref32"], pa["ref64"])
     with paddle.no_grad():
         lg = {k: np_(m(batches[0], return_dict=True).logits) for k, m in models.items()}
     res["adamw.tp_vs_ref32.logits"] = rel(lg["tp"], lg["ref32"])
