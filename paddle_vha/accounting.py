@@ -1,7 +1,9 @@
 """Bytes, weights and FLOPs that say what VHA buys: KV cache per token, attention weights, training / serving FLOPs.
 
-`Arch` is a plain description of one decoder-only model with one attention variant — MHA, GQA-n, MLA, VHA (as
-trained), VHA folded (the stock GQA model it is served as) and MEA — and everything here is a pure function over it:
+`Arch` (paddle_vha/spec/cost.py) is a plain description of one decoder-only model with one attention variant — MHA,
+GQA-n, MLA, VHA (as trained), VHA folded (the stock GQA model it is served as) and MEA — and everything here is a pure
+function over it, generic over the attention kinds: each kind's formulas are an AttentionCost, in its family's cost.py
+(paddle_vha/{qwen3,vha,mea}/cost.py) or, for the comparison-only MLA, below:
 `kv_bytes_per_token`, `attention_weights_per_layer`, `attention_parameters_per_layer`, `query_weights_per_layer`,
 `forward_flops_per_token`, `training_flops_per_token`, `model_weights`. `paper_variants("1.7b")` builds the VHA paper's
 comparison set at a named shape; `arch_from_config(dict)` reads a config.json: the family registry
@@ -16,12 +18,11 @@ training = 3 × forward. Norms, RoPE, softmax and residual adds are not counted.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .checkpoint.contract import read_json_object
 from .families import DEFAULT_MODEL_TYPE, FAMILIES
+from .spec.cost import Arch, ArchError, AttentionCost
 from .units import fmt_bytes
 
 __all__ = [
@@ -47,139 +48,58 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Architecture descriptions.
+# Attention kinds: each family's formulas (the registry's cost modules) and MLA, a comparison-only kind.
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
-KINDS = ("mha", "gqa", "mla", "vha", "vha_folded", "mea")
-WINDOW_SIZE_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "vha_q_head_dim", "vha_postmix_rank")
+
+class MLACost(AttentionCost):
+    """DeepSeek-V2's multi-head latent attention: the cache holds the latent c_kv and a decoupled RoPE key."""
+
+    kind = "mla"
+    windows = False
+
+    def validate(self, a: Arch) -> None:
+        if a.kv_lora_rank < 1 or a.qk_rope_head_dim < 0:
+            raise ArchError(f"{a.label}: MLA needs kv_lora_rank >= 1 and qk_rope_head_dim >= 0")
+
+    def group_size(self, a: Arch) -> int:
+        return a.num_heads
+
+    def kv_bytes(self, a: Arch, bytes_per_elem: float) -> float:
+        return (a.kv_lora_rank + a.qk_rope_head_dim) * bytes_per_elem  # latent + decoupled RoPE key
+
+    def weights(self, a: Arch) -> Dict[str, int]:
+        h, H = a.hidden_size, a.num_heads
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        parts = {}
+        if a.q_lora_rank:
+            parts["q_a_proj"] = h * a.q_lora_rank
+            parts["q_b_proj"] = a.q_lora_rank * H * qk
+        else:
+            parts["q_proj"] = h * H * qk
+        parts["kv_a_proj"] = h * (a.kv_lora_rank + a.qk_rope_head_dim)
+        parts["kv_b_proj"] = a.kv_lora_rank * H * (a.qk_nope_head_dim + a.v_head_dim)
+        parts["o_proj"] = H * a.v_head_dim * h
+        return parts
+
+    def biases_and_norms(self, a: Arch, parts: Dict[str, int]) -> Dict[str, int]:
+        raise ArchError(f"{a.label}: parameter counts with biases and norms are not modelled for MLA")
+
+    def score_widths(self, a: Arch) -> Tuple[int, int]:
+        return a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim
+
+    def named_fields(self, shape: dict) -> dict:
+        return dict(MLA_DEFAULTS)
+
+    def cache_description(self, a: Arch) -> str:
+        return f"latent {a.kv_lora_rank} + rope {a.qk_rope_head_dim}"
 
 
-class ArchError(ValueError):
-    """A description or config.json the calculators cannot account for; the message is one line."""
-
-
-@dataclass(frozen=True)
-class Arch:
-    """One decoder-only model with one attention variant.
-
-    `num_heads` is the number of query heads attention sees (virtual heads H_v for VHA); `num_kv_heads` is the
-    number of KV heads the cache stores (MEA: the physical n_p; MLA: unused, it caches a latent).
-    """
-
-    label: str
-    kind: str
-    hidden_size: int
-    num_layers: int
-    head_dim: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool = True
-    attention_bias: bool = False
-    # VHA (kind "vha"): H_p = num_heads / num_kv_heads physical query heads of width r, Postmix rank R.
-    vha_q_head_dim: Optional[int] = None
-    vha_postmix_rank: int = 0
-    vha_gated: bool = False
-    # Shared KV (VHA's vha_shared_kv, and the stock-shaped model it folds into): one projection is both keys and
-    # values, so the cache holds one tensor per layer.
-    shared_kv: bool = False
-    # MLA (kind "mla"), DeepSeek-V2 parameterisation: latent c_kv plus a decoupled RoPE key.
-    kv_lora_rank: int = 0
-    qk_rope_head_dim: int = 0
-    qk_nope_head_dim: int = 0
-    v_head_dim: int = 0
-    q_lora_rank: int = 0
-    # MEA (kind "mea"): n_v virtual KV heads composed from the n_p = num_kv_heads cached ones, in
-    # `mea_num_layers` layers (None: all); the other layers are stock with `mea_stock_kv_heads` (default n_v).
-    mea_kv_heads: int = 0
-    mea_num_layers: Optional[int] = None
-    mea_group_norm: bool = True
-    mea_stock_kv_heads: Optional[int] = None
-    # Mixture of experts: the MLP FLOPs are those of the routed experts a token uses (+ the router).
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    num_moe_layers: Optional[int] = None  # None: all layers are MoE when num_experts > 0
-    # Sliding-window layers (Qwen3's layer_types + sliding_window): `num_window_layers` of the layers attend to the
-    # last `sliding_window` positions and cache at most sliding_window - 1 of them; `window_sizes` holds the
-    # (field, value) pairs in which those layers differ (num_heads, num_kv_heads, head_dim, vha_q_head_dim,
-    # vha_postmix_rank: VHA's vha_window_* options).
-    sliding_window: Optional[int] = None
-    num_window_layers: int = 0
-    window_sizes: tuple = ()
-    notes: tuple = ()
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ArchError(f"unknown attention kind {self.kind!r} (expected one of {', '.join(KINDS)})")
-        for name in ("hidden_size", "num_layers", "head_dim", "num_heads", "vocab_size"):
-            v = getattr(self, name)
-            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-                raise ArchError(f"{self.label}: {name} must be a positive int, got {v!r}")
-        if self.kind != "mla":
-            if not (isinstance(self.num_kv_heads, int) and self.num_kv_heads >= 1):
-                raise ArchError(f"{self.label}: num_kv_heads must be a positive int, got {self.num_kv_heads!r}")
-            if self.num_heads % self.num_kv_heads:
-                raise ArchError(f"{self.label}: num_heads={self.num_heads} is not a multiple of "
-                                f"num_kv_heads={self.num_kv_heads}")
-        if self.kind == "vha":
-            r = self.q_head_dim
-            if not (1 <= r <= self.head_dim) or self.vha_postmix_rank < 1:
-                raise ArchError(f"{self.label}: VHA needs 1 <= vha_q_head_dim <= head_dim and vha_postmix_rank >= 1")
-        if self.kind == "mla" and (self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0):
-            raise ArchError(f"{self.label}: MLA needs kv_lora_rank >= 1 and qk_rope_head_dim >= 0")
-        if self.kind == "mea":
-            if self.mea_kv_heads < self.num_kv_heads or self.num_heads % self.mea_kv_heads:
-                raise ArchError(f"{self.label}: MEA needs num_kv_heads (n_p) <= mea_kv_heads (n_v) and num_heads "
-                                f"a multiple of n_v, got n_p={self.num_kv_heads}, n_v={self.mea_kv_heads}, "
-                                f"num_heads={self.num_heads}")
-            if self.mea_num_layers is not None and not 0 <= self.mea_num_layers <= self.num_layers:
-                raise ArchError(f"{self.label}: mea_num_layers={self.mea_num_layers} not in [0, {self.num_layers}]")
-        if self.num_experts and (self.num_experts_per_tok < 1 or self.moe_intermediate_size < 1):
-            raise ArchError(f"{self.label}: MoE needs num_experts_per_tok >= 1 and moe_intermediate_size >= 1")
-        if not 0 <= self.num_window_layers <= self.num_layers:
-            raise ArchError(f"{self.label}: num_window_layers={self.num_window_layers} not in [0, {self.num_layers}]")
-        if self.num_window_layers and not (isinstance(self.sliding_window, int) and self.sliding_window >= 1):
-            raise ArchError(f"{self.label}: sliding-window layers need sliding_window >= 1, got {self.sliding_window!r}")
-        if self.num_window_layers and self.kind in ("mla", "mea"):
-            raise ArchError(f"{self.label}: sliding-window layers are modelled for MHA / GQA / VHA only")
-        unknown = [k for k, _ in self.window_sizes if k not in WINDOW_SIZE_FIELDS]
-        if unknown:
-            raise ArchError(f"{self.label}: window_sizes may set {', '.join(WINDOW_SIZE_FIELDS)}, not {unknown[0]}")
-        if self.num_window_layers:
-            self.window_layer()  # its own sizes are checked like a model's
-
-    def window_layer(self) -> "Arch":
-        """One sliding-window layer as a model of its own sizes (its attention is what the per-layer figures of a
-        window layer are computed from)."""
-        return self.replace(num_window_layers=0, window_sizes=(), **dict(self.window_sizes))
-
-    @property
-    def full_layers(self) -> int:
-        """Layers that attend to (and cache) the whole context."""
-        return self.num_layers - self.num_window_layers
-
-    @property
-    def q_head_dim(self) -> int:
-        """r: width of a physical query head (VHA); d otherwise."""
-        return self.vha_q_head_dim or self.head_dim
-
-    @property
-    def physical_heads(self) -> int:
-        """Query heads q_proj emits: H_p = H_v / H_kv for VHA, num_heads otherwise."""
-        return self.num_heads // self.num_kv_heads if self.kind == "vha" else self.num_heads
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per cached KV head (what a decode kernel batches)."""
-        if self.kind == "mla":
-            return self.num_heads
-        return self.num_heads // self.num_kv_heads
-
-    def replace(self, **changes) -> "Arch":
-        return dataclasses.replace(self, **changes)
+MLA = MLACost()
+for _fam in FAMILIES.values():  # each family's kinds register themselves when its cost module is imported
+    _fam.cost
+KINDS = AttentionCost.kinds()
 
 
 # Qwen3's published shapes (the VHA paper trains these, docs/calculators.md). head_dim 128, vocab 151936,
@@ -207,12 +127,9 @@ def named_shape(name: str, kind: str = "gqa", num_kv_heads: int = 8, **overrides
     """One model at a named shape ('0.6b', '1.7b', '4b'); default the paper's GQA-8 baseline."""
     key = _shape_key(name)
     s = dict(NAMED_SHAPES[key])
-    rank = s.pop("postmix_rank")
-    fields = dict(_COMMON, **s, kind=kind, num_kv_heads=num_kv_heads, label=f"{key} {kind}")
-    if kind == "vha":
-        fields.update(vha_postmix_rank=rank)
-    if kind == "mla":
-        fields.update(MLA_DEFAULTS)
+    extra = AttentionCost.for_kind(kind).named_fields(s)
+    s.pop("postmix_rank")
+    fields = dict(_COMMON, **s, kind=kind, num_kv_heads=num_kv_heads, label=f"{key} {kind}", **extra)
     fields.update(overrides)
     return Arch(**fields)
 
@@ -241,17 +158,12 @@ def paper_variants(name: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
 
 
 def fold_vha(arch: Arch, label: Optional[str] = None) -> Arch:
-    """The stock GQA model a VHA model is served as: H_v query heads of width d, same KV heads, no Premix/Postmix."""
-    if arch.kind != "vha":
+    """The stock GQA model a VHA model is served as (its kind's served form): H_v query heads of width d, same KV
+    heads, no Premix/Postmix. ArchError for any other kind, and for a VHA model without a stock form."""
+    fold = getattr(arch.cost, "fold", None)  # the kinds that fold define how
+    if fold is None:
         raise ArchError(f"{arch.label}: only a VHA model folds (kind {arch.kind!r})")
-    if arch.vha_gated:
-        raise ArchError(f"{arch.label}: gated VHA does not fold exactly (the gate sits between Postmix and o_proj)")
-    own = [k for k, _ in arch.window_sizes if k in ("num_heads", "num_kv_heads", "head_dim")]
-    if own:
-        raise ArchError(f"{arch.label}: its sliding-window layers have their own {own[0]}; stock Qwen3 has one set of "
-                        "sizes, so it does not fold")
-    return arch.replace(kind="vha_folded", vha_q_head_dim=None, vha_postmix_rank=0, window_sizes=(),
-                        label=label or f"{arch.label} (folded)")
+    return fold(arch, label)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -313,8 +225,8 @@ def arch_from_config(cfg: dict, label: str = "config") -> Arch:
                         qk_nope_head_dim=cfg.get("qk_nope_head_dim") or head_dim,
                         v_head_dim=cfg.get("v_head_dim") or head_dim, q_lora_rank=cfg.get("q_lora_rank") or 0,
                         **common)
-        if fam is not None and fam.arch_fields is not None:
-            return Arch(**fam.arch_fields(cfg, dict(common, num_layers=L)), **common)
+        if fam is not None and fam.cost is not None:
+            return Arch(**fam.cost.arch_fields(cfg, dict(common, num_layers=L)), **common)
         return Arch(kind="mha" if n_kv == n_heads else "gqa", num_kv_heads=n_kv, **common)
     except (TypeError, ValueError) as e:  # a field of the wrong JSON type, an unreadable layer list
         if isinstance(e, ArchError):
@@ -326,78 +238,23 @@ def arch_from_config(cfg: dict, label: str = "config") -> Arch:
 # Accounting.
 
 
-def _mea_layers(a: Arch) -> int:
-    return a.num_layers if a.mea_num_layers is None else a.mea_num_layers
-
-
-def _stock_kv(a: Arch) -> int:
-    """KV heads of an MEA model's stock (non-MEA) layers."""
-    return a.mea_stock_kv_heads or a.mea_kv_heads
-
-
 def kv_bytes_per_token(a: Arch, bytes_per_elem: float = 2, all_layers: bool = False) -> float:
     """KV-cache bytes one token adds: per layer (an MEA layer for MEA), or summed over all layers."""
-    if a.kind == "mla":
-        per_layer = (a.kv_lora_rank + a.qk_rope_head_dim) * bytes_per_elem  # latent + decoupled RoPE key
-        return per_layer * (a.num_layers if all_layers else 1)
-    tensors = 1 if a.shared_kv else 2  # K and V, or the one shared K = V
-    per_layer = tensors * a.num_kv_heads * a.head_dim * bytes_per_elem
     if not all_layers:
-        return per_layer
-    if a.kind == "mea":  # layers without MEA keep their stock KV heads (n_v unless stated)
-        n_mea = _mea_layers(a)
-        return per_layer * n_mea + 2 * _stock_kv(a) * a.head_dim * bytes_per_elem * (a.num_layers - n_mea)
-    window = kv_bytes_per_token(a.window_layer(), bytes_per_elem) * a.num_window_layers if a.num_window_layers else 0
-    return per_layer * a.full_layers + window
+        return a.cost.kv_bytes(a, bytes_per_elem)
+    return sum(layer.cost.kv_bytes(layer, bytes_per_elem) * n for layer, n, _ in a.cost.layers(a))
 
 
 def kv_cache_bytes(a: Arch, context: int, bytes_per_elem: float = 2) -> float:
     """KV-cache bytes one sequence of `context` tokens holds, all layers: a sliding-window layer holds at most
     sliding_window - 1 positions (what a later query can still see), so its share stops growing there."""
-    if not a.num_window_layers:
-        return kv_bytes_per_token(a, bytes_per_elem, all_layers=True) * context
-    full = kv_bytes_per_token(a, bytes_per_elem) * a.full_layers * context
-    window = kv_bytes_per_token(a.window_layer(), bytes_per_elem) * a.num_window_layers
-    return full + window * min(context, a.sliding_window - 1)
-
-
-def _attn_weights(a: Arch, mea_layer: bool = True) -> Dict[str, int]:
-    """Matmul weights of one attention layer by part (biases and norms excluded)."""
-    h, d, H = a.hidden_size, a.head_dim, a.num_heads
-    if a.kind == "mla":
-        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        parts = {}
-        if a.q_lora_rank:
-            parts["q_a_proj"] = h * a.q_lora_rank
-            parts["q_b_proj"] = a.q_lora_rank * H * qk
-        else:
-            parts["q_proj"] = h * H * qk
-        parts["kv_a_proj"] = h * (a.kv_lora_rank + a.qk_rope_head_dim)
-        parts["kv_b_proj"] = a.kv_lora_rank * H * (a.qk_nope_head_dim + a.v_head_dim)
-        parts["o_proj"] = H * a.v_head_dim * h
-        return parts
-    kv = a.num_kv_heads
-    if a.kind == "mea" and not mea_layer:
-        kv = _stock_kv(a)
-    parts = {"q_proj": h * a.physical_heads * a.q_head_dim}
-    if a.shared_kv:
-        parts["shared_kv_proj"] = h * kv * d
-    else:
-        parts.update(k_proj=h * kv * d, v_proj=h * kv * d)
-    parts["o_proj"] = H * d * h
-    if a.kind == "vha":
-        parts["premix"] = a.num_kv_heads * a.q_head_dim * d
-        parts["postmix"] = 2 * H * a.vha_postmix_rank
-        if a.vha_gated:
-            parts["gate_proj"] = h * H * d
-    if a.kind == "mea" and mea_layer:
-        parts["hlc"] = 2 * a.num_kv_heads * a.mea_kv_heads  # mea_k_lc, mea_v_lc: [n_p, n_v]
-    return parts
+    return sum(layer.cost.kv_bytes(layer, bytes_per_elem) * n * (context if window is None else min(context, window - 1))
+               for layer, n, window in a.cost.layers(a))
 
 
 def attention_weights_per_layer(a: Arch) -> Dict[str, int]:
     """Weights of one attention layer by part (matmul weights; biases and norms excluded), plus 'total'."""
-    parts = _attn_weights(a)
+    parts = a.cost.weights(a)
     parts["total"] = sum(parts.values())
     return parts
 
@@ -405,18 +262,7 @@ def attention_weights_per_layer(a: Arch) -> Dict[str, int]:
 def attention_parameters_per_layer(a: Arch) -> Dict[str, int]:
     """Every parameter of one attention layer as built (an MEA layer for MEA), by part: the matmul weights, their
     biases (attention_bias) and the norm weights (q_norm, k_norm; MEA's head norm), plus 'total'."""
-    if a.kind == "mla":
-        raise ArchError(f"{a.label}: parameter counts with biases and norms are not modelled for MLA")
-    parts = _attn_weights(a)
-    h, d = a.hidden_size, a.head_dim
-    if a.attention_bias:
-        parts["q_proj"] += a.physical_heads * a.q_head_dim
-        for name in ("shared_kv_proj",) if a.shared_kv else ("k_proj", "v_proj"):
-            parts[name] += a.num_kv_heads * d
-        parts["o_proj"] += h
-    parts["qk_norm"] = 2 * d
-    if a.kind == "mea" and a.mea_group_norm:
-        parts["mea_norm"] = a.num_heads * d
+    parts = a.cost.biases_and_norms(a, a.cost.weights(a))
     parts["total"] = sum(parts.values())
     return parts
 
@@ -424,7 +270,7 @@ def attention_parameters_per_layer(a: Arch) -> Dict[str, int]:
 def query_weights_per_layer(a: Arch) -> int:
     """Weights that make the queries of one layer: q_proj, plus Premix for VHA (the article's 'query projection':
     H_p·h·r + H_kv·r·d as trained, H_v·h·d once folded)."""
-    w = _attn_weights(a)
+    w = a.cost.weights(a)
     return sum(v for k, v in w.items() if k in ("q_proj", "q_a_proj", "q_b_proj", "premix"))
 
 
@@ -438,25 +284,11 @@ def _context(seq_len: int, causal: bool, window: Optional[int]) -> float:
     return (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len
 
 
-def _layer_forward_flops(a: Arch, seq_len: int, causal: bool, mea_layer: bool = True,
-                         window: Optional[int] = None) -> Dict[str, float]:
+def _layer_forward_flops(a: Arch, seq_len: int, causal: bool, window: Optional[int] = None) -> Dict[str, float]:
     """Forward matmul FLOPs of one attention layer for one token, by part."""
-    w = _attn_weights(a, mea_layer)
-    f: Dict[str, float] = {}
-    for name, n in w.items():
-        if name == "premix":  # each of the H_p physical heads goes through each group's r x d map
-            f[name] = 2 * a.physical_heads * a.num_kv_heads * a.q_head_dim * a.head_dim
-        elif name == "postmix":  # Z = U^T Y (R x d) then V Z (H_v x d): two small GEMMs
-            f[name] = 2 * 2 * a.num_heads * a.vha_postmix_rank * a.head_dim
-        elif name == "hlc":  # K and V: n_v virtual heads from n_p physical ones
-            f[name] = 2 * 2 * a.num_kv_heads * a.mea_kv_heads * a.head_dim
-        else:
-            f[name] = 2 * n
+    f: Dict[str, float] = {name: a.cost.part_flops(a, name, n) for name, n in a.cost.weights(a).items()}
     ctx = _context(seq_len, causal, window)
-    if a.kind == "mla":
-        qk, vd = a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim
-    else:
-        qk = vd = a.head_dim
+    qk, vd = a.cost.score_widths(a)
     f["attention"] = 2 * ctx * a.num_heads * qk + 2 * ctx * a.num_heads * vd  # Q K^T and A V
     return f
 
@@ -471,14 +303,8 @@ def forward_flops_per_token(a: Arch, seq_len: int = 4096, causal: bool = False, 
         for k, v in parts.items():
             out[k] = out.get(k, 0.0) + v * times
 
-    if a.kind == "mea":
-        n_mea = _mea_layers(a)
-        add(_layer_forward_flops(a, seq_len, causal, True), n_mea)
-        add(_layer_forward_flops(a, seq_len, causal, False), a.num_layers - n_mea)
-    else:
-        add(_layer_forward_flops(a, seq_len, causal), a.full_layers)
-        if a.num_window_layers:
-            add(_layer_forward_flops(a.window_layer(), seq_len, causal, window=a.sliding_window), a.num_window_layers)
+    for layer, n, window in a.cost.layers(a):
+        add(_layer_forward_flops(layer, seq_len, causal, window=window), n)
     out["attention_block"] = sum(out.values())
     h = a.hidden_size
     n_moe = (a.num_layers if a.num_moe_layers is None else a.num_moe_layers) if a.num_experts else 0
@@ -497,14 +323,7 @@ def training_flops_per_token(a: Arch, seq_len: int = 4096, causal: bool = False,
 
 def model_weights(a: Arch) -> Dict[str, int]:
     """Matmul and embedding weights of the whole model (norms and biases excluded): attention, mlp, embeddings."""
-    attn = 0
-    if a.kind == "mea":
-        n_mea = _mea_layers(a)
-        attn = sum(_attn_weights(a, True).values()) * n_mea + sum(_attn_weights(a, False).values()) * (a.num_layers - n_mea)
-    else:
-        attn = sum(_attn_weights(a).values()) * a.full_layers
-        if a.num_window_layers:
-            attn += sum(_attn_weights(a.window_layer()).values()) * a.num_window_layers
+    attn = sum(sum(layer.cost.weights(layer).values()) * n for layer, n, _ in a.cost.layers(a))
     h = a.hidden_size
     n_moe = (a.num_layers if a.num_moe_layers is None else a.num_moe_layers) if a.num_experts else 0
     mlp = 3 * h * a.intermediate_size * (a.num_layers - n_moe)
@@ -515,10 +334,11 @@ def model_weights(a: Arch) -> Dict[str, int]:
 
 def variants_for_config(a: Arch) -> List[Arch]:
     """What a config.json shows: itself, plus its folded form for VHA (when it has one)."""
-    own_window_heads = any(k in ("num_heads", "num_kv_heads", "head_dim") for k, _ in a.window_sizes)
-    if a.kind == "vha" and not a.vha_gated and not own_window_heads:
-        return [a.replace(label=f"{a.label} (trained)"), fold_vha(a, label=f"{a.label} (folded)")]
-    return [a]
+    try:
+        served = a.cost.served_as(a, label=f"{a.label} (folded)")
+    except ArchError:  # no stock form (VHA window layers with their own head counts)
+        served = None
+    return [a] if served is None else [a.replace(label=f"{a.label} (trained)"), served]
 
 
 def resolve_models(spec: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:

@@ -19,20 +19,25 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from .checkpoint.contract import CheckpointError, Shapes, compare_shapes
 from .checkpoint.folder import CheckpointFolder
-from .mea import contract as mea_contract
 from .mea import cost as mea_cost
 from .mea import tp_plan as mea_tp_plan
-from .qwen3 import contract as qwen3_contract
-from .shared_kv import contract as shared_kv_contract
+from .mea.spec import QWEN3_MEA
+from .qwen3 import cost as qwen3_cost
+from .qwen3.base import QWEN3_BASE
+from .qwen3.spec import QWEN3
 from .shared_kv import cost as shared_kv_cost
 from .shared_kv import tp_plan as shared_kv_tp_plan
-from .vha import contract as vha_contract
+from .shared_kv.spec import QWEN3_SHARED_KV
+from .spec.base import Base
+from .spec.params import ModelSpec
+from .spec.validate import load_config, validate
 from .vha import cost as vha_cost
 from .vha import tp_plan as vha_tp_plan
+from .vha.spec import QWEN3_VHA
 
 __all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily"]
 
@@ -54,7 +59,7 @@ class Family:
     label: str  # how messages name it: "Qwen3-VHA"
     config_ref: str  # "module:Class" of the config (a PaddleFormers PretrainedConfig)
     model_ref: str  # "module:Class" of the causal LM
-    tensor_shapes: Callable[[Any], Shapes]  # the on-disk tensor contract: name -> HF-layout shape
+    spec: ModelSpec  # its tensors, declared once (paddle_vha/spec/params.py): contract, shards, checkpoint rules
     # Tensor parallelism through paddle_vha.parallel: a module with check(cfg, t) and layer_plan(cfg, t, rank, i) ->
     # parallel.plan.LayerPlan; None: the family is not sharded by this project.
     tp_plan: Optional[ModuleType] = None
@@ -65,8 +70,14 @@ class Family:
     # its exports. A family without one is not exported; `not_exported` says what to do.
     serving_ref: Optional[str] = None
     not_exported: str = "cannot be exported"
-    # Cost model (paddle_vha/accounting.py): config.json dict -> Arch fields of its attention (None: stock GQA / MHA).
-    arch_fields: Optional[Callable[[dict], Dict[str, Any]]] = None
+    # Cost model (paddle_vha/accounting.py): a module with arch_fields(config.json dict, common fields) -> the Arch
+    # fields of its attention; importing it registers its attention kinds' formulas (paddle_vha/spec/cost.py).
+    cost: Optional[ModuleType] = None
+    base: Base = QWEN3_BASE  # what its classes derive from (paddle_vha/spec/base.py)
+
+    def tensor_shapes(self, cfg) -> Shapes:
+        """The on-disk tensor contract for config `cfg`: name -> HF-layout shape."""
+        return self.spec.tensor_shapes(cfg)
 
     @property
     def config_class(self):
@@ -106,17 +117,7 @@ class Family:
 
     def load_config(self, folder):
         """The typed config of a checkpoint folder of this family; config errors become one-line CheckpointErrors."""
-        ck = CheckpointFolder.open(folder)
-        if ck.model_type != self.model_type:
-            raise CheckpointError(f"{ck.path}: not a {self.label} checkpoint (config.json model_type={ck.model_type!r}, "
-                                  f"expected {self.model_type!r})")
-        try:
-            qwen3_contract.check_config_fields(ck.config)  # as written, before the config class sees it
-            cfg = self.config_class.from_dict(ck.config)
-            qwen3_contract.check_config(cfg)
-        except (ValueError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{ck.path}/config.json: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-        return cfg
+        return load_config(folder, self.model_type, self.label, self.config_class, self.base)
 
     def check_tensors(self, folder, cfg) -> None:
         """CheckpointError naming missing, unexpected or mis-shaped tensors (headers only) for config `cfg`."""
@@ -126,10 +127,7 @@ class Family:
     def validate(self, folder):
         """Check a checkpoint folder against this family's contract (config, then tensor names and shapes from the
         headers); returns its config."""
-        ck = CheckpointFolder.open(folder)
-        cfg = self.load_config(ck)
-        self.check_tensors(ck, cfg)
-        return cfg
+        return validate(folder, self.model_type, self.label, self.config_class, self.base, self.spec)
 
 
 FAMILIES: Dict[str, Family] = {
@@ -140,7 +138,8 @@ FAMILIES: Dict[str, Family] = {
             label="Qwen3",
             config_ref="paddleformers.transformers:Qwen3Config",
             model_ref="paddleformers.transformers:Qwen3ForCausalLM",
-            tensor_shapes=qwen3_contract.tensor_shapes,
+            spec=QWEN3,
+            cost=qwen3_cost,
             serving_ref="paddle_vha.qwen3.serving",
         ),
         Family(
@@ -148,30 +147,30 @@ FAMILIES: Dict[str, Family] = {
             label="Qwen3-VHA",
             config_ref="paddle_vha.vha.config:Qwen3VHAConfig",
             model_ref="paddle_vha.vha.modeling:Qwen3VHAForCausalLM",
-            tensor_shapes=vha_contract.tensor_shapes,
+            spec=QWEN3_VHA,
             tp_plan=vha_tp_plan,
             not_exported="fold it first (python tools/fold.py IN OUT)",
-            arch_fields=vha_cost.arch_fields,
+            cost=vha_cost,
         ),
         Family(
             model_type="qwen3_mea",
             label="Qwen3-MEA",
             config_ref="paddle_vha.mea.config:Qwen3MEAConfig",
             model_ref="paddle_vha.mea.modeling:Qwen3MEAForCausalLM",
-            tensor_shapes=mea_contract.tensor_shapes,
+            spec=QWEN3_MEA,
             tp_plan=mea_tp_plan,
             serving_ref="paddle_vha.mea.serving",
-            arch_fields=mea_cost.arch_fields,
+            cost=mea_cost,
         ),
         Family(
             model_type="qwen3_shared_kv",
             label="Qwen3 shared-KV",
             config_ref="paddle_vha.shared_kv.config:Qwen3SharedKVConfig",
             model_ref="paddle_vha.shared_kv.modeling:Qwen3SharedKVForCausalLM",
-            tensor_shapes=shared_kv_contract.tensor_shapes,
+            spec=QWEN3_SHARED_KV,
             tp_plan=shared_kv_tp_plan,
             serving_ref="paddle_vha.shared_kv.serving",
-            arch_fields=shared_kv_cost.arch_fields,
+            cost=shared_kv_cost,
         ),
     )
 }

@@ -76,13 +76,13 @@ def read_tensor_shapes(path):
 
 
 def vha_tensor_shapes(cfg):
-    from paddle_vha.vha.contract import tensor_shapes
+    from paddle_vha.vha.spec import tensor_shapes
 
     return tensor_shapes(cfg)
 
 
 def mea_tensor_shapes(cfg):
-    from paddle_vha.mea.contract import tensor_shapes
+    from paddle_vha.mea.spec import tensor_shapes
 
     return tensor_shapes(cfg)
 

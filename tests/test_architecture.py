@@ -94,10 +94,83 @@ def test_cycle_finder_finds_a_planted_cycle():
 
 def test_import_graph_has_no_cycles():
     graph = import_graph()
-    assert "paddle_vha.families" in graph and "paddle_vha.vha.contract" in graph["paddle_vha.families"]  # it sees edges
+    assert "paddle_vha.families" in graph and "paddle_vha.vha.spec" in graph["paddle_vha.families"]  # it sees edges
     found = cycles(graph)
     print(f"{len(graph)} modules, {sum(len(v) for v in graph.values())} import edges, cycles: {found}")
     assert not found, f"import cycles: {found}"
+
+
+def folder(module: str) -> str:
+    """The unit a module belongs to: its top-level folder under paddle_vha/ ('vha', 'checkpoint', ...), or itself
+    for a top-level module ('families', 'accounting')."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def folder_graph(graph=None):
+    """folder -> folders it imports from (any module of one importing any module of the other)."""
+    graph = graph or import_graph()
+    out = {}
+    for m, targets in graph.items():
+        out.setdefault(folder(m), set()).update(folder(t) for t in targets if folder(t) != folder(m))
+    out.pop("__init__", None)  # paddle_vha/__init__.py re-exports the public names: above everything
+    for targets in out.values():
+        targets.discard("__init__")
+    return out
+
+
+def test_folder_graph_is_acyclic():
+    """Layers, not only modules: no two folders import each other, directly or through others (checkpoint and spec at
+    the bottom; the base, the variants, the registry; the stages; cli on top)."""
+    graph = folder_graph()
+    assert "spec" in graph["vha"] and "checkpoint" in graph["families"]  # it sees edges
+    assert cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b"]]
+    found = cycles(graph)
+    order = []  # bottom-up: a folder after everything it imports
+    while len(order) < len(graph) and not found:
+        order += sorted(f for f in graph if f not in order and graph[f] <= set(order))
+    print("folders bottom-up:", " < ".join(order), "| cycles:", found)
+    assert not found, f"folders that import each other: {found}"
+
+
+def test_only_cli_exits_the_process():
+    """Library code raises exceptions; only paddle_vha/cli/ turns them into an exit status (and nothing below it
+    imports it)."""
+    hits = []
+    for m, path in _modules().items():
+        if folder(m) == "cli":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("exit", "_exit") \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in ("sys", "os"):
+                hits.append(f"{path}:{node.lineno}")
+            if isinstance(node, ast.Raise) and "SystemExit" in ast.dump(node):
+                hits.append(f"{path}:{node.lineno}")
+    below = [m for m, targets in import_graph().items() if folder(m) not in ("cli", "__init__")
+             and any(folder(t) == "cli" for t in targets)]
+    assert not hits, f"process exits outside paddle_vha/cli/: {hits}"
+    assert not below, f"modules below the command lines that import them: {below}"
+
+
+def test_no_family_branches_in_shared_code():
+    """Shared code asks the registry and the specs; it never branches on a model_type or an attention kind
+    (`x.model_type == ...`, `x.kind in (...)`): those decisions live in the family folders."""
+    families = ("vha", "mea", "qwen3", "shared_kv")
+    hits = []
+    for m, path in _modules().items():
+        if folder(m) in families or m == "paddle_vha.families":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                names = [n.attr for n in sides if isinstance(n, ast.Attribute)  # cfg.model_type, arch.kind
+                         and not (isinstance(n.value, ast.Attribute) and n.value.attr == "dtype")]  # numpy's dtype.kind
+                literal = any(isinstance(n, ast.Constant) and isinstance(n.value, str) or isinstance(
+                    n, (ast.Tuple, ast.List, ast.Set)) and any(isinstance(e, ast.Constant) for e in n.elts) for n in sides)
+                if literal and any(n in ("kind", "model_type") for n in names):  # against a named family or kind
+                    hits.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
+    print(f"kind / model_type comparisons outside the family folders: {hits}")
+    assert not hits, hits
 
 
 def _model_types():

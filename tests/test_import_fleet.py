@@ -38,7 +38,7 @@ SMALL = dict(vocab_size=97, hidden_size=48, intermediate_size=64, rms_norm_eps=1
 # --- configs -------------------------------------------------------------------------------------------------------
 
 def test_research_fork_config_is_read():
-    from paddle_vha.vha.contract import tensor_shapes
+    from paddle_vha.vha.spec import tensor_shapes
 
     cfg = Qwen3VHAConfig(**FORK_1P7B)
     assert cfg.model_type == "qwen3_vha"

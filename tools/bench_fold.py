@@ -76,7 +76,7 @@ def write_random_vha(path, args):
     from paddle_vha import Qwen3VHAConfig
     from paddle_vha.checkpoint import safetensors_io as st
     from paddle_vha.checkpoint.contract import INDEX_FILE
-    from paddle_vha.vha.contract import tensor_shapes as vha_tensor_shapes
+    from paddle_vha.vha.spec import tensor_shapes as vha_tensor_shapes
 
     cfg = Qwen3VHAConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
                          head_dim=args.head_dim, intermediate_size=args.intermediate, num_attention_heads=args.heads,

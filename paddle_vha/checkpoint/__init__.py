@@ -7,8 +7,8 @@ fsutil.py          output folders that appear whole or not at all, read-only vie
 load.py            checkpoint tensors into a built Paddle model (tensor-parallel ranks, export reference models)
 tp_shards.py       tensor-parallel sharded save and the merge back into a single-device folder
 
-Each family's tensor names and shapes live in its own folder (paddle_vha/{qwen3,vha,mea}/contract.py); validation of
-a folder against them goes through the family registry (paddle_vha/families.py: family_of(path).validate(path)).
+Each family's tensor names and shapes are declared in its own folder (paddle_vha/{qwen3,vha,mea,shared_kv}/spec.py);
+validation of a folder against them: paddle_vha/spec/validate.py (through the registry: family_of(path).validate(path)).
 """
 from .contract import CheckpointError
 from .folder import CheckpointFolder

@@ -11,7 +11,6 @@ from typing import Dict
 
 import numpy as np
 
-from ..families import family_of
 from .contract import CheckpointError, is_linear_weight
 from .folder import CheckpointFolder
 
@@ -44,12 +43,15 @@ def load_tensors_into(model, tensors: Dict[str, np.ndarray], source: str = "chec
 
 
 def load_checkpoint_into(model, folder) -> None:
-    """Validate a checkpoint folder (path or CheckpointFolder) against its family's contract and load its weights into
-    `model`, which must be of the same family."""
+    """Validate a checkpoint folder (path or CheckpointFolder) against the contract of `model`'s family (its class's
+    validate_checkpoint, paddle_vha/modeling/checkpointing.py) and load its weights into `model`."""
     ck = CheckpointFolder.open(folder)
     want = getattr(model.config, "model_type", None)
     if ck.model_type != want:
         raise CheckpointError(f"{ck.path}: config.json model_type {ck.model_type!r}, the model is {want!r}")
-    family_of(ck).validate(ck)
+    validate = getattr(type(model), "validate_checkpoint", None)
+    if validate is None:
+        raise CheckpointError(f"{ck.path}: {type(model).__name__} declares no tensor contract to check the folder against")
+    validate(ck)
     dtype_is_64 = str(next(iter(model.parameters())).dtype).endswith("float64")
     load_tensors_into(model, ck.read_all(float32=not dtype_is_64), source=ck.path)

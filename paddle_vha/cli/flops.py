@@ -19,7 +19,6 @@ import sys
 
 from paddle_vha.accounting import (
     ArchError,
-    fold_vha,
     forward_flops_per_token,
     model_weights,
     query_weights_per_layer,
@@ -71,7 +70,7 @@ def rows_for(spec: str, args):
     rows = []
     for m in models:
         fwd = forward_flops_per_token(m, **kw)
-        served = fold_vha(m) if m.kind == "vha" and not m.vha_gated else m
+        served = m.cost.served_as(m) or m  # VHA: the folded stock model it is served as
         serve = forward_flops_per_token(served, **kw)
         rows.append(dict(
             model=spec, variant=m.label, kind=m.kind, reference=ref.label,

@@ -47,9 +47,7 @@ def rows_for(spec: str, args):
     for m in models:
         per_layer = kv_bytes_per_token(m, elem)
         all_layers = kv_bytes_per_token(m, elem, all_layers=True)
-        cached = (f"latent {m.kv_lora_rank} + rope {m.qk_rope_head_dim}" if m.kind == "mla"
-                  else f"{m.num_kv_heads} shared K=V heads" if m.shared_kv
-                  else f"{m.num_kv_heads} KV heads" + (f" (-> {m.mea_kv_heads} virtual)" if m.kind == "mea" else ""))
+        cached = m.cost.cache_description(m)
         rows.append(dict(model=spec, variant=m.label, kind=m.kind, cached=cached, query_heads=m.num_heads,
                          group_size=m.group_size, layers=m.num_layers, bytes_per_token_per_layer=per_layer,
                          bytes_per_token=all_layers, total_bytes=kv_cache_bytes(m, args.context, elem) * args.batch,

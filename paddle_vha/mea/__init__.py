@@ -4,7 +4,7 @@ HLC over the K/V heads, a per-head norm, and KV compression of a pretrained Qwen
 
 config.py      Qwen3MEAConfig                      layers.py     which layers are MEA (the one mea_layers reader)
 functional.py  HLC, head norm, multi-query form    attention.py  Qwen3MEAAttention (+ the stock-KV layer)
-modeling.py    Qwen3MEAModel / ForCausalLM         contract.py   tensor names and shapes on disk
+modeling.py    Qwen3MEAModel / ForCausalLM         spec.py       its tensors, declared once        
 compress.py    stock Qwen3 -> Qwen3-MEA (SVD)      serving.py    the layers in the exported decoder
 tp_plan.py     tensor-parallel plan (data)         cost.py       the cost model's fields
 

@@ -37,7 +37,7 @@ from ..evaluate import compare_logits, log_softmax
 from ..qwen3.source import open_stock_qwen3
 from ..units import fmt_bytes
 from .config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig
-from .contract import tensor_shapes as mea_tensor_shapes
+from .spec import tensor_shapes as mea_tensor_shapes
 from .layers import parse_layer_spec
 
 __all__ = ["CompressError", "CompressPlan", "svd_compress", "plan_compress", "compress_checkpoint", "format_plan",

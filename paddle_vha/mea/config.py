@@ -12,6 +12,7 @@ from typing import List, Optional
 
 from paddleformers.transformers import Qwen3Config
 
+from ..qwen3.runtime import RuntimeSupport
 from .layers import MEAConfigError, is_mea_layer, parse_layer_spec
 
 __all__ = ["Qwen3MEAConfig", "MEAConfigError", "K_NORM_POSITIONS", "parse_layer_spec"]
@@ -23,7 +24,7 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-class Qwen3MEAConfig(Qwen3Config):
+class Qwen3MEAConfig(RuntimeSupport, Qwen3Config):
     r"""Configuration of a Qwen3-MEA model.
 
     Everything Qwen3Config accepts (`num_key_value_heads` is n_p, the physical KV heads of MEA layers), plus:
@@ -41,6 +42,10 @@ class Qwen3MEAConfig(Qwen3Config):
     """
 
     model_type = "qwen3_mea"
+    # what check_runtime_support refuses (paddle_vha/qwen3/runtime.py), and why
+    runtime_label, runtime_error, causal_lm_name = "Qwen3-MEA", MEAConfigError, "Qwen3MEAForCausalLM"
+    fused_qkv_reason = " (layers differ in KV heads)"
+    tensor_parallel_reason = " (fleet's mp layers would split the HLC matrices' physical heads)"
 
     def __init__(
         self,
@@ -103,22 +108,7 @@ class Qwen3MEAConfig(Qwen3Config):
             self.mea_layers = sorted(layers)
 
     def check_runtime_support(self, tensor_parallel_plan: bool = False) -> None:
-        """Raise MEAConfigError for runtime options (set by trainers after construction) MEA does not support.
-
-        tensor_parallel_plan: the caller builds the model through paddle_vha.parallel (build_tensor_parallel_model),
-        which accepts tensor_model_parallel_size > 1; the model classes alone build single-device layers only.
-        """
-        if self.tensor_model_parallel_size > 1 and not tensor_parallel_plan:
-            raise MEAConfigError(
-                f"tensor_model_parallel_size={self.tensor_model_parallel_size}: Qwen3-MEA is tensor-parallel only "
-                "through paddle_vha.parallel (fleet's mp layers would split the HLC matrices' physical heads): build "
-                "with paddle_vha.parallel.build_tensor_parallel_model(Qwen3MEAForCausalLM, config, group), see "
-                "docs/tensor_parallel.md")
-        if self.sequence_parallel:
-            raise MEAConfigError("sequence_parallel=True is not supported by Qwen3-MEA")
-        if self.fuse_attention_qkv:
-            raise MEAConfigError(
-                "fuse_attention_qkv=True is not supported by Qwen3-MEA (layers differ in KV heads); "
-                "set fuse_attention_qkv=False")
+        """RuntimeSupport's refusals (paddle_vha/qwen3/runtime.py), and sliding-window layers."""
+        super().check_runtime_support(tensor_parallel_plan)
         if getattr(self, "sliding_window", None) and "sliding_attention" in (getattr(self, "layer_types", None) or []):
             raise MEAConfigError("sliding-window layers are not supported by Qwen3-MEA")

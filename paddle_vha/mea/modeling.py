@@ -1,61 +1,34 @@
-"""Qwen3-MEA models: stock PaddleFormers Qwen3 with MEA attention in the layers listed in mea_layers.
+"""Qwen3-MEA models: PaddleFormers' Qwen3 classes with MEA attention in the layers listed in mea_layers and stock
+attention (its own KV heads) in the others (paddle_vha/modeling/factory.py).
 
-Mirrors paddle_vha/vha/modeling.py; deviations from the parent classes are marked `# MEA:`. The on-disk layout
-is the contract in docs/mea.md (paddle_vha/mea/contract.py), checked before every load.
+The backbone's one deviation beyond the attention is MEAPositions. The on-disk layout is declared in
+paddle_vha/mea/spec.py (docs/mea.md), checked before every load.
 """
 from __future__ import annotations
 
-from paddleformers.transformers.model_utils import register_base_model
-from paddleformers.transformers.qwen3.modeling import (
-    Qwen3DecoderLayer,
-    Qwen3ForCausalLM,
-    Qwen3Model,
-    Qwen3PretrainedModel,
-)
-
-from ..qwen3.modeling import (
-    ContractCheckpointMixin,
-    cache_continuation_positions,
-    init_qwen3_backbone,
-    init_qwen3_causal_lm,
-    register_auto_classes,
-)
+from ..modeling.factory import Variant, build_family
+from ..qwen3.base import QWEN3_BASE
+from ..qwen3.modeling import cache_continuation_positions
 from .attention import Qwen3MEAAttention, Qwen3StockKVAttention
 from .config import MEAConfigError, Qwen3MEAConfig
+from .spec import QWEN3_MEA
 
-__all__ = ["Qwen3MEADecoderLayer", "Qwen3MEAModel", "Qwen3MEAForCausalLM", "Qwen3MEAPretrainedModel"]
-
-
-class Qwen3MEADecoderLayer(Qwen3DecoderLayer):
-    def __init__(self, config: Qwen3MEAConfig, layer_idx: int):
-        super().__init__(config, layer_idx)
-        # MEA: the only change to the decoder layer; non-MEA layers keep stock attention with their own KV heads.
-        cls = Qwen3MEAAttention if config.is_mea_layer(layer_idx) else Qwen3StockKVAttention
-        self.self_attn = cls(config, layer_idx)
+__all__ = ["Qwen3MEADecoderLayer", "Qwen3MEAModel", "Qwen3MEAForCausalLM", "Qwen3MEAPretrainedModel", "MEAPositions"]
 
 
-class Qwen3MEAPretrainedModel(ContractCheckpointMixin, Qwen3PretrainedModel):
-    config_class = Qwen3MEAConfig
-    # mea_k_lc, mea_v_lc and mea_norm.weight are not Linear weights: the flex-checkpoint name rules pass them
-    # through unchanged, in the same layout in memory and on disk.
-
-
-@register_base_model
-class Qwen3MEAModel(Qwen3MEAPretrainedModel, Qwen3Model):
-    def __init__(self, config: Qwen3MEAConfig):
-        config.check_runtime_support()  # MEA: refuse unsupported runtime options before building anything
-        init_qwen3_backbone(self, config, Qwen3MEADecoderLayer)  # MEA: decoder layer
-        self._needs_contiguous_positions = bool(config.mea_layer_indices) and config.mea_k_norm_position == "after_hlc"
+class MEAPositions:
+    """Positions continue a filled cache (as Qwen3VHAModel); 'after_hlc' layers refuse positions that do not."""
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, **kwargs):
-        expected = cache_continuation_positions(past_key_values, input_ids, inputs_embeds)  # as Qwen3VHAModel
+        expected = cache_continuation_positions(past_key_values, input_ids, inputs_embeds)
+        needs_contiguous = bool(self.config.mea_layer_indices) and self.config.mea_k_norm_position == "after_hlc"
         if position_ids is None:
             position_ids = expected
-        elif expected is not None and self._needs_contiguous_positions and not bool(
+        elif expected is not None and needs_contiguous and not bool(
                 (position_ids.astype("int64") == expected).all()):
-            # MEA: 'after_hlc' layers re-rotate cached keys at positions 0..T-1 on every read, so a step whose
-            # positions do not continue the cache (e.g. left-padded batches) would be silently wrong.
+            # 'after_hlc' layers re-rotate cached keys at positions 0..T-1 on every read, so a step whose positions
+            # do not continue the cache (e.g. left-padded batches) would be silently wrong.
             start, seq = past_key_values.get_seq_length(), expected.shape[1]
             raise MEAConfigError(
                 f"mea_k_norm_position='after_hlc' needs position_ids continuing the cache ({start}..{start + seq - 1} "
@@ -64,9 +37,11 @@ class Qwen3MEAModel(Qwen3MEAPretrainedModel, Qwen3Model):
                                past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
 
 
-class Qwen3MEAForCausalLM(Qwen3MEAPretrainedModel, Qwen3ForCausalLM):
-    def __init__(self, config: Qwen3MEAConfig):
-        init_qwen3_causal_lm(self, config, Qwen3MEAModel)  # MEA: backbone
+def _attention(config: Qwen3MEAConfig, layer_idx: int) -> type:
+    """MEA attention in mea_layers; elsewhere stock attention with its own (mea_stock_kv_heads) KV heads."""
+    return Qwen3MEAAttention if config.is_mea_layer(layer_idx) else Qwen3StockKVAttention
 
 
-register_auto_classes(Qwen3MEAConfig, Qwen3MEAForCausalLM)  # same PaddleFormers 1.0.0 limits as VHA
+Qwen3MEADecoderLayer, Qwen3MEAPretrainedModel, Qwen3MEAModel, Qwen3MEAForCausalLM = build_family(QWEN3_BASE, Variant(
+    prefix="Qwen3MEA", label="Qwen3-MEA", config_class=Qwen3MEAConfig, spec=QWEN3_MEA, module=__name__,
+    attention=_attention, model_mixins=(MEAPositions,)))

@@ -1,6 +1,6 @@
 """Tensor-parallel plan for Qwen3-MEA: per layer, which slice of which tensor each rank holds.
 
-Pure arithmetic on the config (no Paddle), as data (paddle_vha/parallel/plan.py), applied by paddle_vha/parallel/apply.py.
+Pure arithmetic on the config (no Paddle), as data (paddle_vha/spec/sharding.py), applied by paddle_vha/parallel/apply.py.
 Notation of docs/mea.md: H query heads, n_p physical (cached) KV heads, n_v virtual KV heads, n_s KV heads of the
 stock layers, t the tensor-parallel size.
 
@@ -29,19 +29,10 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ..parallel.plan import (
-    REPLICATED_SUMMED,
-    HeadLayout,
-    LayerPlan,
-    TensorShard,
-    TPPlanError,
-    check_head_split,
-    check_size,
-    gqa_layout,
-    mlp_shards,
-)
-from ..qwen3.tp_plan import gqa_attention_attributes, gqa_attention_shards, stock_layer_plan
+from ..qwen3.tp_plan import gqa_attention_attributes, stock_layer_plan
+from ..spec.sharding import HeadLayout, LayerPlan, TensorShard, TPPlanError, check_head_split, check_mlp_split, check_size, gqa_layout
 from .layers import is_mea_layer
+from .spec import QWEN3_MEA
 
 __all__ = ["check", "layer_kind", "layer_layout", "layer_shards", "layer_plan", "TPPlanError"]
 
@@ -65,7 +56,7 @@ def check(cfg, t: int) -> None:
     for kind in sorted(kinds):
         n_kv, what = _kv_heads(cfg, kind)
         check_head_split(h, n_kv, t, f"num_attention_heads={h}", f"{what}={n_kv}", what)
-    mlp_shards(cfg, t)  # the MLP's own conditions
+    check_mlp_split(cfg, t)  # the MLP's own conditions
 
 
 def layer_layout(cfg, t: int, rank: int, layer_idx: int) -> HeadLayout:
@@ -75,31 +66,15 @@ def layer_layout(cfg, t: int, rank: int, layer_idx: int) -> HeadLayout:
 
 
 def layer_shards(cfg, t: int, layer_idx: int) -> Dict[str, TensorShard]:
-    """Parameter name suffix (relative to decoder layer `layer_idx`) -> shard; names not listed stay whole."""
-    check(cfg, t)
-    kind = layer_kind(cfg, layer_idx)
-    n_kv, _ = _kv_heads(cfg, kind)
-    kv_split = t <= n_kv
-    shards = gqa_attention_shards(kv_split)
-    if kind == "mea":
-        a = "self_attn."
-        shards.update({
-            a + "k_proj.weight": REPLICATED_SUMMED,  # all n_p physical heads on every rank (the cached ones)
-            a + "k_proj.bias": REPLICATED_SUMMED,
-            a + "v_proj.weight": REPLICATED_SUMMED,
-            a + "v_proj.bias": REPLICATED_SUMMED,
-            a + "mea_k_lc": TensorShard(1) if kv_split else REPLICATED_SUMMED,  # [n_p, n_v]: columns = virtual heads
-            a + "mea_v_lc": TensorShard(1) if kv_split else REPLICATED_SUMMED,
-            a + "mea_norm.weight": TensorShard(0),  # [H*d], by query head
-        })
-    shards.update(mlp_shards(cfg, t))
-    return shards
+    """Parameter name (relative to decoder layer `layer_idx`) -> shard on rank 0 of t (the split is the same on every
+    rank); as declared in paddle_vha/mea/spec.py."""
+    return QWEN3_MEA.layer_shards(cfg, layer_idx, layer_layout(cfg, t, 0, layer_idx))
 
 
 def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
     lay = layer_layout(cfg, t, rank, layer_idx)
     if layer_kind(cfg, layer_idx) == "stock":
-        return stock_layer_plan(cfg, t, lay)
+        return stock_layer_plan(cfg, layer_idx, lay, spec=QWEN3_MEA)
     attrs = dict(gqa_attention_attributes(lay), num_virtual_heads=lay.num_kv_heads,  # the HLC columns it composes
                  hlc_columns=None if lay.kv_sharded else lay.kv)
-    return LayerPlan(params=layer_shards(cfg, t, layer_idx), attributes={"self_attn": attrs})
+    return LayerPlan(params=QWEN3_MEA.layer_shards(cfg, layer_idx, lay), attributes={"self_attn": attrs})

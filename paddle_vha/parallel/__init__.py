@@ -20,7 +20,7 @@ _EXPORTS = {
     "global_grad_norm": "paddle_vha.parallel.apply",
     "replica_divergence": "paddle_vha.parallel.apply",
     "tp_state": "paddle_vha.parallel.apply",
-    "TPPlanError": "paddle_vha.parallel.plan",
+    "TPPlanError": "paddle_vha.spec.sharding",
     "save_tp_checkpoint": "paddle_vha.checkpoint.tp_shards",
     "merge_tp_checkpoint": "paddle_vha.checkpoint.tp_shards",
 }

@@ -4,7 +4,7 @@
     parallelize_model(model, group)                 # now rank k holds its slices; forward/backward are TP
 
 The plan comes from the family registry (paddle_vha/families.py: the family's tp_plan module) as data, one
-LayerPlan per decoder layer (paddle_vha/parallel/plan.py). This module applies any LayerPlan the same way:
+LayerPlan per decoder layer (paddle_vha/spec/sharding.py). This module applies any LayerPlan the same way:
 
 * parameters it splits are replaced by this rank's slice (marked `is_distributed`); whole ones it marks get a
   gradient-summing hook;
@@ -41,7 +41,7 @@ from .collectives import (
     group_size,
     reduce_from_tp,
 )
-from .plan import LayerPlan, TensorShard, TPPlanError
+from ..spec.sharding import LayerPlan, TensorShard, TPPlanError
 
 __all__ = [
     "TPState",
@@ -207,6 +207,8 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
     for name, p in dict(model.named_parameters()).items():
         m = _LAYER.match(name)
         rule = plans[int(m.group(2))].params.get(m.group(3)) if m else None
+        if m and rule is None:  # every tensor of a decoder layer is declared with its shard (the family's spec.py)
+            raise RuntimeError(f"{name}: the {fam.label} tensor-parallel plan has no rule for this parameter")
         if rule is None or t == 1:
             continue
         shards[name] = rule

@@ -1,15 +1,13 @@
-"""The stock Qwen3 tensor contract: names and Hugging Face-layout shapes ([out, in] for Linear weights).
+"""What a Qwen3 config.json must hold before any family reads it: positive integer sizes, finite positive eps and
+RoPE base, windows named where layer_types asks for them; the decoder layers' name prefix.
 
-Both families start from it: Qwen3-VHA narrows q_proj and adds its vha_* tensors, Qwen3-MEA changes k_proj / v_proj
-of its layers and adds the HLC coefficients; a folded VHA checkpoint is exactly this.
+The tensors themselves (names, shapes) are declared in paddle_vha/qwen3/spec.py and each variant's spec.py.
 """
 from __future__ import annotations
 
 import math
 
-from ..checkpoint.contract import Shapes
-
-__all__ = ["tensor_shapes", "layer_prefix", "check_config", "check_config_fields", "sliding_window_layers"]
+__all__ = ["layer_prefix", "check_config", "check_config_fields", "sliding_window_layers"]
 
 _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "head_dim", "max_position_embeddings")
@@ -55,39 +53,3 @@ def sliding_window_layers(cfg) -> list:
 
 def layer_prefix(i: int) -> str:
     return f"model.layers.{i}."
-
-
-def tensor_shapes(cfg) -> Shapes:
-    """Stock Qwen3 tensor names -> HF-layout shapes, for any config object with Qwen3's fields."""
-    h, d, L = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
-    h_q, h_kv, inter, vocab = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, cfg.vocab_size
-    shapes: Shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
-    if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (vocab, h)
-    for i in range(L):
-        p = layer_prefix(i)
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (h,),
-                p + "post_attention_layernorm.weight": (h,),
-                p + "mlp.gate_proj.weight": (inter, h),
-                p + "mlp.up_proj.weight": (inter, h),
-                p + "mlp.down_proj.weight": (h, inter),
-                p + "self_attn.q_proj.weight": (h_q * d, h),
-                p + "self_attn.k_proj.weight": (h_kv * d, h),
-                p + "self_attn.v_proj.weight": (h_kv * d, h),
-                p + "self_attn.o_proj.weight": (h, h_q * d),
-                p + "self_attn.q_norm.weight": (d,),
-                p + "self_attn.k_norm.weight": (d,),
-            }
-        )
-        if cfg.attention_bias:
-            shapes.update(
-                {
-                    p + "self_attn.q_proj.bias": (h_q * d,),
-                    p + "self_attn.k_proj.bias": (h_kv * d,),
-                    p + "self_attn.v_proj.bias": (h_kv * d,),
-                    p + "self_attn.o_proj.bias": (h,),
-                }
-            )
-    return shapes

@@ -1,26 +1,17 @@
-"""What both families take from PaddleFormers' Qwen3 model classes: the builders with another decoder layer or
-backbone, cache-continuing positions, single-device Linears, and checkpoint save/load through the family contract."""
+"""What the families' layers and backbones share on top of PaddleFormers' Qwen3: the attention core through the
+configured backend, the shared K = V cache update, RoPE tables per (head width, base), cache-continuing positions and
+single-device Linears. (The classes themselves are built by paddle_vha/modeling/factory.py.)"""
 from __future__ import annotations
 
 import copy
-import os
 
 import paddle
 from paddle import nn
 from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
-from paddleformers.nn.criterion.interface import CriterionLayer
-from paddleformers.nn.embedding import Embedding as GeneralEmbedding
-from paddleformers.nn.lm_head import LMHead as GeneralLMHead
-from paddleformers.nn.norm import Norm as GeneralNorm
-from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
-from paddleformers.transformers.qwen3.modeling import Qwen3PretrainedModel, Qwen3RotaryEmbedding
+from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding
 
-from ..checkpoint.folder import remove_save_marker
-from ..families import family
-
-__all__ = ["ContractCheckpointMixin", "CacheContinuingPositionsMixin", "init_qwen3_backbone", "init_qwen3_causal_lm", "cache_continuation_positions",
-           "single_device_linear", "attention_core", "update_shared_kv_cache", "linear_transpose_rules",
-           "register_auto_classes", "RoPETables", "LayerwiseRotaryEmbedding"]
+__all__ = ["CacheContinuingPositionsMixin", "cache_continuation_positions", "single_device_linear", "attention_core",
+           "update_shared_kv_cache", "RoPETables", "LayerwiseRotaryEmbedding"]
 
 
 def single_device_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
@@ -92,41 +83,6 @@ class LayerwiseRotaryEmbedding(nn.Layer):
         return RoPETables(cos, sin, {key: rotary(x, position_ids) for key, rotary in self.others.items()})
 
 
-def init_qwen3_backbone(model, config, decoder_layer_cls, rotary_others=()) -> None:
-    """The body of Qwen3Model.__init__ with another decoder layer class.
-
-    PaddleFormers hard-codes Qwen3DecoderLayer there; building the stock layers first and replacing them would
-    hold two models in memory at once.
-    """
-    Qwen3PretrainedModel.__init__(model, config)
-    model.embed_tokens = GeneralEmbedding.create(
-        config=config, num_embeddings=config.vocab_size, embedding_dim=config.hidden_size
-    )
-    model.layers = nn.LayerList([decoder_layer_cls(config, i) for i in range(config.num_hidden_layers)])
-    model.norm = GeneralNorm.create(
-        config=config,
-        norm_type="rms_norm",
-        hidden_size=config.hidden_size,
-        norm_eps=config.rms_norm_eps,
-        input_is_parallel=config.sequence_parallel,
-    )
-    # layers with another head width or RoPE base read their own tables (RoPETables.for_layer)
-    model.rotary_emb = LayerwiseRotaryEmbedding(config, rotary_others) if rotary_others else \
-        Qwen3RotaryEmbedding(config=config)
-    model.has_sliding_layers = getattr(config, "sliding_window", None) is not None and "sliding_attention" in (
-        getattr(config, "layer_types", None) or []
-    )
-
-
-def init_qwen3_causal_lm(model, config, backbone_cls) -> None:
-    """The body of Qwen3ForCausalLM.__init__ with another backbone class."""
-    Qwen3PretrainedModel.__init__(model, config)
-    model.model = backbone_cls(config)
-    model.lm_head = GeneralLMHead(config)
-    model.criterion = CriterionLayer(config)
-    model.tie_weights()
-
-
 def cache_continuation_positions(past_key_values, input_ids=None, inputs_embeds=None):
     """Positions (B, S) that continue a filled cache, or None when there is no filled cache.
 
@@ -150,45 +106,3 @@ class CacheContinuingPositionsMixin:
             position_ids = cache_continuation_positions(past_key_values, input_ids, inputs_embeds)
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
-
-
-class ContractCheckpointMixin:
-    """save_pretrained without PaddleFormers' save marker; from_pretrained validates the folder against the family's
-    tensor contract first (one-line CheckpointError on a malformed folder, nothing read before)."""
-
-    def save_pretrained(self, save_dir, *args, **kwargs):
-        super().save_pretrained(save_dir, *args, **kwargs)
-        remove_save_marker(save_dir)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(pretrained_model_name_or_path):
-            family(cls.config_class.model_type).validate(pretrained_model_name_or_path)
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-
-
-def linear_transpose_rules(cls, aoa: dict, names, to_disk: bool, shared_kv: bool = False) -> dict:
-    """PaddleFormers' flex-checkpoint name rules (`_gen_aoa_config` / `_gen_inv_aoa_config`) for a model class `cls`
-    with extra attention Linears `names` (e.g. gate_proj, shared_kv_proj): each is [out, in] on disk and [in, out]
-    in memory, so it needs a transpose rule both ways, or PaddleFormers writes it untransposed (breaking the HF
-    layout). With shared_kv the parent's k_proj / v_proj rules name tensors that do not exist and are dropped."""
-    if shared_kv:
-        aoa["aoa_statements"] = [s for s in aoa["aoa_statements"]
-                                 if ".self_attn.k_proj." not in s and ".self_attn.v_proj." not in s]
-    for name in names:
-        memory = ("" if cls == cls.base_model_class else "model.") + f"layers.$LAYER_ID.self_attn.{name}.weight"
-        disk = f"model.layers.$LAYER_ID.self_attn.{name}.weight"
-        src, dst = (memory, disk) if to_disk else (disk, memory)
-        aoa["aoa_statements"].append(f"{src}^T -> {dst}")
-    return aoa
-
-
-def register_auto_classes(config_cls, causal_lm_cls) -> None:
-    """AutoConfig.from_pretrained and AutoModelForCausalLM.from_config know the family's model_type.
-
-    PaddleFormers 1.0.0 keeps one config -> model table for all Auto model classes, and its from_pretrained
-    matches `architectures` against built-in name prefixes first ("Qwen3VHA..." -> stock Qwen3), so
-    checkpoints load through the family's own from_pretrained (docs/method.md, "Auto classes").
-    """
-    AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
-    AutoModelForCausalLM.register(config_cls, causal_lm_cls, exist_ok=True)

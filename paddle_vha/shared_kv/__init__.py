@@ -3,7 +3,7 @@ angle. It is what a shared-KV Qwen3-VHA checkpoint folds into (tools/fold.py): P
 q_proj and o_proj exactly as for plain VHA, but K = V and the inverse RoPE remain, so it is not stock Qwen3.
 
 config.py      Qwen3SharedKVConfig                 attention.py  Qwen3SharedKVAttention
-modeling.py    Qwen3SharedKVModel / ForCausalLM    contract.py   tensor names and shapes on disk
+modeling.py    Qwen3SharedKVModel / ForCausalLM    spec.py       its tensors, declared once        
 serving.py     its layers in the exported decoder  tp_plan.py    tensor-parallel plan (data)
 cost.py        the cost model's fields
 

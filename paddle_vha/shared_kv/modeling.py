@@ -1,59 +1,18 @@
-"""Qwen3 shared-KV models: stock PaddleFormers Qwen3 with Qwen3SharedKVAttention. Deviations are marked `# SKV:`."""
+"""Qwen3 shared-KV models: PaddleFormers' Qwen3 classes with Qwen3SharedKVAttention in every layer
+(paddle_vha/modeling/factory.py); positions continue a filled cache (stock Qwen3Model restarts them at 0)."""
 from __future__ import annotations
 
-from paddleformers.transformers.model_utils import register_base_model
-from paddleformers.transformers.qwen3.modeling import (
-    Qwen3DecoderLayer,
-    Qwen3ForCausalLM,
-    Qwen3Model,
-    Qwen3PretrainedModel,
-)
-
-from ..qwen3.modeling import (
-    ContractCheckpointMixin,
-    CacheContinuingPositionsMixin,
-    init_qwen3_backbone,
-    init_qwen3_causal_lm,
-    linear_transpose_rules,
-    register_auto_classes,
-)
+from ..modeling.factory import Variant, build_family
+from ..qwen3.base import QWEN3_BASE
+from ..qwen3.modeling import CacheContinuingPositionsMixin
 from .attention import Qwen3SharedKVAttention
 from .config import Qwen3SharedKVConfig
+from .spec import QWEN3_SHARED_KV
 
 __all__ = ["Qwen3SharedKVDecoderLayer", "Qwen3SharedKVModel", "Qwen3SharedKVForCausalLM",
            "Qwen3SharedKVPretrainedModel"]
 
-
-class Qwen3SharedKVDecoderLayer(Qwen3DecoderLayer):
-    def __init__(self, config: Qwen3SharedKVConfig, layer_idx: int):
-        super().__init__(config, layer_idx)
-        self.self_attn = Qwen3SharedKVAttention(config, layer_idx)  # SKV: the only change to the decoder layer
-
-
-class Qwen3SharedKVPretrainedModel(ContractCheckpointMixin, Qwen3PretrainedModel):
-    config_class = Qwen3SharedKVConfig
-
-    @classmethod
-    def _gen_aoa_config(cls, config):
-        return linear_transpose_rules(cls, super()._gen_aoa_config(config), ["shared_kv_proj"], False, shared_kv=True)
-
-    @classmethod
-    def _gen_inv_aoa_config(cls, config):
-        return linear_transpose_rules(cls, super()._gen_inv_aoa_config(config), ["shared_kv_proj"], True,
-                                      shared_kv=True)
-
-
-@register_base_model
-class Qwen3SharedKVModel(Qwen3SharedKVPretrainedModel, CacheContinuingPositionsMixin, Qwen3Model):  # SKV: positions
-    # go on from a filled cache (the mixin; stock Qwen3Model restarts them at 0)
-    def __init__(self, config: Qwen3SharedKVConfig):
-        config.check_runtime_support()
-        init_qwen3_backbone(self, config, Qwen3SharedKVDecoderLayer)  # SKV: decoder layer
-
-
-class Qwen3SharedKVForCausalLM(Qwen3SharedKVPretrainedModel, Qwen3ForCausalLM):
-    def __init__(self, config: Qwen3SharedKVConfig):
-        init_qwen3_causal_lm(self, config, Qwen3SharedKVModel)  # SKV: backbone
-
-
-register_auto_classes(Qwen3SharedKVConfig, Qwen3SharedKVForCausalLM)
+Qwen3SharedKVDecoderLayer, Qwen3SharedKVPretrainedModel, Qwen3SharedKVModel, Qwen3SharedKVForCausalLM = build_family(
+    QWEN3_BASE, Variant(prefix="Qwen3SharedKV", label="Qwen3 shared-KV", config_class=Qwen3SharedKVConfig,
+                        spec=QWEN3_SHARED_KV, module=__name__, attention=lambda config, layer_idx: Qwen3SharedKVAttention,
+                        model_mixins=(CacheContinuingPositionsMixin,)))

@@ -2,7 +2,8 @@
 
 Each family writes its plan in its own folder (paddle_vha/{vha,mea}/tp_plan.py, the stock GQA layer in
 paddle_vha/qwen3/tp_plan.py) as pure arithmetic on the config, no Paddle: `layer_plan(cfg, t, rank, i)` returns a
-LayerPlan, `check(cfg, t)` refuses a config it cannot shard with one line. paddle_vha/parallel/apply.py applies any
+LayerPlan, `check(cfg, t)` refuses a config it cannot shard with one line. Which tensor splits along which axis is
+declared with the tensors themselves (each family's spec.py, paddle_vha/spec/params.py). paddle_vha/parallel/apply.py applies any
 LayerPlan the same way. Notation: t ranks, rank k; Paddle Linear weights are [in, out] in memory (column-parallel =
 axis 1, row-parallel = axis 0).
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 __all__ = ["TPPlanError", "TensorShard", "HeadLayout", "LayerPlan", "REPLICATED_SUMMED", "check_size",
-           "check_head_split", "gqa_layout", "mlp_shards", "ROW_PARALLEL"]
+           "check_head_split", "gqa_layout", "check_mlp_split", "ROW_PARALLEL"]
 
 
 class TPPlanError(ValueError):
@@ -106,19 +107,12 @@ def gqa_layout(h: int, n_kv: int, t: int, rank: int) -> HeadLayout:
     return HeadLayout(t, rank, heads, (g, g + 1), kv_sharded=False)
 
 
-def mlp_shards(cfg, t: int) -> Dict[str, TensorShard]:
-    """The Qwen3 MLP's shards (gate / up column-parallel, down row-parallel), or TPPlanError if it cannot be split."""
+def check_mlp_split(cfg, t: int) -> None:
+    """TPPlanError unless the Qwen3 MLP splits over t ranks (gate / up column-parallel, down row-parallel; the shards
+    themselves are declared with the tensors, paddle_vha/qwen3/spec.py)."""
     inter = cfg.intermediate_size
     if inter % t:
         raise TPPlanError(f"intermediate_size={inter} must be divisible by t={t} (column/row-parallel MLP)")
     if getattr(cfg, "fuse_attention_ffn", False):
         raise TPPlanError("fuse_attention_ffn=True is not supported by the tensor-parallel plan (fused up|gate "
                           "columns would need interleaved sharding); set fuse_attention_ffn=False")
-    return {
-        "mlp.gate_proj.weight": TensorShard(1),
-        "mlp.gate_proj.bias": TensorShard(0),
-        "mlp.up_proj.weight": TensorShard(1),
-        "mlp.up_proj.bias": TensorShard(0),
-        "mlp.down_proj.weight": TensorShard(0),
-        "mlp.down_proj.bias": TensorShard(None),  # added after the all-reduce: full gradient on every rank
-    }

@@ -1,7 +1,7 @@
 """Qwen3-VHA: Virtual Head Attention for PaddleFormers' Qwen3 (docs/method.md).
 
 config.py      Qwen3VHAConfig                      attention.py  Qwen3VHAAttention: Premix, Postmix (the equations)
-modeling.py    Qwen3VHAModel / ForCausalLM         contract.py   tensor names and shapes on disk
+modeling.py    Qwen3VHAModel / ForCausalLM         spec.py       its tensors, declared once        
 prologue.py    the fused Premix + QK-norm + RoPE   fold.py       Qwen3-VHA -> stock Qwen3 GQA (exact)
                operator (ops/): loader, dispatch   tp_plan.py    tensor-parallel plan (data)
 cost.py        the cost model's fields

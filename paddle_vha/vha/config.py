@@ -20,7 +20,9 @@ from typing import List, Optional
 
 from paddleformers.transformers import Qwen3Config
 
+from ..qwen3.runtime import RuntimeSupport
 from . import fleet_config
+from .cost import DEFAULT_POSTMIX_RANK
 
 __all__ = ["Qwen3VHAConfig", "VHAConfigError", "LayerDims"]
 
@@ -68,7 +70,7 @@ _WINDOW_FIELDS = ("vha_window_num_attention_heads", "vha_window_num_key_value_he
                   "vha_window_rope_theta")
 
 
-class Qwen3VHAConfig(Qwen3Config):
+class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
     r"""Configuration of a Qwen3-VHA model.
 
     Everything Qwen3Config accepts, plus:
@@ -103,6 +105,11 @@ class Qwen3VHAConfig(Qwen3Config):
     """
 
     model_type = "qwen3_vha"
+    # what check_runtime_support refuses (paddle_vha/qwen3/runtime.py), and why
+    runtime_label, runtime_error, causal_lm_name = "Qwen3-VHA", VHAConfigError, "Qwen3VHAForCausalLM"
+    fused_qkv_reason = ": q_proj emits H_p*r features, which the fused [q|k|v] layout cannot express"
+    tensor_parallel_reason = (" (fleet's mp layers would split q_proj, Premix and Postmix as if they were stock "
+                              "heads)")
 
     def __init__(
         self,
@@ -140,7 +147,7 @@ class Qwen3VHAConfig(Qwen3Config):
         vha_window_num_key_value_heads = ours["vha_window_num_key_value_heads"]
         vha_window_head_dim, vha_window_rope_theta = ours["vha_window_head_dim"], ours["vha_window_rope_theta"]
         self.vha_q_head_dim = self.head_dim if vha_q_head_dim is None else vha_q_head_dim
-        self.vha_postmix_rank = 4 if vha_postmix_rank is None else vha_postmix_rank
+        self.vha_postmix_rank = DEFAULT_POSTMIX_RANK if vha_postmix_rank is None else vha_postmix_rank
         self.vha_gated_attention = vha_gated_attention
         self.vha_premix_init_alpha = vha_premix_init_alpha
         self.vha_postmix_u_init_std = vha_postmix_u_init_std
@@ -262,24 +269,3 @@ class Qwen3VHAConfig(Qwen3Config):
         fused = getattr(self, "vha_fused_prologue", None)
         if fused is not None and not isinstance(fused, bool):
             raise VHAConfigError(f"vha_fused_prologue must be None (auto), True or False, got {fused!r}")
-
-    def check_runtime_support(self, tensor_parallel_plan: bool = False) -> None:
-        """Raise VHAConfigError for runtime options (set by trainers after construction) VHA does not support.
-
-        tensor_parallel_plan: the caller builds the model through paddle_vha.parallel (build_tensor_parallel_model),
-        which accepts tensor_model_parallel_size > 1; the model classes alone build single-device layers only.
-        """
-        if self.fuse_attention_qkv:
-            raise VHAConfigError(
-                "fuse_attention_qkv=True is not supported by Qwen3-VHA: q_proj emits H_p*r features, "
-                "which the fused [q|k|v] layout cannot express; set fuse_attention_qkv=False"
-            )
-        if self.tensor_model_parallel_size > 1 and not tensor_parallel_plan:
-            raise VHAConfigError(
-                f"tensor_model_parallel_size={self.tensor_model_parallel_size}: Qwen3-VHA is tensor-parallel only "
-                "through paddle_vha.parallel (fleet's mp layers would split q_proj, Premix and Postmix as if they "
-                "were stock heads): build with paddle_vha.parallel.build_tensor_parallel_model(Qwen3VHAForCausalLM, "
-                "config, group), see docs/tensor_parallel.md"
-            )
-        if self.sequence_parallel:
-            raise VHAConfigError("sequence_parallel=True is not supported by Qwen3-VHA")

@@ -41,7 +41,7 @@ from ..evaluate import compare_logits
 from ..qwen3.source import open_stock_qwen3
 from ..units import fmt_bytes
 from .config import Qwen3VHAConfig
-from .contract import tensor_shapes as vha_tensor_shapes
+from .spec import tensor_shapes as vha_tensor_shapes
 
 __all__ = ["ConvertError", "ConvertPlan", "METHODS", "factor_queries", "merge_kv", "plan_convert", "format_plan",
            "convert_state", "calibration_moments", "convert_checkpoint", "logit_kl", "pool_kv_heads_state"]

@@ -35,7 +35,7 @@ from ..checkpoint.fsutil import atomic_dir, check_output_dir
 from ..qwen3.contract import check_config_fields
 from ..units import fmt_bytes
 from .config import Qwen3VHAConfig, VHAConfigError
-from .contract import tensor_shapes
+from .spec import tensor_shapes
 from .fleet_config import QKV_LAYOUTS, UP_GATE_ORDERS, UPSTREAM_KEYS
 
 __all__ = ["FleetImportError", "ImportPlan", "plan_import", "format_plan", "import_checkpoint", "QKV_LAYOUTS",

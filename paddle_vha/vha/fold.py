@@ -39,7 +39,7 @@ from ..families import family, family_of
 from ..shared_kv.config import Qwen3SharedKVConfig
 from ..units import fmt_bytes
 from .config import Qwen3VHAConfig
-from .contract import VHA_ONLY
+from .spec import VHA_ONLY
 
 __all__ = [
     "FoldError",

@@ -1,6 +1,6 @@
 """Tensor-parallel plan for Qwen3-VHA: which slice of which tensor each rank holds, and why.
 
-Pure arithmetic on the config (no Paddle), as data (paddle_vha/parallel/plan.py), applied by paddle_vha/parallel/apply.py.
+Pure arithmetic on the config (no Paddle), as data (paddle_vha/spec/sharding.py), applied by paddle_vha/parallel/apply.py.
 Notation as docs/method.md: H_v virtual heads, H_kv KV heads, H_p = H_v / H_kv physical heads, d head width,
 r physical width, R Postmix rank, t the tensor-parallel size.
 
@@ -27,20 +27,12 @@ The layer's two hooks carry the rest: `premix_weight()` reads the rank's group o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Tuple
 
-from ..parallel.plan import (
-    REPLICATED_SUMMED,
-    LayerPlan,
-    TensorShard,
-    TPPlanError,
-    check_head_split,
-    check_size,
-    gqa_layout,
-    mlp_shards,
-)
+from ..spec.sharding import LayerPlan, TPPlanError, check_head_split, check_mlp_split, check_size, gqa_layout
+from .spec import QWEN3_VHA
 
-__all__ = ["AttentionLayout", "attention_layout", "tensor_shards", "check", "layer_plan", "TPPlanError"]
+__all__ = ["AttentionLayout", "attention_layout", "check", "layer_plan", "TPPlanError"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +75,7 @@ def check(cfg, t: int) -> None:
         window = " on the sliding-window layers" if i is not None and (h_v, h_kv) != _heads(cfg, None) else ""
         check_head_split(h_v, h_kv, t, f"num_attention_heads (virtual heads H_v={h_v}){window}",
                          f"num_key_value_heads H_kv={h_kv}{window}", "H_kv")
-    mlp_shards(cfg, t)
+    check_mlp_split(cfg, t)
 
 
 def attention_layout(cfg, t: int, rank: int, layer_idx: int = None) -> AttentionLayout:
@@ -98,36 +90,6 @@ def attention_layout(cfg, t: int, rank: int, layer_idx: int = None) -> Attention
         n, s = h_p // c, rank % c
         physical = (s * n, (s + 1) * n)
     return AttentionLayout(t, rank, lay.heads, lay.kv, physical, lay.kv_sharded)
-
-
-def tensor_shards(cfg, t: int, layer_idx: int = None) -> Dict[str, TensorShard]:
-    """In-memory parameter name suffix (relative to a decoder layer, e.g. 'self_attn.q_proj.weight') -> shard.
-
-    Names not listed (embedding, norms, lm_head, ...) are whole on every rank with full gradients.
-    """
-    check(cfg, t)
-    kv_split = t <= _heads(cfg, layer_idx)[1]
-    a = "self_attn."
-    shards = {
-        a + "q_proj.weight": REPLICATED_SUMMED,
-        a + "q_proj.bias": REPLICATED_SUMMED,
-        a + "q_norm.weight": REPLICATED_SUMMED,
-        a + "k_norm.weight": REPLICATED_SUMMED,
-        a + "vha_premix_weight": TensorShard(0) if kv_split else REPLICATED_SUMMED,
-        a + "k_proj.weight": TensorShard(1) if kv_split else REPLICATED_SUMMED,
-        a + "k_proj.bias": TensorShard(0) if kv_split else REPLICATED_SUMMED,
-        a + "v_proj.weight": TensorShard(1) if kv_split else REPLICATED_SUMMED,
-        a + "v_proj.bias": TensorShard(0) if kv_split else REPLICATED_SUMMED,
-        a + "shared_kv_proj.weight": TensorShard(1) if kv_split else REPLICATED_SUMMED,  # shared KV: as the keys
-        a + "shared_kv_proj.bias": TensorShard(0) if kv_split else REPLICATED_SUMMED,
-        a + "vha_postmix_U": TensorShard(0),
-        a + "vha_postmix_V": TensorShard(0),
-        a + "gate_proj.weight": TensorShard(1),
-        a + "o_proj.weight": TensorShard(0),
-        a + "o_proj.bias": TensorShard(None),  # added after the all-reduce: full gradient on every rank
-    }
-    shards.update(mlp_shards(cfg, t))
-    return shards
 
 
 def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
@@ -145,5 +107,5 @@ def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
         kv = ("shared_kv_proj",) if cfg.vha_shared_kv else ("k_proj", "v_proj")
         columns = {"self_attn.q_proj": (p0 * r, p1 * r), **{f"self_attn.{n}": (g0 * d, g1 * d) for n in kv}}
         attrs["premix_groups"] = lay.groups
-    return LayerPlan(params=tensor_shards(cfg, t, layer_idx), column_slices=columns, attributes={"self_attn": attrs},
+    return LayerPlan(params=QWEN3_VHA.layer_shards(cfg, layer_idx, lay), column_slices=columns, attributes={"self_attn": attrs},
                      collectives={"self_attn.postmix_reduce": "all_reduce_partial"})

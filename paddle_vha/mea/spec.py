@@ -1,0 +1,48 @@
+"""Qwen3-MEA's tensors, declared once (docs/mea.md): per layer either an MEA layer or a stock Qwen3 layer.
+
+An MEA layer has n_p-head k_proj / v_proj (the cached physical heads), the HLC coefficients mea_k_lc / mea_v_lc
+[n_p, n_v] and, with mea_group_norm, the head norm's weight mea_norm.weight [H*d]. A layer outside mea_layers is stock
+Qwen3 attention with mea_stock_kv_heads KV heads.
+
+Tensor parallelism (why: paddle_vha/mea/tp_plan.py): query heads column-parallel (mea_norm follows them), o_proj
+row-parallel; k_proj / v_proj whole on every rank with summed gradients (every virtual head mixes all physical
+heads); the HLC columns (virtual heads) split when t <= n_v, else whole with summed gradients.
+"""
+from __future__ import annotations
+
+from ..qwen3.spec import QWEN3_LAYER, TOP, stock_sizes, top_sizes
+from ..spec.params import SUMMED, ModelSpec, Param, TensorShard, linear, split_kv
+from .layers import is_mea_layer
+
+__all__ = ["tensor_shapes", "MEA_LAYER", "MEA_STOCK_LAYER", "QWEN3_MEA", "mea_sizes"]
+
+
+def mea_sizes(cfg, layer_idx: int):
+    s = stock_sizes(cfg, layer_idx)  # kv_heads = num_key_value_heads = n_p
+    s.virtual, s.group_norm = cfg.mea_kv_heads, bool(cfg.mea_group_norm)
+    return s
+
+
+_kv = lambda s: s.kv_heads * s.head_dim  # noqa: E731
+_lc = lambda s: (s.kv_heads, s.virtual)  # noqa: E731
+
+MEA_LAYER = QWEN3_LAYER.replace(
+    "qwen3_mea",
+    sizes=mea_sizes,
+    add=(
+        *linear("self_attn.k_proj", _kv, lambda s: s.h, SUMMED),  # all n_p physical heads on every rank
+        *linear("self_attn.v_proj", _kv, lambda s: s.h, SUMMED),
+        Param("self_attn.mea_k_lc", _lc, split_kv(TensorShard(1))),  # columns = virtual heads
+        Param("self_attn.mea_v_lc", _lc, split_kv(TensorShard(1))),
+        Param("self_attn.mea_norm.weight", lambda s: (s.heads * s.head_dim,), TensorShard(0),  # by query head
+              when=lambda s: s.group_norm),
+    ),
+)
+
+MEA_STOCK_LAYER = QWEN3_LAYER.replace(
+    "qwen3_mea_stock", sizes=lambda cfg, i: stock_sizes(cfg, i, kv_heads=cfg.mea_stock_kv_heads))
+
+QWEN3_MEA = ModelSpec(top=TOP, top_sizes=top_sizes,
+                      layer=lambda cfg, i: MEA_LAYER if is_mea_layer(cfg.mea_layers, i) else MEA_STOCK_LAYER)
+
+tensor_shapes = QWEN3_MEA.tensor_shapes  # the on-disk contract: name -> HF-layout shape

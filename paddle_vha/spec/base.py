@@ -1,0 +1,29 @@
+"""A base architecture as data: what the families derive from (PaddleFormers' dense Qwen3 today; a MoE or a
+pipeline base would be another `Base`).
+
+Paddle-free: classes are named, not imported (paddle_vha/modeling/ resolves them when it builds a family's classes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict
+
+from .params import ModelSpec
+
+__all__ = ["Base", "ROLES"]
+
+# The classes a base provides, by role. A family subclasses each and fills the slots: the names the base's own
+# constructors look up when they build their parts (the decoder layer builds `attention`, the backbone builds
+# `decoder_layer`, the causal LM builds `model`).
+ROLES = ("attention", "decoder_layer", "pretrained", "model", "causal_lm", "rotary")
+
+
+@dataclass(frozen=True)
+class Base:
+    name: str  # how messages name it: "Qwen3"
+    module: str  # the module holding its classes, e.g. "paddleformers.transformers.qwen3.modeling"
+    classes: Dict[str, str]  # role (ROLES) -> class name in `module`
+    config: str  # "module:Class" of its config
+    spec: ModelSpec  # its own tensors (a variant's spec derives from them)
+    check_fields: Callable[[dict], None]  # config.json as written -> ValueError naming a bad field
+    check_config: Callable[[Any], None]  # a built config object -> ValueError naming a bad field

@@ -1,0 +1,57 @@
+"""Qwen3-VHA's tensors, declared once: stock Qwen3's layer (paddle_vha/qwen3/spec.py) with a narrower q_proj, Premix,
+Postmix, and optionally one shared K = V projection and a sigmoid gate (docs/checkpoint.md, docs/method.md).
+
+Sizes per layer (a sliding-window layer may have its own: Qwen3VHAConfig.layer_dims): H_v virtual heads, H_kv KV heads,
+H_p = H_v / H_kv physical heads of width r, head width d, Postmix rank R.
+
+Tensor parallelism, rank k of t (why: paddle_vha/vha/tp_plan.py): q_proj whole on every rank (each needs the physical
+heads of its groups) with its gradient summed; K/V (or the shared projection) and Premix split by KV group when
+t <= H_kv, else whole with summed gradients; Postmix U, V and the gate split by virtual head; o_proj row-parallel.
+Fold absorbs Premix into q_proj and Postmix into o_proj.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from ..qwen3.spec import QWEN3_LAYER, TOP, top_sizes
+from ..spec.params import COLUMN, ROW, SUMMED, ModelSpec, Param, TensorShard, linear, split_kv
+
+__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "VHA_ONLY"]
+
+
+def vha_sizes(cfg, layer_idx: int) -> SimpleNamespace:
+    dims = cfg.layer_dims(layer_idx)
+    return SimpleNamespace(h=cfg.hidden_size, inter=cfg.intermediate_size, heads=dims.num_heads,
+                           kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, physical=dims.num_physical_heads,
+                           q_head_dim=dims.q_head_dim, postmix_rank=dims.postmix_rank, bias=bool(cfg.attention_bias),
+                           shared_kv=bool(cfg.vha_shared_kv), gated=bool(cfg.vha_gated_attention))
+
+
+_kv = lambda s: s.kv_heads * s.head_dim  # noqa: E731
+_separate_kv = lambda s: not s.shared_kv  # noqa: E731
+
+VHA_LAYER = QWEN3_LAYER.replace(
+    "qwen3_vha",
+    sizes=vha_sizes,
+    add=(
+        # q_proj emits H_p physical heads of width r; whole on every rank
+        *linear("self_attn.q_proj", lambda s: s.physical * s.q_head_dim, lambda s: s.h, SUMMED),
+        *linear("self_attn.k_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=_separate_kv),
+        *linear("self_attn.v_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=_separate_kv),
+        *linear("self_attn.o_proj", lambda s: s.h, lambda s: s.heads * s.head_dim, ROW),
+        # one projection that is both keys and values (vha_shared_kv), split as the keys are
+        *linear("self_attn.shared_kv_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=lambda s: s.shared_kv),
+        Param("self_attn.vha_premix_weight", lambda s: (s.kv_heads, s.q_head_dim, s.head_dim),
+              split_kv(TensorShard(0)), fold="self_attn.q_proj"),
+        Param("self_attn.vha_postmix_U", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold="self_attn.o_proj"),
+        Param("self_attn.vha_postmix_V", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold="self_attn.o_proj"),
+        *linear("self_attn.gate_proj", lambda s: s.heads * s.head_dim, lambda s: s.h, COLUMN, bias=None,
+                when=lambda s: s.gated),
+    ),
+)
+
+QWEN3_VHA = ModelSpec(top=TOP, top_sizes=top_sizes, layer=lambda cfg, i: VHA_LAYER)
+tensor_shapes = QWEN3_VHA.tensor_shapes  # the on-disk contract: name -> HF-layout shape
+
+# Tensors only a Qwen3-VHA attention has (their leaf names); fold absorbs them into q_proj / o_proj.
+VHA_ONLY = tuple(p.name.rsplit(".", 1)[-1] for p in VHA_LAYER.params if p.fold)
