@@ -13,6 +13,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "paddle_vha")
+EXPERIMENTS = os.path.join(ROOT, "tools", "experiments")  # run from the checkout, never installed
+EXPERIMENT_TOOLS = {"quickstart", "study", "uptrain_study", "lr_study"}
 
 
 def _modules():
@@ -187,6 +189,7 @@ def test_model_type_strings_live_in_the_registry_and_family_folders():
     types = _model_types()
     files = [p for p in _modules().values()] + [os.path.join(ROOT, "tools", f) for f in os.listdir(os.path.join(ROOT, "tools"))
                                                 if f.endswith(".py")]
+    files += [os.path.join(EXPERIMENTS, f) for f in os.listdir(EXPERIMENTS) if f.endswith(".py")]
     hits = []
     for path in files:
         rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
@@ -210,8 +213,19 @@ def test_registry_entries_agree_with_their_classes():
         family("llama")
 
 
+def _stems(folder):
+    return {os.path.splitext(f)[0] for f in os.listdir(folder) if f.endswith(".py")} - {"__init__"}
+
+
+def _imported_modules(tree):
+    return [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level] + \
+        [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+
+
 def test_tools_are_thin_and_installed():
-    """tools/*.py never edit sys.path, and every command line of the package is a console script (and back)."""
+    """tools/*.py never edit sys.path; a product command line there is a call into paddle_vha.cli, and every
+    paddle_vha.cli module is a console script (and back); an experiment there is a call into tools/experiments/, which
+    is neither in the package, nor imported by it, nor installed."""
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
     import importlib
@@ -219,8 +233,10 @@ def test_tools_are_thin_and_installed():
     for name, target in scripts.items():
         module, _, attr = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attr)), name
-    commands = {os.path.splitext(f)[0] for f in os.listdir(os.path.join(PKG, "cli")) if f.endswith(".py")} - {"__init__"}
+    commands = _stems(os.path.join(PKG, "cli"))
     assert {t.split(":")[0].rsplit(".", 1)[1] for t in scripts.values()} == commands
+    experiments = _stems(EXPERIMENTS)
+    assert EXPERIMENT_TOOLS <= experiments and not commands & experiments, (commands, experiments)
     for f in sorted(os.listdir(os.path.join(ROOT, "tools"))):
         if f.endswith(".py"):
             tree = ast.parse(open(os.path.join(ROOT, "tools", f), encoding="utf-8").read())
@@ -230,6 +246,13 @@ def test_tools_are_thin_and_installed():
             stem = f[:-3]
             if stem in commands:  # a thin command line: the package does the work
                 assert len(tree.body) <= 4, f"tools/{f} is more than a call into paddle_vha.cli.{stem}"
+                assert f"paddle_vha.cli.{stem}" in _imported_modules(tree), f"tools/{f} does not call paddle_vha.cli"
+            elif stem in EXPERIMENT_TOOLS:  # a thin runner: tools/experiments/ does the work
+                assert len(tree.body) <= 4, f"tools/{f} is more than a call into tools/experiments/{stem}.py"
+                assert f"experiments.{stem}" in _imported_modules(tree), f"tools/{f} does not call experiments.{stem}"
+    for m, path in _modules().items():  # the package never reaches into the checkout's experiments
+        roots = {name.split(".")[0] for name in _imported_modules(ast.parse(open(path, encoding="utf-8").read()))}
+        assert not roots & {"experiments", "tools"}, f"{m} imports experiment code"
 
 
 @pytest.mark.slow
@@ -251,7 +274,8 @@ def test_wheel_installs_commands_and_builds_the_op(tmp_path):
 
     names = zipfile.ZipFile(wheel).namelist()
     assert "paddle_vha/_ops/build.py" in names and "paddle_vha/_ops/csrc/vha_prologue_cpu.cc" in names
-    assert not any(n.startswith(("tests/", "tools/", "ops/")) for n in names)
+    assert not any(n.startswith(("tests/", "tools/", "ops/", "experiments/", "assets/")) for n in names)
+    assert not any(n.startswith("paddle_vha/") and n.endswith(tuple(f"/{e}.py" for e in EXPERIMENT_TOOLS)) for n in names)
 
     venv = tmp_path / "venv"
     r = run(sys.executable, "-m", "venv", "--without-pip", str(venv))
@@ -271,6 +295,11 @@ def test_wheel_installs_commands_and_builds_the_op(tmp_path):
     where = run(str(py), "-c", "import paddle_vha, os; print(os.path.dirname(paddle_vha.__file__))", env=env,
                 cwd=str(tmp_path)).stdout.strip()
     assert where.startswith(str(venv)), f"the fresh environment imported paddle_vha from {where}"
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        scripts = set(tomllib.load(f)["project"]["scripts"])
+    installed = {p.name for p in (venv / "bin").glob("paddle-vha-*")}
+    assert installed == scripts, installed ^ scripts  # the product commands, and no experiment
+    assert not installed & {"paddle-vha-" + e.replace("_", "-") for e in EXPERIMENT_TOOLS}
     r = run(str(venv / "bin" / "paddle-vha-fold"), "--help", env=env, cwd=str(tmp_path))
     assert r.returncode == 0 and "usage: paddle-vha-fold" in r.stdout and "--dry-run" in r.stdout, r.stderr[-2000:]
     build = tmp_path / "op-build"

@@ -1,4 +1,5 @@
-"""The README's main job, run small: it trains, prints the comparison table and writes a valid checkpoint."""
+"""The README's main job (tools/quickstart.py, the experiment in tools/experiments/quickstart.py), run small: it trains,
+prints the comparison table and writes a valid checkpoint."""
 import json
 import os
 import re
@@ -73,7 +74,7 @@ def test_demo_checkpoint_generates_python(tmp_path):
     import contextlib
     import io
 
-    from paddle_vha.cli.quickstart import DEMO_DIR, DEMO_PROMPTS, demo
+    from tools.experiments.quickstart import DEMO_DIR, DEMO_PROMPTS, demo
 
     info = json.load(open(os.path.join(DEMO_DIR, "demo_info.json")))
     assert info["command"] == "python tools/train.py configs/demo-vha.json" and info["val_loss"] < 1.6

@@ -1,4 +1,5 @@
-"""The VHA-vs-GQA study tool, run small: it trains every requested variant and seed, writes JSON + PNG."""
+"""The VHA-vs-GQA study (tools/study.py, the experiment in tools/experiments/study.py), run small: it trains every
+requested variant and seed, writes JSON + PNG."""
 import json
 import os
 import subprocess
@@ -28,7 +29,7 @@ def test_study_smoke(tmp_path):
 
 
 def test_ablations_freeze_the_right_map():
-    from paddle_vha.cli import study
+    from tools.experiments import study
     from paddle_vha.train.corpus import load_stdlib_corpus
     from paddle_vha.train.loop import TrainSettings, train_lm
 

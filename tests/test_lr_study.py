@@ -1,4 +1,5 @@
-"""tools/uptrain_study.py and tools/lr_study.py: their measuring parts against known answers, and both tools run small."""
+"""tools/lr_study.py (tools/experiments/lr_study.py): its measuring parts (tools/experiments/scaling.py) against known
+answers, and the tool run small."""
 import json
 import math
 import os
@@ -23,7 +24,7 @@ def strict_json(path):
 # --- the power-law fit and the spike detector ----------------------------------------------------------------------
 
 def test_power_law_fit_recovers_known_curves():
-    from paddle_vha.cli.lr_study import fit_power_law
+    from tools.experiments.scaling import fit_power_law
 
     t = np.linspace(2e4, 3e5, 12)
     for a, alpha, linf in ((40.0, 0.4, 1.3), (900.0, 0.7, 2.1), (5.0, 0.15, 0.6)):
@@ -42,7 +43,7 @@ def test_power_law_fit_recovers_known_curves():
 
 
 def test_spike_detector():
-    from paddle_vha.cli.lr_study import spike_report
+    from tools.experiments.scaling import spike_report
 
     args = types.SimpleNamespace(smooth=5, spike_rel=0.10, spike_abs=0.2, recover=20)
     steps = np.arange(150)
@@ -61,34 +62,7 @@ def test_spike_detector():
     assert spike_report(collapsed, args)[:2] == (True, True)
 
 
-def test_constant_schedule_and_divergence_stop_the_loop():
-    """TrainSettings(schedule='constant') holds the rate after warm-up; a run that hits a NaN loss stops there and
-    reports no validation number."""
-    import paddle
-    from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from paddle_vha.train.corpus import load_stdlib_corpus
-    from paddle_vha.train.loop import TrainSettings, train_lm
-
-    corpus = load_stdlib_corpus(max_bytes=1 << 20)
-    cfg = Qwen3Config(vocab_size=256, hidden_size=32, num_hidden_layers=1, head_dim=8, intermediate_size=64,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    paddle.seed(0)
-    res = train_lm(Qwen3ForCausalLM(cfg), corpus, TrainSettings(steps=6, batch_size=2, seq_len=16, val_batches=1,
-                                                                 progress=False, schedule="constant", lr=1e-3))
-    assert res.diverged_at is None and math.isfinite(res.val_loss)
-    paddle.seed(0)
-    model = Qwen3ForCausalLM(cfg)
-    w = model.lm_head.weight
-    w.set_value(paddle.full(w.shape, float("nan"), dtype=w.dtype))  # the first loss is NaN
-    res = train_lm(model, corpus, TrainSettings(steps=5, batch_size=2, seq_len=16, val_batches=1, progress=False))
-    print(res.losses)
-    assert res.diverged_at == 0 and math.isnan(res.val_loss) and res.losses == res.losses[:1] and math.isnan(res.losses[0])
-    with pytest.raises(ValueError, match="schedule"):
-        train_lm(model, corpus, TrainSettings(steps=1, schedule="linear", progress=False))
-
-
-# --- the tools, run small --------------------------------------------------------------------------------------------
+# --- the tool, run small ----------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_lr_study_runs_small(tmp_path):
@@ -112,28 +86,3 @@ def test_lr_study_runs_small(tmp_path):
                         str(tmp_path / "lr_study.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert open(tmp_path / "lr_study.md").read() == before  # the saved JSON alone reproduces the report
-
-
-@pytest.mark.slow
-def test_uptrain_study_runs_small_and_caches_its_base(tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "uptrain_study.py"), "--seeds", "0", "1", "--base-steps", "12",
-           "--uptrain-steps", "4", "--evals", "2", "--val-batches", "1", "--batch-size", "4", "--hidden", "32",
-           "--calib-tokens", "256", "--corpus-mb", "1", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path),
-           "--no-progress"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    print(r.stdout[-4000:])
-    assert r.returncode == 0, r.stderr[-3000:]
-    data = strict_json(tmp_path / "uptrain.json")
-    starts = {"GQA-2 mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated", "GQA-2 scratch", "VHA scratch"}
-    assert {x["start"] for x in data["runs"]} == starts and len(data["runs"]) == 14
-    for x in data["runs"]:
-        assert math.isfinite(x["val"]) and x["kl"] >= 0
-        if "scratch" in x["start"]:
-            assert x["val0"] is None and x["steps"] == 12  # the base's tokens (--reference-tokens base)
-        else:
-            assert x["kl0"] > 0 and x["steps"] == 4  # a start with a quarter of the cache is not the base
-    assert "recovers most" in data["sentence"] and open(tmp_path / "uptrain.png", "rb").read(4) == b"\x89PNG"
-    r2 = subprocess.run(cmd + ["--starts", "VHA svd", "--seeds", "0"], capture_output=True, text=True, timeout=900,
-                        cwd=ROOT)
-    assert r2.returncode == 0, r2.stderr[-3000:]
-    assert "base: cached" in r2.stderr

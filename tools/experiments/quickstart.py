@@ -22,8 +22,9 @@ import sys
 
 import numpy as np
 
-
 from paddle_vha.cli import command, fail, quiet
+
+from .toy import toy_fields
 
 
 def parse_args(argv=None):
@@ -56,36 +57,27 @@ def parse_args(argv=None):
 
 
 def build_configs(args):
+    """GQA-8 and VHA (2 KV heads, Postmix rank 4) of the same shape; the MLP is configs/demo-vha.json's 8/3 x hidden."""
     from paddleformers.transformers import Qwen3Config
 
     from paddle_vha import Qwen3VHAConfig
-    from paddle_vha.train.corpus import BYTE_VOCAB_SIZE
 
-    common = dict(vocab_size=BYTE_VOCAB_SIZE, hidden_size=args.hidden_size, num_hidden_layers=args.layers,
-                  intermediate_size=int(args.hidden_size * 8 / 3) // 16 * 16, head_dim=args.head_dim,
-                  num_attention_heads=16, max_position_embeddings=max(512, args.seq_len), rope_theta=10000.0,
-                  tie_word_embeddings=False)
-    gqa8 = Qwen3Config(num_key_value_heads=8, **common)
-    vha = Qwen3VHAConfig(num_key_value_heads=2, vha_postmix_rank=4, **common)
-    return gqa8, vha
+    fields = lambda kv: toy_fields(args.hidden_size, args.layers, args.head_dim, 16, kv, args.seq_len,  # noqa: E731
+                                   intermediate=int(args.hidden_size * 8 / 3) // 16 * 16, min_positions=512)
+    return Qwen3Config(**fields(8)), Qwen3VHAConfig(vha_postmix_rank=4, **fields(2))
 
 
-@command
-def main(argv=None):
-    args = parse_args(argv)
-    quiet()
+def train_both(args, corpus) -> list:
+    """GQA-8 (unless --no-baseline) and VHA trained on the same batches; one row of numbers per model. The trained VHA
+    is saved to OUT/vha."""
     import paddle
     from paddleformers.transformers import Qwen3ForCausalLM
 
     from paddle_vha import Qwen3VHAForCausalLM
     from paddle_vha.accounting import arch_from_config, attention_parameters_per_layer, kv_bytes_per_token
     from paddle_vha.checkpoint.folder import save_pretrained_atomic
-    from paddle_vha.train.corpus import load_stdlib_corpus
     from paddle_vha.train.loop import TrainSettings, train_lm
 
-    corpus = load_stdlib_corpus(max_bytes=int(args.corpus_mb * (1 << 20)))
-    print(f"corpus: {corpus.n_files} standard-library .py files from {corpus.root}: "
-          f"{len(corpus.train):,} train / {len(corpus.val):,} validation byte tokens")
     gqa8_cfg, vha_cfg = build_configs(args)
     rows = []
     for label, cfg, cls in (("GQA-8", gqa8_cfg, Qwen3ForCausalLM), ("VHA (GQA-2)", vha_cfg, Qwen3VHAForCausalLM)):
@@ -110,7 +102,11 @@ def main(argv=None):
             dest = os.path.join(args.out, "vha")
             save_pretrained_atomic(model, dest)
             print(f"saved the trained Qwen3-VHA checkpoint to {dest}")
+    return rows
 
+
+def print_comparison(args, rows) -> None:
+    """The side-by-side table: KV heads, parameters, KV-cache bytes per token, losses, time per step."""
     print(f"\n{args.steps} AdamW steps, batch {args.batch_size} x {args.seq_len} bytes, lr {args.lr}, seed {args.seed}; "
           f"hidden {args.hidden_size}, {args.layers} layers, head_dim {args.head_dim}, 16 (virtual) query heads")
     hdr = f"{'model':<12} {'KV heads':>8} {'params':>10} {'attn/layer':>11} {'KV B/tok/layer':>15} {'KV B/tok':>9} " \
@@ -124,6 +120,18 @@ def main(argv=None):
         print(f"\nKV cache per token (bf16): GQA-8 {rows[0]['kv_all']:,} B vs VHA {rows[1]['kv_all']:,} B "
               f"= {rows[0]['kv_all'] / rows[1]['kv_all']:.1f}x smaller; "
               f"VHA has {rows[1]['params'] / rows[0]['params']:.1%} of GQA-8's parameters")
+
+
+@command
+def main(argv=None):
+    args = parse_args(argv)
+    quiet()
+    from paddle_vha.train.corpus import load_stdlib_corpus
+
+    corpus = load_stdlib_corpus(max_bytes=int(args.corpus_mb * (1 << 20)))
+    print(f"corpus: {corpus.n_files} standard-library .py files from {corpus.root}: "
+          f"{len(corpus.train):,} train / {len(corpus.val):,} validation byte tokens")
+    print_comparison(args, train_both(args, corpus))
     if not args.no_deploy:
         from paddle_vha.checkpoint.contract import CheckpointError
         from paddle_vha.export.onnx_export import ExportError
@@ -137,14 +145,15 @@ def main(argv=None):
     return 0
 
 
-DEMO_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets",
-                        "demo-vha")
+# The checkout this file sits in (tools/experiments/quickstart.py): the demo checkpoint is part of it, not of the wheel.
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEMO_DIR = os.path.join(CHECKOUT, "assets", "demo-vha")
 DEMO_PROMPTS = ("def ", "class ", "    if ", "    def __init__(self")
 
 
 def demo(args, demo_dir: str = DEMO_DIR):
-    """fold -> export -> sample from the demo checkpoint kept in the repository (one line and nothing else when it
-    is not there, e.g. in an installed wheel)."""
+    """fold -> export -> sample from the demo checkpoint kept in the checkout's assets/ (one line and nothing else
+    when it is not there)."""
     import json
 
     from paddle_vha.export.onnx_export import export_onnx
@@ -154,7 +163,7 @@ def demo(args, demo_dir: str = DEMO_DIR):
     from paddle_vha.vha.fold import fold_checkpoint, plan_fold
 
     if not os.path.isdir(demo_dir):
-        print(f"\ndemo: {demo_dir} not found (it ships in the repository, not in the wheel); skipped")
+        print(f"\ndemo: {demo_dir} not found (it ships in the repository's assets/); skipped")
         return
     info = json.load(open(os.path.join(demo_dir, "demo_info.json")))
     print(f"\ndemo: {demo_dir}: a Qwen3-VHA of this shape trained by `{info['command']}`: {info['steps']:,} steps x "

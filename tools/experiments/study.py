@@ -23,7 +23,9 @@ import sys
 import time
 
 from paddle_vha.cli import command, quiet
-from paddle_vha.train.report import write_json
+
+from .report import write_json
+from .toy import toy_fields
 
 VARIANTS = {
     "GQA-8": dict(kind="gqa", heads=16, kv=8),
@@ -43,9 +45,7 @@ def build(name, args, seed):
     from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM
 
     v = VARIANTS[name]
-    common = dict(vocab_size=256, hidden_size=args.hidden, num_hidden_layers=args.layers, head_dim=args.head_dim,
-                  intermediate_size=args.hidden * 3, num_attention_heads=v["heads"], num_key_value_heads=v["kv"],
-                  max_position_embeddings=max(256, args.seq_len), tie_word_embeddings=False)
+    common = toy_fields(args.hidden, args.layers, args.head_dim, v["heads"], v["kv"], args.seq_len)
     paddle.seed(seed)
     if v["kind"] == "gqa":
         return Qwen3ForCausalLM(Qwen3Config(**common))
@@ -108,8 +108,7 @@ def plot(runs, names, path):
     plt.close(fig)
 
 
-@command
-def main(argv=None):
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME")
@@ -130,14 +129,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1 or args.seq_len < 2:
         p.error("--steps, --batch-size must be >= 1 and --seq-len >= 2")
-    quiet()
-    from paddle_vha.train.corpus import load_stdlib_corpus
+    return args
+
+
+def run_all(args, corpus, settings: dict) -> list:
+    """Every requested variant for every seed, trained on the same batches; one dict per run."""
     from paddle_vha.train.loop import TrainSettings, train_lm
 
-    corpus = load_stdlib_corpus(max_bytes=int(args.corpus_mb * (1 << 20)))
-    settings = dict(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, data_seed=1234,
-                    val_batches=args.val_batches, eval_every=args.eval_every, progress=not args.no_progress)
-    runs, t0 = [], time.time()
+    runs = []
     for seed in args.seeds:
         for name in args.variants:
             model = build(name, args, seed)
@@ -146,13 +145,11 @@ def main(argv=None):
                              seconds=res.seconds, val_curve=res.val_curve,
                              params=int(sum(p.size for p in model.parameters()))))
             print(f"{name:<17} seed {seed}: val {res.val_loss:.4f}  ({res.seconds:.0f} s)", file=sys.stderr, flush=True)
-    stats = summarize(runs, args.variants)
+    return runs
 
-    os.makedirs(args.out, exist_ok=True)
-    payload = dict(settings=dict(vars(args), **settings), runs=runs, stats=stats, wall_seconds=time.time() - t0)
-    write_json(os.path.join(args.out, "study.json"), payload)
-    plot(runs, args.variants, os.path.join(args.out, "study.png"))
 
+def print_table(args, runs, stats, t0: float) -> None:
+    """Mean +- std per variant and, against GQA-8 and GQA-2 half-q, whether the difference exceeds the seed noise."""
     refs = [r for r in ("GQA-8", "GQA-2 half-q") if r in stats]
     print(f"\n{len(args.seeds)} seeds x {args.steps} steps, batch {args.batch_size} x {args.seq_len} bytes, "
           f"hidden {args.hidden}, {args.layers} layers, head_dim {args.head_dim}; {time.time() - t0:.0f} s")
@@ -169,6 +166,26 @@ def main(argv=None):
             cols.append(f"{diff:+.4f} ± {se:.4f} {word}".ljust(32))
         params = next(r["params"] for r in runs if r["variant"] == n)
         print(f"{n:<17} {params:>8,} {s['mean']:>12.4f} ± {s['std']:.4f}   " + "".join(cols))
+
+
+@command
+def main(argv=None):
+    args = parse_args(argv)
+    quiet()
+    from paddle_vha.train.corpus import load_stdlib_corpus
+
+    corpus = load_stdlib_corpus(max_bytes=int(args.corpus_mb * (1 << 20)))
+    settings = dict(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, data_seed=1234,
+                    val_batches=args.val_batches, eval_every=args.eval_every, progress=not args.no_progress)
+    t0 = time.time()
+    runs = run_all(args, corpus, settings)
+    stats = summarize(runs, args.variants)
+
+    os.makedirs(args.out, exist_ok=True)
+    payload = dict(settings=dict(vars(args), **settings), runs=runs, stats=stats, wall_seconds=time.time() - t0)
+    write_json(os.path.join(args.out, "study.json"), payload)
+    plot(runs, args.variants, os.path.join(args.out, "study.png"))
+    print_table(args, runs, stats, t0)
     print(f"\nwrote {os.path.join(args.out, 'study.json')} and {os.path.join(args.out, 'study.png')}")
     return 0
 

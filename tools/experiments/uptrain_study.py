@@ -33,7 +33,9 @@ import tempfile
 import time
 
 from paddle_vha.cli import command, fail, quiet
-from paddle_vha.train.report import write_atomic, write_json
+
+from .report import write_atomic, write_json
+from .toy import toy_fields
 
 STARTS = ["GQA-2 mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated"]
 REFERENCES = ["GQA-2 scratch", "VHA scratch"]
@@ -75,10 +77,8 @@ def parse_args(argv=None):
 
 
 def qwen3_fields(args, kv: int) -> dict:
-    return dict(vocab_size=256, hidden_size=args.hidden, num_hidden_layers=args.layers, head_dim=args.head_dim,
-                intermediate_size=args.hidden * 3, num_attention_heads=HEADS, num_key_value_heads=kv,
-                max_position_embeddings=max(256, args.seq_len), rope_theta=10000.0, rms_norm_eps=1e-6,
-                tie_word_embeddings=False)
+    """The toy Qwen3 of this study with `kv` KV heads (the base's cache key hashes these fields)."""
+    return toy_fields(args.hidden, args.layers, args.head_dim, HEADS, kv, args.seq_len)
 
 
 def settings(args, steps, lr, data_seed, label):
@@ -137,9 +137,28 @@ def load(cls, folder):
     return model
 
 
+KV_PROJ = ("self_attn.k_proj.weight", "self_attn.v_proj.weight")  # what vha/convert.py's pool_kv_heads_state pools
+
+
+def mean_pooled(args, base_dir):
+    """GQA-2 mean-pool: the base with each BASE_KV / KV of its KV heads averaged into one (the GQA paper's start)."""
+    import numpy as np
+    import paddle
+    from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from paddle_vha.vha.convert import pool_kv_heads_state
+
+    state = {k: v.numpy() for k, v in load(Qwen3ForCausalLM, base_dir).state_dict().items()}
+    on_disk = {k: a.T for k, a in state.items() if k.endswith(KV_PROJ)}  # Paddle [h, H_kv*d] -> on-disk [H_kv*d, h]
+    pooled = pool_kv_heads_state(on_disk, BASE_KV, KV, args.head_dim)  # [KV*d, h]
+    state.update({k: a.T.astype(state[k].dtype) for k, a in pooled.items()})  # back to Paddle's [h, KV*d]
+    model = Qwen3ForCausalLM(Qwen3Config(**qwen3_fields(args, KV)))
+    model.set_state_dict({k: paddle.to_tensor(np.ascontiguousarray(a)) for k, a in state.items()})
+    return model
+
+
 def start_model(name, args, base_dir, seed, scratch_dir, moments):
     """The model a start begins uptraining from (or a fresh reference)."""
-    import numpy as np
     import paddle
     from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -150,16 +169,7 @@ def start_model(name, args, base_dir, seed, scratch_dir, moments):
 
     out = os.path.join(scratch_dir, f"{name.replace(' ', '_')}-{seed}")
     if name == "GQA-2 mean-pool":
-        base = load(Qwen3ForCausalLM, base_dir)
-        model = Qwen3ForCausalLM(Qwen3Config(**qwen3_fields(args, KV)))
-        state = {}
-        for k, v in base.state_dict().items():
-            a = v.numpy()
-            if k.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):  # Paddle layout [h, H_kv*d]
-                a = cv.merge_kv(a.T, BASE_KV, KV, args.head_dim, low_rank=False)[0].T.astype(a.dtype)
-            state[k] = paddle.to_tensor(np.ascontiguousarray(a))
-        model.set_state_dict(state)
-        return model
+        return mean_pooled(args, base_dir)
     if name == "MEA":
         plan = mea.plan_compress(base_dir, out, KV)
         mea.compress_checkpoint(plan, progress=False)
@@ -286,35 +296,22 @@ def plot(runs, names, base_val, tokens_per_step, path):
 
 
 
-@command
-def main(argv=None):
-    args = parse_args(argv)
-    quiet()
+def base_reference(base_dir, windows):
+    """The base's float64 logits on the validation windows (what KL is measured against) and its validation loss."""
     import paddle
     from paddleformers.transformers import Qwen3ForCausalLM
 
-    from paddle_vha.train.corpus import load_stdlib_corpus
-    from paddle_vha.train.loop import train_lm
-    from paddle_vha.vha import convert as cv
-
-    t0 = time.time()
-    try:
-        os.makedirs(args.out, exist_ok=True)
-        os.makedirs(args.cache, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create {args.out} or {args.cache}: {e.strerror or e}")
-    corpus = load_stdlib_corpus(max_bytes=int(args.corpus_mb * (1 << 20)))
-    base_dir, base_info = trained_base(args, corpus)
-    windows = corpus.val_batches(args.batch_size, args.seq_len, args.val_batches)
     base = load(Qwen3ForCausalLM, base_dir)
     with paddle.no_grad():
         base_logits = [base(paddle.to_tensor(x), return_dict=True).logits.astype("float64").numpy() for x, _ in windows]
     base_val, _ = loss_and_kl(base, windows, base_logits)
-    del base
-    moments = None
-    if "VHA calibrated" in args.starts:
-        moments = cv.calibration_moments(base_dir, args.calib_tokens, seq_len=args.seq_len)
-    tokens_per_step = args.batch_size * args.seq_len
+    return base_logits, base_val
+
+
+def run_starts(args, corpus, base_dir, windows, base_logits, moments) -> list:
+    """Every start (and reference) for every seed, uptrained alike in a scratch folder removed afterwards."""
+    from paddle_vha.train.loop import train_lm
+
     runs = []
     scratch_dir = tempfile.mkdtemp(prefix="uptrain-study-")
     try:
@@ -337,7 +334,12 @@ def main(argv=None):
                 del model
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
+    return runs
 
+
+def write_report(args, runs, base_dir, base_info, base_val, t0: float) -> None:
+    """uptrain.json, uptrain.png and uptrain.md from the runs, and the same table and sentence on stdout."""
+    tokens_per_step = args.batch_size * args.seq_len
     names = [n for n in STARTS + REFERENCES if n in args.starts]
     stats = summarize(runs, names)
     said = sentence(stats, base_val, args.seeds)
@@ -359,6 +361,30 @@ def main(argv=None):
     write_atomic(os.path.join(args.out, "uptrain.md"), md)
     print("\n" + head + "\n\n" + table(stats, names) + "\n\n" + said)
     print(f"\nwrote {args.out}/uptrain.json, uptrain.png, uptrain.md")
+
+
+@command
+def main(argv=None):
+    args = parse_args(argv)
+    quiet()
+    from paddle_vha.train.corpus import load_stdlib_corpus
+    from paddle_vha.vha import convert as cv
+
+    t0 = time.time()
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        os.makedirs(args.cache, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create {args.out} or {args.cache}: {e.strerror or e}")
+    corpus = load_stdlib_corpus(max_bytes=int(args.corpus_mb * (1 << 20)))
+    base_dir, base_info = trained_base(args, corpus)
+    windows = corpus.val_batches(args.batch_size, args.seq_len, args.val_batches)
+    base_logits, base_val = base_reference(base_dir, windows)
+    moments = None
+    if "VHA calibrated" in args.starts:
+        moments = cv.calibration_moments(base_dir, args.calib_tokens, seq_len=args.seq_len)
+    runs = run_starts(args, corpus, base_dir, windows, base_logits, moments)
+    write_report(args, runs, base_dir, base_info, base_val, t0)
     return 0
 
 
