@@ -8,7 +8,8 @@ PdArgumentParser as its own pretraining entry point does: `model_type` (a family
 contract and whether paddle_vha.parallel shards it (tensor_model_parallel_size > 1) come from the registry.
 Guide: docs/training.md.
 
-Errors about the user's config are one line on stderr and exit status 2 (paddle_vha.cli.fail).
+Errors about the user's config, inputs or a run that cannot go on are one-line TrainErrors (paddle_vha/train/errors.py);
+paddle_vha/cli/train.py prints them and exits with status 2.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from typing import Optional
 from ..checkpoint.contract import CheckpointError
 from ..checkpoint.folder import save_pretrained_atomic
 from ..checkpoint.fsutil import MARKER, check_no_overlap
-from ..cli import fail
 from ..families import DEFAULT_MODEL_TYPE, FAMILIES, UnknownFamily, family
 from ..qwen3.contract import check_config, check_config_fields
+from .errors import TrainError
 
 
 def _hf_datasets_importable() -> bool:
@@ -106,7 +107,8 @@ class TrainLog(TrainerCallback):
 
     A NaN or Inf loss, gradient norm or validation loss, or a parameter holding one (checked at every log step: with
     NaN weights PaddleFormers' loss can still read as a finite ln(vocab)), stops training at once (`nonfinite` says
-    what and when): it is written to the log as null (strict JSON) and `run` exits with one line, saving nothing."""
+    what and when): it is written to the log as null (strict JSON) and `run` stops with a one-line TrainError, saving
+    nothing."""
 
     KEYS = ("loss", "eval_loss", "learning_rate", "global_norm")
 
@@ -157,22 +159,22 @@ class TrainLog(TrainerCallback):
 
 class _Parser(PdArgumentParser):
     def error(self, message):  # one line, not argparse's page-long usage
-        fail(f"{message} (see tools/train.py --help)")
+        raise TrainError(f"{message} (see tools/train.py --help)")
 
 
 def read_config(path: str) -> list:
     """The trainer config as argv-style strings (PdArgumentParser.read_json's rules), legacy keys renamed."""
     if not path.endswith(".json"):
-        fail(f"{path}: the first argument must be a JSON trainer config (configs/*.json)")
+        raise TrainError(f"{path}: the first argument must be a JSON trainer config (configs/*.json)")
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
-        fail(f"{path}: no such file")
+        raise TrainError(f"{path}: no such file")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        fail(f"{path}: not valid JSON ({e})")
+        raise TrainError(f"{path}: not valid JSON ({e})")
     if not isinstance(data, dict):
-        fail(f"{path}: expected a JSON object of arguments")
+        raise TrainError(f"{path}: expected a JSON object of arguments")
     args = []
     for key, value in data.items():
         key = LEGACY_KEYS.get(key, key)
@@ -185,16 +187,22 @@ def read_config(path: str) -> list:
     return args
 
 
+def _parser(usage: str) -> _Parser:
+    return _Parser((ModelArguments, DataArguments, VHATrainingArguments), description=usage.split("\n\n")[0])
+
+
+def print_help(usage: str = __doc__) -> None:
+    """`usage`, then every model, data and training argument (what tools/train.py --help prints)."""
+    print(usage)
+    _parser(usage).print_help()
+
+
 def parse(argv, usage: str = __doc__):
     """(model, data, training arguments, the parallel degrees the user wrote) from argv: CONFIG.json [--key value ...].
-    `usage` is printed above the argument list for --help."""
-    parser = _Parser((ModelArguments, DataArguments, VHATrainingArguments), description=usage.split("\n\n")[0])
-    if not argv or argv[0] in ("-h", "--help"):
-        if not argv:
-            fail("usage: tools/train.py CONFIG.json [--key value ...] (see --help)")
-        print(usage)
-        parser.print_help()
-        sys.exit(0)
+    `usage` is the parser's description. A first argument -h / --help is the caller's to answer (print_help)."""
+    if not argv:
+        raise TrainError("usage: tools/train.py CONFIG.json [--key value ...] (see --help)")
+    parser = _parser(usage)
     cmd = []
     for a in argv[1:]:
         if a.startswith("--") and a[2:] in LEGACY_KEYS:
@@ -213,10 +221,11 @@ def parse(argv, usage: str = __doc__):
                 unknown = ", ".join(a[2:] for a in rest if a.startswith("--")) or str(rest)
             except (ValueError, SyntaxError):
                 unknown = msg.split(":", 1)[1].strip()
-            fail(f"{argv[0]}: unknown argument(s): {unknown} (not a model, data or PaddleFormers training argument)")
-        fail(f"{argv[0]}: {msg.splitlines()[0] if msg else type(e).__name__}")
+            raise TrainError(f"{argv[0]}: unknown argument(s): {unknown} (not a model, data or PaddleFormers "
+                             "training argument)")
+        raise TrainError(f"{argv[0]}: {msg.splitlines()[0] if msg else type(e).__name__}")
     except (AssertionError, TypeError, NotImplementedError) as e:
-        fail(f"{argv[0]}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        raise TrainError(f"{argv[0]}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     model_args = parsed[0]
     if "--model_name_or_path" in cmd and "--model_config" not in cmd and model_args.model_name_or_path:
         # Continued training from a checkpoint named on the command line: its config.json is the architecture (a
@@ -256,7 +265,7 @@ def model_family(model_type: str):
     try:
         return family(model_type)
     except UnknownFamily as e:
-        fail(str(e))
+        raise TrainError(str(e))
 
 
 def model_config_dict(model_args) -> dict:
@@ -265,21 +274,21 @@ def model_config_dict(model_args) -> dict:
         if model_args.model_name_or_path:
             src = model_args.model_name_or_path
         else:
-            fail("model_config is required (the model's config.json fields, or a path to a config.json)")
+            raise TrainError("model_config is required (the model's config.json fields, or a path to a config.json)")
     if src.lstrip().startswith("{"):
         try:
             cfg = json.loads(src)
         except json.JSONDecodeError as e:
-            fail(f"model_config: not a JSON object ({e})")
+            raise TrainError(f"model_config: not a JSON object ({e})")
     else:
         path = os.path.join(src, "config.json") if os.path.isdir(src) else src
         try:
             with open(path, encoding="utf-8") as f:
                 cfg = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
-            fail(f"model_config {src}: cannot read a config.json ({type(e).__name__}: {e})")
+            raise TrainError(f"model_config {src}: cannot read a config.json ({type(e).__name__}: {e})")
     if not isinstance(cfg, dict):
-        fail("model_config must be a JSON object")
+        raise TrainError("model_config must be a JSON object")
     cfg.pop("model_type", None)
     cfg.pop("architectures", None)
     return cfg
@@ -296,17 +305,18 @@ def build_config(model_args, data_args, training_args, tp: int):
 
         fields.setdefault("vocab_size", BYTE_VOCAB_SIZE)
         if fields["vocab_size"] < BYTE_VOCAB_SIZE:
-            fail(f"model_config vocab_size={fields['vocab_size']} is smaller than the byte corpus' {BYTE_VOCAB_SIZE}")
+            raise TrainError(f"model_config vocab_size={fields['vocab_size']} is smaller than the byte corpus' "
+                             f"{BYTE_VOCAB_SIZE}")
     fields.setdefault("max_position_embeddings", data_args.max_seq_len)
     if fields["max_position_embeddings"] < data_args.max_seq_len:
-        fail(f"max_seq_len={data_args.max_seq_len} exceeds the model's max_position_embeddings="
-             f"{fields['max_position_embeddings']}")
+        raise TrainError(f"max_seq_len={data_args.max_seq_len} exceeds the model's max_position_embeddings="
+                         f"{fields['max_position_embeddings']}")
     try:
         check_config_fields(fields)  # Qwen3's sizes and numbers as written, then with the class's defaults
         config = config_cls(**fields)
         check_config(config)
     except (ValueError, TypeError) as e:  # VHAConfigError / MEAConfigError are ValueErrors
-        fail(f"model_config: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        raise TrainError(f"model_config: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     LlmMetaConfig.set_llm_config(config, training_args)  # parallel degrees, recompute, fusions: as PaddleFormers does
     check = getattr(config, "check_runtime_support", None)
     if check is not None:  # the model's own refusals, judged on the degrees the config asks for
@@ -320,11 +330,11 @@ def build_config(model_args, data_args, training_args, tp: int):
             else:
                 check()
         except ValueError as e:  # VHAConfigError, MEAConfigError, TPPlanError
-            fail(str(e))
+            raise TrainError(str(e))
         config.tensor_model_parallel_size = saved
     if tp > max(1, training_args.world_size) and not training_args.dry_run:
-        fail(f"tensor_model_parallel_size={tp} needs at least {tp} processes: launch with "
-             f"python -m paddle.distributed.launch --nproc_per_node N tools/train.py ...")
+        raise TrainError(f"tensor_model_parallel_size={tp} needs at least {tp} processes: launch with "
+                         f"python -m paddle.distributed.launch --nproc_per_node N tools/train.py ...")
     return config, model_cls
 
 
@@ -339,7 +349,7 @@ def build_data(data_args, training_args):
 
     S = data_args.max_seq_len
     if S < 1:
-        fail(f"max_seq_len must be >= 1, got {S}")
+        raise TrainError(f"max_seq_len must be >= 1, got {S}")
     world = max(1, training_args.dataset_world_size)
     steps = training_args.max_steps if training_args.max_steps > 0 else 0
     n_train = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * world * steps
@@ -352,15 +362,16 @@ def build_data(data_args, training_args):
                     f"{info['val_tokens']:,} validation byte tokens")
         elif data_args.dataset == "pretrain":
             if not data_args.input_dir:
-                fail("dataset=pretrain needs input_dir (PaddleFormers pretraining data: PREFIX.bin + PREFIX.idx)")
+                raise TrainError("dataset=pretrain needs input_dir (PaddleFormers pretraining data: PREFIX.bin + "
+                                 "PREFIX.idx)")
             train, val = pretrain_datasets(data_args.input_dir, S, split=data_args.split, seed=training_args.seed,
                                            num_train_samples=max(n_train, 1), num_eval_samples=data_args.max_eval_samples,
                                            data_cache=data_args.data_cache)
             desc = f"PaddleFormers pretraining data {data_args.input_dir} (split {data_args.split})"
         else:
-            fail(f"dataset {data_args.dataset!r} is not one of stdlib, pretrain")
+            raise TrainError(f"dataset {data_args.dataset!r} is not one of stdlib, pretrain")
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        raise TrainError(str(e))
     return train, val, desc
 
 
@@ -382,18 +393,18 @@ def describe(config, data_args, training_args) -> str:
 
 
 def check_arguments(model_args, data_args, training_args) -> None:
-    """One line and exit 2 for arguments PaddleFormers would accept but that cannot mean what the user wants."""
+    """TrainError (one line) for arguments PaddleFormers would accept but that cannot mean what the user wants."""
     lr = training_args.learning_rate
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
-        fail(f"learning_rate must be a finite number >= 0, got {lr!r}")
+        raise TrainError(f"learning_rate must be a finite number >= 0, got {lr!r}")
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         if getattr(training_args, name) < 1:
-            fail(f"{name} must be >= 1, got {getattr(training_args, name)}")
+            raise TrainError(f"{name} must be >= 1, got {getattr(training_args, name)}")
     if training_args.max_steps == 0 or training_args.max_steps < -1:
-        fail(f"max_steps must be > 0, or -1 to train num_train_epochs, got {training_args.max_steps}")
+        raise TrainError(f"max_steps must be > 0, or -1 to train num_train_epochs, got {training_args.max_steps}")
     out = training_args.output_dir
     if os.path.lexists(out) and not os.path.isdir(out):
-        fail(f"output_dir {out}: exists and is not a folder")
+        raise TrainError(f"output_dir {out}: exists and is not a folder")
     inputs = [model_args.model_name_or_path, data_args.input_dir if data_args.dataset == "pretrain" else None]
     if model_args.model_config and not model_args.model_config.lstrip().startswith("{"):
         inputs.append(model_args.model_config)
@@ -401,11 +412,11 @@ def check_arguments(model_args, data_args, training_args) -> None:
     try:  # the rule of every tool that writes, but an existing output_dir is a run to resume
         check_no_overlap(out, inputs, input_label="the input", out_label="output_dir")
     except CheckpointError as e:
-        fail(str(e))
+        raise TrainError(str(e))
     model_dir = os.path.join(out, "model")
     if os.path.isdir(model_dir) and not os.path.isfile(os.path.join(model_dir, MARKER)):
-        fail(f"{model_dir}: exists and was not written by paddle-vha; the trained model would replace it (move it away "
-             "first)")
+        raise TrainError(f"{model_dir}: exists and was not written by paddle-vha; the trained model would replace it "
+                         "(move it away first)")
 
 
 def _nonfinite_parameter(model):
@@ -424,8 +435,8 @@ def _nonfinite_parameter(model):
 
 
 def run(model_args, data_args, training_args, requested: dict) -> int:
-    """Build, train, evaluate and save as the arguments say; returns the exit status. A run that fails leaves no empty
-    output folder behind."""
+    """Build, train, evaluate and save as the arguments say; returns the exit status (TrainError, one line, for a run
+    refused or stopped). A run that fails leaves no empty output folder behind."""
     out, existed = training_args.output_dir, os.path.exists(training_args.output_dir)
     try:
         return _run(model_args, data_args, training_args, requested)
@@ -443,62 +454,16 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     tp = tensor_parallel_degree(requested, training_args)
     config, model_cls = build_config(model_args, data_args, training_args, tp)
     train, val, data_desc = build_data(data_args, training_args)
-    print(describe(config, data_args, training_args))
-    print(f"data: {data_desc}; {len(train):,} train samples of {data_args.max_seq_len} tokens, "
-          f"{len(val):,} validation samples")
-    if tp > 1:
-        how = " (sharded by paddle_vha.parallel)" if uses_plan_tensor_parallel(model_args, tp) else ""
-        print(f"parallel: tensor_model_parallel_size={tp}{how}; launch with python -m paddle.distributed.launch "
-              f"--nproc_per_node N tools/train.py ..., N a multiple of {tp}")
+    _print_run(config, model_args, data_args, training_args, tp, (train, val, data_desc))
     if training_args.dry_run:
         print("dry run: configuration is valid; nothing trained")
         return 0
-
-    import logging
-    import warnings
-
-    import paddle
-
-    if training_args.device.startswith("gpu") and not paddle.is_compiled_with_cuda():
-        fail(f"device={training_args.device}, but this Paddle build has no CUDA (docs/install.md, GPU); "
-             "pass --device cpu to train on the CPU")
-    if training_args.device == "cpu" and (training_args.bf16 or training_args.fp16):
-        fail("bf16 / fp16 training needs a GPU: Paddle's CPU kernels have no half-precision matmul; "
-             "pass --bf16 false --fp16 false on the CPU")
-
-    logging.getLogger("paddle.distributed.fleet.utils.log_util").setLevel(logging.WARNING)  # checkpoint I/O chatter
-    warnings.filterwarnings("ignore", message="The input state dict is empty")  # no fp32 master weights without AMP
-    last = None
-    if training_args.resume_from_checkpoint is None and os.path.isdir(training_args.output_dir) \
-            and not training_args.overwrite_output_dir:
-        last = get_last_checkpoint(training_args.output_dir)
-        if last is not None:
-            print(f"resuming from {last} (set overwrite_output_dir to start over)")
-    resume = training_args.resume_from_checkpoint or last
-
+    check_device(training_args)
+    _quiet_checkpoint_io()
+    resume = resume_point(training_args)
     plan_tp = uses_plan_tensor_parallel(model_args, tp)
     set_seed(training_args.seed)
-    if plan_tp:
-        from paddle.distributed import fleet
-
-        from ..parallel.apply import build_tensor_parallel_model
-
-        if training_args.device == "cpu":
-            # fleet's TensorParallel wrapper broadcasts each batch from mp rank 0, which asserts a GPU / XPU. Every
-            # mp rank reads the same deterministic batches here, so fleet's own switch turns the broadcast off.
-            fleet.fleet._user_defined_strategy.hybrid_configs["mp_configs"].need_broadcast_data = False
-        group = fleet.get_hybrid_communicate_group().get_model_parallel_group()
-        try:  # single-device layers (loaded from model_name_or_path, if given), sharded by the plan
-            model = build_tensor_parallel_model(model_cls, config, group, weights_from=model_args.model_name_or_path)
-        except CheckpointError as e:
-            fail(str(e))
-    elif model_args.model_name_or_path:
-        model = model_cls.from_pretrained(model_args.model_name_or_path, config=config)
-    else:
-        model = model_cls(config)
-    if training_args.bf16 and training_args.fp16_opt_level == "O2":
-        model = model.to(dtype="bfloat16")
-
+    model = build_model(model_cls, config, model_args, training_args, plan_tp)
     # With tensor / pipeline parallelism each rank holds a slice of the weights, so a rank-0 save_pretrained would
     # write a partial model: the checkpoint-N/model copies are skipped and the final model goes through the Trainer.
     sharded = max(training_args.tensor_model_parallel_size, training_args.pipeline_model_parallel_size) > 1
@@ -507,55 +472,159 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     trainer = Trainer(model=model, args=training_args, train_dataset=train if training_args.do_train else None,
                       eval_dataset=val if training_args.do_eval else None, callbacks=[log])
     if training_args.do_train:
-        try:
-            result = trainer.train(resume_from_checkpoint=resume)
-        except Exception as e:  # noqa: BLE001 - reported in one line where the cause is known
-            if isinstance(e, ValueError) and "inf or nan" in str(e):  # PaddleFormers' loss check before each step
-                fail(f"training stopped: the loss is not finite at step {trainer.state.global_step + 1} "
-                     f"({str(e).split('. ')[-1]}); nothing saved (lower learning_rate?)")
-            if resume is None or log.steps_run:
-                raise  # not a resume problem: the whole traceback is the useful report
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            fail(f"resuming from {resume} failed ({type(e).__name__}: {first}); remove that checkpoint folder or set "
-                 "overwrite_output_dir")
-        if log.nonfinite is None:
-            bad = _nonfinite_parameter(model)  # after the last step, whether or not it was logged
-            if bad is not None:
-                log.nonfinite = (f"parameter {bad} holds NaN or Inf", trainer.state.global_step)
-        if log.nonfinite is not None:
-            what, step = log.nonfinite
-            fail(f"training stopped: {what} at step {step}; nothing saved (lower learning_rate?)")
-        trainer.save_state()
-        if "loss" in log.last:
-            step, loss = log.last["loss"]
-            print(f"train: {result.global_step} steps; loss {loss:.4f} at step {step}")
+        train_model(trainer, log, model, resume)
     if training_args.do_eval:
-        step, loss = log.last.get("eval_loss", (None, None))
-        if step != trainer.state.global_step:  # not evaluated at the last step yet
-            loss = trainer.evaluate().get("eval_loss")
-        if loss is not None and not math.isfinite(loss):
-            fail(f"validation loss is {loss} at step {trainer.state.global_step}; nothing saved")
-        if loss is not None:
-            print(f"validation: loss {loss:.4f} (perplexity {math.exp(min(loss, 50)):.2f} per token) "
-                  f"at step {trainer.state.global_step}")
+        evaluate(trainer, log)
     if training_args.do_train:
-        dest = os.path.join(training_args.output_dir, "model")
-        if plan_tp:  # every rank writes its slices; rank 0 merges them into the single-device format and validates
-            import paddle.distributed as dist
-
-            from ..checkpoint.tp_shards import merge_tp_checkpoint, save_tp_checkpoint
-
-            shards = os.path.join(training_args.output_dir, "model-tp-shards")
-            save_tp_checkpoint(model, shards)
-            dist.barrier()
-            if dist.get_rank() == 0:
-                merge_tp_checkpoint(shards, dest, force=True)
-            dist.barrier()
-        elif sharded:  # stock models under fleet's model parallelism: the Trainer gathers (not run by this project)
-            trainer.save_model(dest)
-        elif training_args.should_save:
-            save_pretrained_atomic(model, dest)
-            model_family(model_args.model_type).validate(dest)  # the folder must meet its documented contract
-        if training_args.should_save:
-            print(f"saved the trained model to {dest}")
+        save_trained_model(model, trainer, model_args, training_args, plan_tp, sharded)
     return 0
+
+
+def _print_run(config, model_args, data_args, training_args, tp: int, data) -> None:
+    """The model, data and parallel lines printed before training (and by a dry run)."""
+    train, val, data_desc = data
+    print(describe(config, data_args, training_args))
+    print(f"data: {data_desc}; {len(train):,} train samples of {data_args.max_seq_len} tokens, "
+          f"{len(val):,} validation samples")
+    if tp > 1:
+        how = " (sharded by paddle_vha.parallel)" if uses_plan_tensor_parallel(model_args, tp) else ""
+        print(f"parallel: tensor_model_parallel_size={tp}{how}; launch with python -m paddle.distributed.launch "
+              f"--nproc_per_node N tools/train.py ..., N a multiple of {tp}")
+
+
+def check_device(training_args) -> None:
+    """TrainError for a device this Paddle build cannot train on, or half precision on the CPU."""
+    import paddle
+
+    if training_args.device.startswith("gpu") and not paddle.is_compiled_with_cuda():
+        raise TrainError(f"device={training_args.device}, but this Paddle build has no CUDA (docs/install.md, GPU); "
+                         "pass --device cpu to train on the CPU")
+    if training_args.device == "cpu" and (training_args.bf16 or training_args.fp16):
+        raise TrainError("bf16 / fp16 training needs a GPU: Paddle's CPU kernels have no half-precision matmul; "
+                         "pass --bf16 false --fp16 false on the CPU")
+
+
+def _quiet_checkpoint_io() -> None:
+    import logging
+    import warnings
+
+    logging.getLogger("paddle.distributed.fleet.utils.log_util").setLevel(logging.WARNING)  # checkpoint I/O chatter
+    warnings.filterwarnings("ignore", message="The input state dict is empty")  # no fp32 master weights without AMP
+
+
+def resume_point(training_args):
+    """The checkpoint to resume from: resume_from_checkpoint, else output_dir's last checkpoint-N (announced; not
+    with overwrite_output_dir), else None."""
+    last = None
+    if training_args.resume_from_checkpoint is None and os.path.isdir(training_args.output_dir) \
+            and not training_args.overwrite_output_dir:
+        last = get_last_checkpoint(training_args.output_dir)
+        if last is not None:
+            print(f"resuming from {last} (set overwrite_output_dir to start over)")
+    return training_args.resume_from_checkpoint or last
+
+
+def build_model(model_cls, config, model_args, training_args, plan_tp: bool):
+    """The model to train: sharded by paddle_vha.parallel (plan_tp), loaded from model_name_or_path, or freshly
+    initialised; cast to bf16 for AMP level O2."""
+    if plan_tp:
+        model = _build_plan_parallel_model(model_cls, config, model_args, training_args)
+    elif model_args.model_name_or_path:
+        model = model_cls.from_pretrained(model_args.model_name_or_path, config=config)
+    else:
+        model = model_cls(config)
+    if training_args.bf16 and training_args.fp16_opt_level == "O2":
+        model = model.to(dtype="bfloat16")
+    return model
+
+
+def _build_plan_parallel_model(model_cls, config, model_args, training_args):
+    from paddle.distributed import fleet
+
+    from ..parallel.apply import build_tensor_parallel_model
+
+    if training_args.device == "cpu":
+        # fleet's TensorParallel wrapper broadcasts each batch from mp rank 0, which asserts a GPU / XPU. Every
+        # mp rank reads the same deterministic batches here, so fleet's own switch turns the broadcast off.
+        fleet.fleet._user_defined_strategy.hybrid_configs["mp_configs"].need_broadcast_data = False
+    group = fleet.get_hybrid_communicate_group().get_model_parallel_group()
+    try:  # single-device layers (loaded from model_name_or_path, if given), sharded by the plan
+        return build_tensor_parallel_model(model_cls, config, group, weights_from=model_args.model_name_or_path)
+    except CheckpointError as e:
+        raise TrainError(str(e)) from None
+
+
+def train_model(trainer, log: TrainLog, model, resume) -> None:
+    """trainer.train (from `resume`), failures with a known cause as one-line TrainErrors, then the final NaN check,
+    the Trainer's state and the last loss line."""
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    except Exception as e:  # noqa: BLE001 - reported in one line where the cause is known
+        why = _training_failure(e, trainer.state.global_step, log.steps_run, resume)
+        if why is None:
+            raise  # not a resume problem: the whole traceback is the useful report
+        raise TrainError(why) from e
+    if log.nonfinite is None:
+        bad = _nonfinite_parameter(model)  # after the last step, whether or not it was logged
+        if bad is not None:
+            log.nonfinite = (f"parameter {bad} holds NaN or Inf", trainer.state.global_step)
+    if log.nonfinite is not None:
+        what, step = log.nonfinite
+        raise TrainError(f"training stopped: {what} at step {step}; nothing saved (lower learning_rate?)")
+    trainer.save_state()
+    if "loss" in log.last:
+        step, loss = log.last["loss"]
+        print(f"train: {result.global_step} steps; loss {loss:.4f} at step {step}")
+
+
+def _training_failure(e: Exception, global_step: int, steps_run: int, resume):
+    """The one line for an exception out of trainer.train whose cause is known, or None (re-raise it as it is)."""
+    if isinstance(e, ValueError) and "inf or nan" in str(e):  # PaddleFormers' loss check before each step
+        return (f"training stopped: the loss is not finite at step {global_step + 1} ({str(e).split('. ')[-1]}); "
+                "nothing saved (lower learning_rate?)")
+    if resume is None or steps_run:
+        return None
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    return (f"resuming from {resume} failed ({type(e).__name__}: {first}); remove that checkpoint folder or set "
+            "overwrite_output_dir")
+
+
+def evaluate(trainer, log: TrainLog) -> None:
+    """The validation loss at the last step (evaluated now unless it was logged there); TrainError if not finite."""
+    step, loss = log.last.get("eval_loss", (None, None))
+    if step != trainer.state.global_step:  # not evaluated at the last step yet
+        loss = trainer.evaluate().get("eval_loss")
+    if loss is not None and not math.isfinite(loss):
+        raise TrainError(f"validation loss is {loss} at step {trainer.state.global_step}; nothing saved")
+    if loss is not None:
+        print(f"validation: loss {loss:.4f} (perplexity {math.exp(min(loss, 50)):.2f} per token) "
+              f"at step {trainer.state.global_step}")
+
+
+def save_trained_model(model, trainer, model_args, training_args, plan_tp: bool, sharded: bool) -> None:
+    """OUTPUT_DIR/model in the documented format: merged from paddle_vha.parallel's shards (plan_tp), gathered by
+    the Trainer (other model parallelism), or saved and validated from rank 0."""
+    dest = os.path.join(training_args.output_dir, "model")
+    if plan_tp:
+        _save_plan_parallel(model, training_args.output_dir, dest)
+    elif sharded:  # stock models under fleet's model parallelism: the Trainer gathers (not run by this project)
+        trainer.save_model(dest)
+    elif training_args.should_save:
+        save_pretrained_atomic(model, dest)
+        model_family(model_args.model_type).validate(dest)  # the folder must meet its documented contract
+    if training_args.should_save:
+        print(f"saved the trained model to {dest}")
+
+
+def _save_plan_parallel(model, output_dir: str, dest: str) -> None:
+    """Every rank writes its slices; rank 0 merges them into the single-device format (validated) at `dest`."""
+    import paddle.distributed as dist
+
+    from ..checkpoint.tp_shards import merge_tp_checkpoint, save_tp_checkpoint
+
+    shards = os.path.join(output_dir, "model-tp-shards")
+    save_tp_checkpoint(model, shards)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        merge_tp_checkpoint(shards, dest, force=True)
+    dist.barrier()
