@@ -26,8 +26,9 @@ from . import command, fail, quiet
 @command
 def main(argv=None) -> int:
     quiet()
+    from ..train.arguments import parse, print_help
     from ..train.errors import TrainError
-    from ..train.trainer import parse, print_help, run
+    from ..train.trainer import run
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("-h", "--help"):

@@ -1,12 +1,10 @@
-"""PaddleFormers' Trainer for any registered family, from one JSON trainer config (the glue behind tools/train.py).
+"""PaddleFormers' Trainer for any registered family: build, train, evaluate and save one run (the glue behind
+tools/train.py).
 
-The config holds model, data and training arguments in one flat object, parsed by PaddleFormers'
-PdArgumentParser as its own pretraining entry point does: `model_type` (a family of paddle_vha/families.py),
-`model_config` (the model's config.json fields, inline or a path), the data arguments (`dataset`: stdlib | pretrain,
-`input_dir`, `max_seq_len`, ...) and any PaddleFormers TrainingArguments (`output_dir`, `max_steps`, `learning_rate`,
-`bf16`, `tensor_model_parallel_size`, `recompute_granularity`, `save_steps`, ...). The model class, its checkpoint
-contract and whether paddle_vha.parallel shards it (tensor_model_parallel_size > 1) come from the registry.
-Guide: docs/training.md.
+The arguments come from the trainer config (paddle_vha/train/arguments.py). The model class, its checkpoint contract
+and whether paddle_vha.parallel shards it (tensor_model_parallel_size > 1) come from the registry. The model is
+written to OUTPUT_DIR/model (and each checkpoint-N/model, paddle_vha/train/callbacks.py) in the documented checkpoint
+format. Guide: docs/training.md.
 
 Errors about the user's config, inputs or a run that cannot go on are one-line TrainErrors (paddle_vha/train/errors.py);
 paddle_vha/cli/train.py prints them and exits with status 2.
@@ -16,249 +14,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
-from dataclasses import dataclass, field
-from typing import Optional
 
 from ..checkpoint.contract import CheckpointError
 from ..checkpoint.folder import save_pretrained_atomic
 from ..checkpoint.fsutil import MARKER, check_no_overlap
-from ..families import DEFAULT_MODEL_TYPE, FAMILIES, UnknownFamily, family
+from ..families import UnknownFamily, family
 from ..qwen3.contract import check_config, check_config_fields
+from .arguments import tensor_parallel_degree
+from .callbacks import TrainLog, nonfinite_parameter
 from .errors import TrainError
+from .paddleformers_trainer import LlmMetaConfig, Trainer, get_last_checkpoint, set_seed
 
-
-def _hf_datasets_importable() -> bool:
-    """PaddleFormers' Trainer imports Hugging Face `datasets` when it is installed, only to special-case
-    datasets.Dataset inputs (which this tool never passes). In the pinned environment `import datasets` fails
-    (pyarrow 26.0.1 needs NumPy >= 2, numpy is pinned to 1.26.4); then that optional integration is switched off
-    instead of failing the import. Once the pins agree, nothing here changes anything."""
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        import paddleformers.utils.import_utils as iu
-
-        iu.is_datasets_available = lambda: False
-        return False
-    return True
-
-
-HF_DATASETS_OK = _hf_datasets_importable()
-
-from paddleformers.trainer import (  # noqa: E402
-    PdArgumentParser,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-    get_last_checkpoint,
-    set_seed,
-)
-from paddleformers.transformers.configuration_utils import LlmMetaConfig, llmmetaclass  # noqa: E402
-
-# Names from PaddleNLP-era configs that PaddleFormers 1.0.0 spells differently.
-LEGACY_KEYS = {
-    "tensor_parallel_degree": "tensor_model_parallel_size",
-    "pipeline_parallel_degree": "pipeline_model_parallel_size",
-    "max_seq_length": "max_seq_len",
-}
-
-
-@dataclass
-class ModelArguments:
-    model_type: str = field(default=DEFAULT_MODEL_TYPE, metadata={"help": f"one of {', '.join(FAMILIES)}"})
-    model_config: Optional[str] = field(
-        default=None,
-        metadata={"help": "the model's config.json fields: a JSON object (inline in the trainer config) or a path to "
-                  "a config.json or a checkpoint folder"})
-    model_name_or_path: Optional[str] = field(
-        default=None, metadata={"help": "start from this checkpoint's weights (continued pretraining); default: "
-                                "random initialisation from model_config"})
-
-
-@dataclass
-class DataArguments:
-    dataset: str = field(default="stdlib", metadata={
-        "help": "stdlib: the embedded Python standard-library byte corpus (vocab 256, no download); pretrain: "
-                "PaddleFormers pretraining data (PREFIX.bin/.idx) named by input_dir"})
-    input_dir: Optional[str] = field(default=None, metadata={
-        "help": "dataset=pretrain: a data prefix, a folder of .bin/.idx pairs, or 'w1 PREFIX1 w2 PREFIX2 ...'"})
-    split: str = field(default="949,50,1", metadata={"help": "dataset=pretrain: train,valid,test document split"})
-    max_seq_len: int = field(default=256, metadata={"help": "tokens per training sample"})
-    corpus_mb: float = field(default=8.0, metadata={"help": "dataset=stdlib: MB of standard-library source to read"})
-    val_fraction: float = field(default=0.1, metadata={"help": "dataset=stdlib: fraction of files held out"})
-    max_eval_samples: int = field(default=64, metadata={"help": "validation samples per evaluation"})
-    data_cache: Optional[str] = field(default=None, metadata={"help": "dataset=pretrain: index cache folder"})
-
-
-@dataclass
-@llmmetaclass
-class VHATrainingArguments(TrainingArguments):
-    dry_run: bool = field(default=False, metadata={
-        "help": "validate the config, print model size, KV cache and FLOPs, build the data, and exit without "
-                "building the model"})
-    save_model_in_checkpoints: bool = field(default=True, metadata={
-        "help": "also write each checkpoint-N/model in the Qwen3-VHA checkpoint format (docs/checkpoint.md), "
-                "next to the Trainer's resumable state"})
-
-
-class TrainLog(TrainerCallback):
-    """Prints each log record in one line and appends it to OUTPUT_DIR/train_log.jsonl (PaddleFormers 1.0.0 keeps no
-    log history in trainer_state.json); on each save, writes checkpoint-N/model in the documented format.
-
-    A NaN or Inf loss, gradient norm or validation loss, or a parameter holding one (checked at every log step: with
-    NaN weights PaddleFormers' loss can still read as a finite ln(vocab)), stops training at once (`nonfinite` says
-    what and when): it is written to the log as null (strict JSON) and `run` stops with a one-line TrainError, saving
-    nothing."""
-
-    KEYS = ("loss", "eval_loss", "learning_rate", "global_norm")
-
-    def __init__(self, model, path: str, save_models: bool):
-        self.model, self.path, self.save_models = model, path, save_models
-        self.last = {}  # key -> (step, value) of the latest record
-        self.nonfinite = None  # (what, step) of the first non-finite number seen
-        self.steps_run = 0  # optimizer steps this process has run
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.steps_run += 1
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs:
-            return
-        rec = {"step": state.global_step, **{k: float(logs[k]) for k in self.KEYS if k in logs}}
-        if len(rec) == 1:
-            return
-        for k, v in rec.items():  # on every rank: main() decides from it whether to evaluate (a collective)
-            if k != "step":
-                self.last[k] = (rec["step"], v)
-                if not math.isfinite(v) and self.nonfinite is None:
-                    self.nonfinite = (f"{k} is {v}", rec["step"])
-        if self.nonfinite is None:
-            bad = _nonfinite_parameter(self.model)  # every rank, at the same steps: the decision is collective
-            if bad is not None:
-                self.nonfinite = (f"parameter {bad} holds NaN or Inf", rec["step"])
-        if self.nonfinite is not None:
-            control.should_training_stop = True
-            control.should_save = False
-        if not state.is_world_process_zero:
-            return
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        strict = {k: (v if math.isfinite(v) else None) for k, v in rec.items()}
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(strict, allow_nan=False) + "\n")
-        print("  ".join([f"step {rec['step']}"] + [f"{k} {v:.4g}" for k, v in rec.items() if k != "step"]),
-              file=sys.stderr)
-
-    def on_save(self, args, state, control, **kwargs):
-        if self.nonfinite is not None:
-            return
-        if self.save_models and args.should_save:
-            ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            if os.path.isdir(ckpt):
-                save_pretrained_atomic(self.model, os.path.join(ckpt, "model"))
-
-
-class _Parser(PdArgumentParser):
-    def error(self, message):  # one line, not argparse's page-long usage
-        raise TrainError(f"{message} (see tools/train.py --help)")
-
-
-def read_config(path: str) -> list:
-    """The trainer config as argv-style strings (PdArgumentParser.read_json's rules), legacy keys renamed."""
-    if not path.endswith(".json"):
-        raise TrainError(f"{path}: the first argument must be a JSON trainer config (configs/*.json)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise TrainError(f"{path}: no such file")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TrainError(f"{path}: not valid JSON ({e})")
-    if not isinstance(data, dict):
-        raise TrainError(f"{path}: expected a JSON object of arguments")
-    args = []
-    for key, value in data.items():
-        key = LEGACY_KEYS.get(key, key)
-        if isinstance(value, list):
-            args += [f"--{key}", *[str(v) for v in value]]
-        elif isinstance(value, dict):
-            args += [f"--{key}", json.dumps(value)]
-        else:
-            args += [f"--{key}", str(value)]
-    return args
-
-
-def _parser(usage: str) -> _Parser:
-    return _Parser((ModelArguments, DataArguments, VHATrainingArguments), description=usage.split("\n\n")[0])
-
-
-def print_help(usage: str = __doc__) -> None:
-    """`usage`, then every model, data and training argument (what tools/train.py --help prints)."""
-    print(usage)
-    _parser(usage).print_help()
-
-
-def parse(argv, usage: str = __doc__):
-    """(model, data, training arguments, the parallel degrees the user wrote) from argv: CONFIG.json [--key value ...].
-    `usage` is the parser's description. A first argument -h / --help is the caller's to answer (print_help)."""
-    if not argv:
-        raise TrainError("usage: tools/train.py CONFIG.json [--key value ...] (see --help)")
-    parser = _parser(usage)
-    cmd = []
-    for a in argv[1:]:
-        if a.startswith("--") and a[2:] in LEGACY_KEYS:
-            a = "--" + LEGACY_KEYS[a[2:]]
-        cmd.append(a)
-    args = read_config(argv[0]) + cmd
-    try:
-        parsed = parser.common_parse(args, return_remaining_strings=False)
-    except ValueError as e:
-        msg = str(e)
-        if "not used by the PdArgumentParser" in msg:
-            import ast
-
-            try:
-                rest = ast.literal_eval(msg.split(":", 1)[1].strip())
-                unknown = ", ".join(a[2:] for a in rest if a.startswith("--")) or str(rest)
-            except (ValueError, SyntaxError):
-                unknown = msg.split(":", 1)[1].strip()
-            raise TrainError(f"{argv[0]}: unknown argument(s): {unknown} (not a model, data or PaddleFormers "
-                             "training argument)")
-        raise TrainError(f"{argv[0]}: {msg.splitlines()[0] if msg else type(e).__name__}")
-    except (AssertionError, TypeError, NotImplementedError) as e:
-        raise TrainError(f"{argv[0]}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    model_args = parsed[0]
-    if "--model_name_or_path" in cmd and "--model_config" not in cmd and model_args.model_name_or_path:
-        # Continued training from a checkpoint named on the command line: its config.json is the architecture (a
-        # trainer config's inline model_config describes a model to build, not the one being loaded).
-        model_args.model_config = None
-        try:
-            with open(os.path.join(model_args.model_name_or_path, "config.json"), encoding="utf-8") as f:
-                checkpoint_type = json.load(f).get("model_type")
-        except (OSError, ValueError, AttributeError):
-            checkpoint_type = None  # model_config_dict says what is wrong with it
-        if "--model_type" not in cmd and isinstance(checkpoint_type, str):
-            model_args.model_type = checkpoint_type
-    return (*parsed, requested_parallelism(args))
-
-
-def requested_parallelism(args: list) -> dict:
-    """Parallel degrees as the user wrote them. TrainingArguments resets them to 1 / -1 in a single process, which
-    would hide that a config asks for tensor parallelism the model may not support."""
-    out = {}
-    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
-        for i, a in enumerate(args[:-1]):
-            if a == f"--{key}":
-                try:
-                    out[key] = int(args[i + 1])
-                except ValueError:
-                    pass  # PdArgumentParser has already rejected it
-    return out
-
-
-def tensor_parallel_degree(requested: dict, training_args) -> int:
-    """The tensor-parallel degree the run asks for: what the user wrote (a single process' TrainingArguments reset it
-    to 1) or what the launcher gave."""
-    return max(1, requested.get("tensor_model_parallel_size", 1), training_args.tensor_model_parallel_size)
+__all__ = ["run", "build_config", "build_data", "describe", "check_arguments"]
 
 
 def model_family(model_type: str):
@@ -419,21 +186,6 @@ def check_arguments(model_args, data_args, training_args) -> None:
                          "(move it away first)")
 
 
-def _nonfinite_parameter(model):
-    """The name of the first parameter holding a NaN or Inf (on any rank: "a parameter on another rank"), or None.
-    Collective when several processes run: call it on every rank at the same step."""
-    import paddle
-    import paddle.distributed as dist
-
-    bad = next((name for name, p in model.named_parameters() if not bool(paddle.isfinite(p).all())), None)
-    if dist.get_world_size() > 1:
-        flag = paddle.to_tensor([0 if bad is None else 1], dtype="int32")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if int(flag.numpy()[0]) and bad is None:
-            bad = "on another rank"
-    return bad
-
-
 def run(model_args, data_args, training_args, requested: dict) -> int:
     """Build, train, evaluate and save as the arguments say; returns the exit status (TrainError, one line, for a run
     refused or stopped). A run that fails leaves no empty output folder behind."""
@@ -565,7 +317,7 @@ def train_model(trainer, log: TrainLog, model, resume) -> None:
             raise  # not a resume problem: the whole traceback is the useful report
         raise TrainError(why) from e
     if log.nonfinite is None:
-        bad = _nonfinite_parameter(model)  # after the last step, whether or not it was logged
+        bad = nonfinite_parameter(model)  # after the last step, whether or not it was logged
         if bad is not None:
             log.nonfinite = (f"parameter {bad} holds NaN or Inf", trainer.state.global_step)
     if log.nonfinite is not None:
