@@ -103,15 +103,13 @@ class Qwen3KVDecoder(nn.Layer):
         cos, sin = rope_tables(position_ids, self.inv_freq, x.dtype)  # (B, S, 1, d), computed once
         base_masks, total = self._base_masks(input_ids, attention_mask)
         masks = {}  # rows of the grouped layout are (query head in group, position): tile per group size, once
-        # every buffer has the same capacity (the buffer flavour's past inputs are the runtime's buffers)
-        capacity = paddle.shape(past[0])[2] if self.cache_io == "buffer" else None
-        presents = []
+        presents, capacity = [], None
         for i, (lw, form) in enumerate(zip(self.layer_weights, self.forms)):
             hdn = rms_norm(x, lw["input_layernorm.weight"], self.eps)
             q, new = self._queries_and_new(hdn, lw, form, cos, sin)
             cached = [past.pop(0) for _ in new]  # this layer's cache inputs, (B, heads, P or capacity, width) each
             if self.cache_io == "buffer":  # attend to the buffers and the new positions; output only the new ones
-                y = self._attend_buffers(q, cached, new, form, base_masks, masks, capacity)
+                y, capacity = self._attend_buffers(q, cached, new, form, base_masks, masks, capacity)
                 presents += new
             else:
                 y, kept = self._attend_concat(q, cached, new, form, self.windows[i], base_masks, masks, total)
@@ -156,12 +154,14 @@ class Qwen3KVDecoder(nn.Layer):
 
     def _attend_buffers(self, q, buffers, new, form, base_masks, masks, capacity):
         """The buffer flavour: attention over the runtime's buffers (B, heads, capacity, width) and the new positions,
-        no copy of either; (B, H, S, width)."""
+        no copy of either; ((B, H, S, width), the buffers' capacity: read from the first layer's, the same for all)."""
         g = self.h_q // form.cache_shape[0]  # query heads per cached head
         if g not in masks:  # the full-attention mask (key None): the buffer's columns, then the new ones
             masks[g] = paddle.tile(base_masks[None].unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T + S)
+        if capacity is None:
+            capacity = paddle.shape(buffers[0])[2]  # every buffer has the same capacity
         (k_past, v_past), (k_new, v_new) = form.attention_kv(buffers), form.attention_kv(new)
-        return grouped_attention_past_new(q, k_past, v_past, k_new, v_new, masks[g], self.scale, capacity)
+        return grouped_attention_past_new(q, k_past, v_past, k_new, v_new, masks[g], self.scale, capacity), capacity
 
     def _attend_concat(self, q, past, new, form, window, base_masks, masks, total):
         """The standard flavour: attention over past + new; ((B, H, S, width), the present tensors to output: past +
