@@ -32,8 +32,7 @@ def load_codec(export_dir, vocab_size):
     return (lambda text: tok.encode(text).ids), (lambda ids: tok.decode([int(i) for i in ids]))
 
 
-@command
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("export_dir")
@@ -48,6 +47,12 @@ def main(argv=None):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="runtime threads (0: the runtime's default)")
+    return p
+
+
+@command
+def main(argv=None):
+    p = _parser()
     args = p.parse_args(argv)
     if args.max_new_tokens < 1:
         p.error("--max-new-tokens must be >= 1")
@@ -60,44 +65,12 @@ def main(argv=None):
     except ServeError as e:
         fail(str(e))
     quiet()
-    import numpy as np
-
     from paddle_vha.serve.generate import generate
 
-    encode, decode = load_codec(args.export_dir, info["vocab_size"])
-    if args.prompt:
-        if encode is None:
-            fail(f"vocab_size {info['vocab_size']} is not byte-level and {args.export_dir} has no tokenizer.json: use --prompt-ids")
-        prompts = [encode(t) for t in args.prompt]
-    else:
-        try:
-            prompts = [[int(x) for x in s.split(",") if x.strip()] for s in args.prompt_ids]
-        except ValueError:
-            fail("--prompt-ids takes comma-separated integers")
-    if any(not ids for ids in prompts):
-        fail("empty prompt")
-    if any(not 0 <= i < info["vocab_size"] for ids in prompts for i in ids):
-        fail(f"prompt token id outside [0, {info['vocab_size']})")
-    width = max(len(x) for x in prompts)
-    limit = info.get("max_position_embeddings")
-    if isinstance(limit, int) and width + args.max_new_tokens > limit:
-        print(f"warning: prompt ({width} tokens) + {args.max_new_tokens} new tokens pass max_position_embeddings="
-              f"{limit}; the model was not trained on positions beyond it", file=sys.stderr)
-    batch = np.array([[0] * (width - len(x)) + x for x in prompts], np.int64)  # left padding
-    mask = np.array([[0] * (width - len(x)) + [1] * len(x) for x in prompts], np.int64)
-
+    prompts, decode = _prompts(args, info)
+    batch, mask = _left_padded(prompts, args.max_new_tokens, info)
     try:
-        if args.runtime == "onnxruntime":
-            from paddle_vha.serve.ort_session import OrtDecoder
-
-            session = OrtDecoder.from_dir(args.export_dir, threads=args.threads)
-        else:
-            from paddle_vha.serve.paddle_inference import PaddleInferenceDecoder
-
-            session = PaddleInferenceDecoder(args.export_dir, threads=max(args.threads, 1))
-    except ServeError as e:
-        fail(str(e))
-    try:
+        session = _session(args)
         res = generate(session, batch, args.max_new_tokens, do_sample=args.sample, temperature=args.temperature,
                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, attention_mask=mask)
     except ServeError as e:
@@ -109,6 +82,52 @@ def main(argv=None):
     print(f"{args.runtime}: prefill {res.prefill_seconds * 1e3:.1f} ms, decode {res.tokens_per_second:.1f} tokens/s "
           f"(batch {batch.shape[0]}, {res.tokens.shape[1]} new tokens)", file=sys.stderr)
     return 0
+
+
+def _prompts(args, info: dict):
+    """(the prompts' token ids, the decoder of generated ids or None); one line and exit 2 for a bad prompt."""
+    encode, decode = load_codec(args.export_dir, info["vocab_size"])
+    if args.prompt:
+        if encode is None:
+            fail(f"vocab_size {info['vocab_size']} is not byte-level and {args.export_dir} has no tokenizer.json: "
+                 "use --prompt-ids")
+        prompts = [encode(t) for t in args.prompt]
+    else:
+        try:
+            prompts = [[int(x) for x in s.split(",") if x.strip()] for s in args.prompt_ids]
+        except ValueError:
+            fail("--prompt-ids takes comma-separated integers")
+    if any(not ids for ids in prompts):
+        fail("empty prompt")
+    if any(not 0 <= i < info["vocab_size"] for ids in prompts for i in ids):
+        fail(f"prompt token id outside [0, {info['vocab_size']})")
+    return prompts, decode
+
+
+def _left_padded(prompts, max_new_tokens: int, info: dict):
+    """(ids (B, W), attention_mask (B, W)) of the prompts left-padded to the longest; warns (stderr) when the
+    generation would pass the model's max_position_embeddings."""
+    import numpy as np
+
+    width = max(len(x) for x in prompts)
+    limit = info.get("max_position_embeddings")
+    if isinstance(limit, int) and width + max_new_tokens > limit:
+        print(f"warning: prompt ({width} tokens) + {max_new_tokens} new tokens pass max_position_embeddings="
+              f"{limit}; the model was not trained on positions beyond it", file=sys.stderr)
+    batch = np.array([[0] * (width - len(x)) + x for x in prompts], np.int64)  # left padding
+    mask = np.array([[0] * (width - len(x)) + [1] * len(x) for x in prompts], np.int64)
+    return batch, mask
+
+
+def _session(args):
+    """The decoder session of --runtime over EXPORT_DIR (ServeError, one line, if it cannot be opened)."""
+    if args.runtime == "onnxruntime":
+        from paddle_vha.serve.ort_session import OrtDecoder
+
+        return OrtDecoder.from_dir(args.export_dir, threads=args.threads)
+    from paddle_vha.serve.paddle_inference import PaddleInferenceDecoder
+
+    return PaddleInferenceDecoder(args.export_dir, threads=max(args.threads, 1))
 
 
 if __name__ == "__main__":

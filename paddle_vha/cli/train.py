@@ -20,15 +20,24 @@ from __future__ import annotations
 import os
 import sys
 
-from . import command, quiet
+from . import command, fail, quiet
 
 
 @command
 def main(argv=None) -> int:
     quiet()
-    from ..train.trainer import parse, run
+    from ..train.arguments import parse, print_help
+    from ..train.errors import TrainError
+    from ..train.trainer import run
 
-    return run(*parse(sys.argv[1:] if argv is None else argv, usage=__doc__))
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print_help(usage=__doc__)
+        sys.exit(0)
+    try:
+        return run(*parse(argv, usage=__doc__))
+    except TrainError as e:  # the library's one-line refusals: error: ..., exit status 2
+        fail(str(e))
 
 
 def entry() -> None:

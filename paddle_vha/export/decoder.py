@@ -27,18 +27,17 @@ head.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 import paddle
 from paddle import nn
 
-from ..families import family_of
-from ..qwen3.contract import sliding_window_layers
 from ..qwen3.functional import (apply_rope, grouped_attention, grouped_attention_past_new, rms_norm, rope_tables,
                                 swiglu_mlp)
+from .plan import CACHE_IO, cache_windows, io_names  # noqa: F401 - re-exported: the graph's names and windows
 
-__all__ = ["Qwen3KVDecoder", "io_names", "cache_shapes", "cache_windows", "CACHE_IO"]
+__all__ = ["Qwen3KVDecoder", "io_names", "cache_windows", "CACHE_IO"]
 
 NEG_INF = -1e9  # additive mask value; finite so fully-masked (padding) rows stay NaN-free
 _LAYER_WEIGHTS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
@@ -47,50 +46,13 @@ _LAYER_WEIGHTS = ("input_layernorm.weight", "post_attention_layernorm.weight", "
 _ATTENTION_BIASES = ("self_attn.q_proj.bias", "self_attn.o_proj.bias")
 
 
-CACHE_IO = ("concat", "buffer")
-
-
-def io_names(num_layers: int, cache_names=None, cache_io: str = "concat"):
-    """Graph input and output names; cache_names: per layer the names of its cache tensors (default key and value);
-    cache_io "buffer" names the outputs new.{i}.* (the new positions only) instead of present.{i}.*."""
-    cache_names = cache_names or [("key", "value")] * num_layers
-    out = "present" if cache_io == "concat" else "new"
-    past = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in cache_names[i]]
-    present = [f"{out}.{i}.{kv}" for i in range(num_layers) for kv in cache_names[i]]
-    return ["input_ids", "attention_mask", "position_ids"] + past, ["logits"] + present
-
-
-def cache_shapes(cfg) -> List[tuple]:
-    """Per layer (heads, width) of the exported cache tensors, as the family serves it."""
-    return family_of(cfg).export_cache_shapes(cfg)
-
-
-def cache_names(cfg) -> List[tuple]:
-    """Per layer the names of its cache tensors, as the family serves it."""
-    return family_of(cfg).export_cache_names(cfg)
-
-
-def cache_windows(cfg) -> List[Optional[int]]:
-    """Per layer the sliding window W of its attention (its cache keeps the last W - 1 positions), or None."""
-    windows = set(sliding_window_layers(cfg))
-    return [int(cfg.sliding_window) if i in windows else None for i in range(cfg.num_hidden_layers)]
-
-
-def cache_inputs(cfg) -> List[tuple]:
-    """(heads, width) of every cache input of the graph, in order."""
-    return [shape for shape, names in zip(cache_shapes(cfg), cache_names(cfg)) for _ in names]
-
-
-def graph_io_names(cfg, cache_io: str = "concat"):
-    """io_names for this config's family."""
-    return io_names(cfg.num_hidden_layers, cache_names(cfg), cache_io)
-
-
 class Qwen3KVDecoder(nn.Layer):
-    """The family's causal LM over on-disk (HF layout) tensors, with tensor KV-cache I/O (see the module docstring)."""
+    """The family's causal LM over on-disk (HF layout) tensors, with tensor KV-cache I/O (see the module docstring),
+    for the checkpoint and cache interface of a serving plan (paddle_vha/export/plan.py)."""
 
-    def __init__(self, cfg, tensors: Dict[str, np.ndarray], dtype: str = "float32", cache_io: str = "concat"):
+    def __init__(self, plan, tensors: Dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__()
+        cfg, cache_io = plan.config, plan.cache_io
         assert cache_io in CACHE_IO, f"cache_io must be one of {CACHE_IO}, got {cache_io!r}"
         self.cache_io = cache_io
         self.dtype_name = dtype
@@ -111,14 +73,13 @@ class Qwen3KVDecoder(nn.Layer):
         self.final_norm = w("model.norm.weight")
         # tied embeddings: the LM head multiplies by the embedding itself, stored once (None here)
         self.lm_head = w("lm_head.weight", True) if "lm_head.weight" in tensors else None  # (h, V)
-        fam = family_of(cfg)
-        self.windows = cache_windows(cfg)
+        self.windows = list(plan.cache_windows)
         assert cache_io == "concat" or not any(self.windows), "the buffer flavour has no sliding-window layers"
         self.layer_weights: List[dict] = []
         self.forms = []
         for i in range(self.num_layers):
             p = f"model.layers.{i}."
-            form = fam.export_form(cfg, i, tensors, self._const)
+            form = plan.export_form(i, tensors, self._const)
             names = _LAYER_WEIGHTS + tuple(f"self_attn.{n}.weight" for n in form.kv_projections)
             if self.bias:
                 names += _ATTENTION_BIASES + tuple(f"self_attn.{n}.bias" for n in form.kv_projections)
@@ -138,11 +99,35 @@ class Qwen3KVDecoder(nn.Layer):
 
     def forward(self, input_ids, attention_mask, position_ids, past_key_values):
         past = list(past_key_values)  # the cache inputs in order: key_0, value_0, key_1, ... (key_i only if shared)
-        h_q, d = self.h_q, self.d
         x = paddle.nn.functional.embedding(input_ids, self.embed)  # (B, S, h)
         cos, sin = rope_tables(position_ids, self.inv_freq, x.dtype)  # (B, S, 1, d), computed once
+        base_masks, total = self._base_masks(input_ids, attention_mask)
+        masks = {}  # rows of the grouped layout are (query head in group, position): tile per group size, once
+        presents, capacity = [], None
+        for i, (lw, form) in enumerate(zip(self.layer_weights, self.forms)):
+            hdn = rms_norm(x, lw["input_layernorm.weight"], self.eps)
+            q, new = self._queries_and_new(hdn, lw, form, cos, sin)
+            cached = [past.pop(0) for _ in new]  # this layer's cache inputs, (B, heads, P or capacity, width) each
+            if self.cache_io == "buffer":  # attend to the buffers and the new positions; output only the new ones
+                y, capacity = self._attend_buffers(q, cached, new, form, base_masks, masks, capacity)
+                presents += new
+            else:
+                y, kept = self._attend_concat(q, cached, new, form, self.windows[i], base_masks, masks, total)
+                presents += kept
+            y = form.output(y.transpose([0, 2, 1, 3]), cos, sin)  # (B, S, H, d)
+            x = x + self._lin(y.reshape([0, 0, self.h_q * self.d]), lw, "self_attn.o_proj")
+            hdn = rms_norm(x, lw["post_attention_layernorm.weight"], self.eps)
+            x = x + swiglu_mlp(hdn, lw["mlp.gate_proj.weight"], lw["mlp.up_proj.weight"], lw["mlp.down_proj.weight"])
+        x = rms_norm(x, self.final_norm, self.eps)
+        if self.lm_head is None:
+            logits = paddle.matmul(x, self.embed, transpose_y=True)  # (B, S, V), the tied embedding
+        else:
+            logits = paddle.matmul(x, self.lm_head)  # (B, S, V)
+        return tuple([logits] + presents)
 
-        # Additive mask: causal over absolute positions and the caller's padding mask.
+    def _base_masks(self, input_ids, attention_mask):
+        """({window or None: additive mask (B, S, T)}, T): causal over absolute positions and the caller's padding
+        mask, and per sliding window W the keys at or before q - W hidden too."""
         seq = paddle.shape(input_ids)[1]
         total = paddle.shape(attention_mask)[1]
         q_pos = paddle.arange(seq, dtype="int64") + (total - seq)  # (S,)
@@ -153,49 +138,44 @@ class Qwen3KVDecoder(nn.Layer):
         for w in set(self.windows) - {None}:  # a window layer also hides keys at or before q - W
             in_window = (k_pos.unsqueeze(0) > q_pos.unsqueeze(1) - w).unsqueeze(0)  # (1, S, T)
             base_masks[w] = paddle.where(allowed & in_window, zero, neg)
-        masks = {}  # rows of the grouped layout are (query head in group, position): tile per group size, once
+        return base_masks, total
 
-        presents, capacity = [], None
-        for i, (lw, form) in enumerate(zip(self.layer_weights, self.forms)):
-            g = h_q // form.cache_shape[0]  # query heads per cached head
-            window = self.windows[i]
-            hdn = rms_norm(x, lw["input_layernorm.weight"], self.eps)
-            q = self._lin(hdn, lw, "self_attn.q_proj").reshape([0, 0, h_q, d])  # (B, S, H, d)
-            kv = [self._lin(hdn, lw, f"self_attn.{n}").reshape([0, 0, form.kv_heads, d])  # (B, S, n_k, d) each
-                  for n in form.kv_projections]
-            q = apply_rope(rms_norm(q, lw["self_attn.q_norm.weight"], self.eps), cos, sin)
-            k = apply_rope(rms_norm(kv[0], lw["self_attn.k_norm.weight"], self.eps), cos, sin)
-            new = form.to_cache(k, kv[1] if len(kv) > 1 else None)  # (B, heads, S, width) each: the cached layout
-            q = form.queries(q.transpose([0, 2, 1, 3]))  # (B, H, S, width)
-            if self.cache_io == "buffer":  # attend to the buffers and the new positions; output only the new ones
-                buffers = [past.pop(0) for _ in new]  # (B, heads, capacity, width) each
-                if g not in masks:  # the full-attention mask (key None): the buffer's columns, then the new ones
-                    masks[g] = paddle.tile(base_masks[None].unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T + S)
-                if capacity is None:
-                    capacity = paddle.shape(buffers[0])[2]  # every buffer has the same capacity
-                (k_past, v_past), (k_new, v_new) = form.attention_kv(buffers), form.attention_kv(new)
-                y = grouped_attention_past_new(q, k_past, v_past, k_new, v_new, masks[g], self.scale, capacity)
-                presents += new
-            else:
-                cached = [paddle.concat([past.pop(0), t], axis=2) for t in new]  # (B, heads, T_i, width): past + new
-                if (g, window) not in masks:
-                    m = base_masks[window]
-                    if window is not None:  # this layer's keys are the last T_i positions: the mask's last T_i columns
-                        m = m[:, :, total - paddle.shape(cached[0])[2]:]  # (B, S, T_i)
-                    masks[(g, window)] = paddle.tile(m.unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T_i), row gi*S + s
-                if window is None:
-                    presents += cached
-                else:  # keep what a later query can still see: the last W - 1 positions
-                    presents += [t[:, :, -(window - 1):] if window > 1 else t[:, :, :0] for t in cached]
-                k, v = form.attention_kv(cached)
-                y = grouped_attention(q, k, v, masks[(g, window)], self.scale)  # (B, H, S, width); scale 1/sqrt(d)
-            y = form.output(y.transpose([0, 2, 1, 3]), cos, sin)  # (B, S, H, d)
-            x = x + self._lin(y.reshape([0, 0, h_q * d]), lw, "self_attn.o_proj")
-            hdn = rms_norm(x, lw["post_attention_layernorm.weight"], self.eps)
-            x = x + swiglu_mlp(hdn, lw["mlp.gate_proj.weight"], lw["mlp.up_proj.weight"], lw["mlp.down_proj.weight"])
-        x = rms_norm(x, self.final_norm, self.eps)
-        if self.lm_head is None:
-            logits = paddle.matmul(x, self.embed, transpose_y=True)  # (B, S, V), the tied embedding
-        else:
-            logits = paddle.matmul(x, self.lm_head)  # (B, S, V)
-        return tuple([logits] + presents)
+    def _queries_and_new(self, hdn, lw, form, cos, sin):
+        """One layer's queries (B, H, S, width) and its new positions in the cached layout, (B, heads, S, width)
+        each."""
+        h_q, d = self.h_q, self.d
+        q = self._lin(hdn, lw, "self_attn.q_proj").reshape([0, 0, h_q, d])  # (B, S, H, d)
+        kv = [self._lin(hdn, lw, f"self_attn.{n}").reshape([0, 0, form.kv_heads, d])  # (B, S, n_k, d) each
+              for n in form.kv_projections]
+        q = apply_rope(rms_norm(q, lw["self_attn.q_norm.weight"], self.eps), cos, sin)
+        k = apply_rope(rms_norm(kv[0], lw["self_attn.k_norm.weight"], self.eps), cos, sin)
+        new = form.to_cache(k, kv[1] if len(kv) > 1 else None)  # (B, heads, S, width) each: the cached layout
+        return form.queries(q.transpose([0, 2, 1, 3])), new  # (B, H, S, width)
+
+    def _attend_buffers(self, q, buffers, new, form, base_masks, masks, capacity):
+        """The buffer flavour: attention over the runtime's buffers (B, heads, capacity, width) and the new positions,
+        no copy of either; ((B, H, S, width), the buffers' capacity: read from the first layer's, the same for all)."""
+        g = self.h_q // form.cache_shape[0]  # query heads per cached head
+        if g not in masks:  # the full-attention mask (key None): the buffer's columns, then the new ones
+            masks[g] = paddle.tile(base_masks[None].unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T + S)
+        if capacity is None:
+            capacity = paddle.shape(buffers[0])[2]  # every buffer has the same capacity
+        (k_past, v_past), (k_new, v_new) = form.attention_kv(buffers), form.attention_kv(new)
+        return grouped_attention_past_new(q, k_past, v_past, k_new, v_new, masks[g], self.scale, capacity), capacity
+
+    def _attend_concat(self, q, past, new, form, window, base_masks, masks, total):
+        """The standard flavour: attention over past + new; ((B, H, S, width), the present tensors to output: past +
+        new, or for a sliding-window layer its last W - 1 positions)."""
+        g = self.h_q // form.cache_shape[0]  # query heads per cached head
+        cached = [paddle.concat([p, t], axis=2) for p, t in zip(past, new)]  # (B, heads, T_i, width): past + new
+        if (g, window) not in masks:
+            m = base_masks[window]
+            if window is not None:  # this layer's keys are the last T_i positions: the mask's last T_i columns
+                m = m[:, :, total - paddle.shape(cached[0])[2]:]  # (B, S, T_i)
+            masks[(g, window)] = paddle.tile(m.unsqueeze(1), [1, 1, g, 1])  # (B, 1, G*S, T_i), row gi*S + s
+        if window is None:
+            kept = cached
+        else:  # keep what a later query can still see: the last W - 1 positions
+            kept = [t[:, :, -(window - 1):] if window > 1 else t[:, :, :0] for t in cached]
+        k, v = form.attention_kv(cached)
+        return grouped_attention(q, k, v, masks[(g, window)], self.scale), kept  # scale 1/sqrt(d)

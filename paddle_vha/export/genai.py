@@ -16,22 +16,20 @@ import json
 import os
 from typing import List, Optional, Tuple
 
-from ..families import family_of
-
 __all__ = ["genai_refusal", "genai_config", "byte_tokenizer", "write_genai_files", "TOKENIZER_FILES"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 BYTE_VOCAB = 256
 
 
-def genai_refusal(cfg, cache_names: List[tuple], cache_shapes: List[tuple], windows: List[Optional[int]],
-                  cache_io: str = "concat") -> Optional[str]:
-    """Why onnxruntime-genai cannot run this export, or None."""
+def genai_refusal(cfg, label: str, genai_model_type: Optional[str], cache_names: List[tuple],
+                  cache_shapes: List[tuple], windows: List[Optional[int]], cache_io: str = "concat") -> Optional[str]:
+    """Why onnxruntime-genai cannot run this export, or None (label, genai_model_type: the family's, from the
+    registry; the serving plan asks once)."""
     if cache_io != "concat":
         return "the buffer flavour's cache interface (buffers in, new positions out) is this project's own"
-    fam = family_of(cfg)
-    if fam.genai_model_type is None:
-        return f"onnxruntime-genai has no decoder type for {fam.label}"
+    if genai_model_type is None:
+        return f"onnxruntime-genai has no decoder type for {label}"
     if any(tuple(n) != ("key", "value") for n in cache_names):
         return "its layers cache one tensor (K = V), not a key and a value"
     want = (cfg.num_key_value_heads, cfg.head_dim)
@@ -50,10 +48,11 @@ def _token_id(value) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def genai_config(cfg, raw_config: dict, generation_config: Optional[dict] = None) -> dict:
-    """genai_config.json for a stock-Qwen3-served export: sizes from the config, bos / eos / pad from
-    generation_config.json or config.json (NUL, id 0, where neither says: genai needs ids, and a byte-level model
-    never emits NUL in text), greedy search up to the context length."""
+def genai_config(plan, generation_config: Optional[dict] = None) -> dict:
+    """genai_config.json for a stock-Qwen3-served export (a ServingPlan, paddle_vha/export/plan.py): sizes from the
+    config, bos / eos / pad from generation_config.json or config.json (NUL, id 0, where neither says: genai needs
+    ids, and a byte-level model never emits NUL in text), greedy search up to the context length."""
+    cfg, raw_config = plan.config, plan.folder.config
     gen = generation_config or {}
 
     def ids(key):
@@ -69,7 +68,7 @@ def genai_config(cfg, raw_config: dict, generation_config: Optional[dict] = None
     context = int(cfg.max_position_embeddings)
     return {
         "model": {
-            "type": family_of(cfg).genai_model_type,
+            "type": plan.genai_model_type,
             "bos_token_id": bos,
             "eos_token_id": eos,
             "pad_token_id": pad,
@@ -130,19 +129,19 @@ def byte_tokenizer(model_max_length: int) -> Tuple[dict, dict]:
     return tokenizer, config
 
 
-def write_genai_files(out_dir: str, cfg, raw_config: dict, cache_names, cache_shapes, windows, log=print,
-                      cache_io: str = "concat") -> None:
-    """Write genai_config.json (or say in one line why not) and, for a byte-level model without a tokenizer, the
-    byte tokenizer. The checkpoint's own tokenizer files are already in out_dir (the export copies them)."""
-    why = genai_refusal(cfg, cache_names, cache_shapes, windows, cache_io)
-    if why:
-        log(f"onnxruntime-genai: genai_config.json not written: {why}")
+def write_genai_files(out_dir: str, plan, log=print) -> None:
+    """Write genai_config.json for the export of `plan` (a ServingPlan; or say in one line why not) and, for a
+    byte-level model without a tokenizer, the byte tokenizer. The checkpoint's own tokenizer files are already in
+    out_dir (the export copies them)."""
+    cfg = plan.config
+    if plan.genai_refusal:
+        log(f"onnxruntime-genai: genai_config.json not written: {plan.genai_refusal}")
     else:
         gen_path = os.path.join(out_dir, "generation_config.json")
         gen = json.load(open(gen_path)) if os.path.isfile(gen_path) else None
         with open(os.path.join(out_dir, "genai_config.json"), "w") as f:
-            json.dump(genai_config(cfg, raw_config, gen), f, indent=2)
-        log(f"onnxruntime-genai: wrote genai_config.json (model type {family_of(cfg).genai_model_type})")
+            json.dump(genai_config(plan, gen), f, indent=2)
+        log(f"onnxruntime-genai: wrote genai_config.json (model type {plan.genai_model_type})")
     if any(os.path.isfile(os.path.join(out_dir, n)) for n in TOKENIZER_FILES):
         return
     if int(cfg.vocab_size) == BYTE_VOCAB:

@@ -104,14 +104,34 @@ def translate(ours: Dict, kwargs: Dict, defaults) -> Tuple[Dict, Dict]:
     get = lambda k: kwargs.get(k, defaults(k))  # noqa: E731
     head_dim = get("head_dim") or get("hidden_size") // get("num_attention_heads")
 
+    fork = _is_fork(up)
+    ours["upstream"] = "fork" if fork else "paddlefleet"
+    for key in ("model_type", "architectures"):  # upstream files say qwen3 / Qwen3ForCausalLM; this is Qwen3-VHA
+        kwargs.pop(key, None)
+    _check_representable(up, kwargs, head_dim)
+    for key, name in _RENAMED.items():
+        if key in up and up[key] is not None:
+            _set(ours, name, up[key], key)
+    if fork:
+        _read_fork(ours, kwargs, get, head_dim)
+    else:
+        _read_paddlefleet(ours, kwargs, up, get, head_dim)
+    return ours, kwargs
+
+
+def _is_fork(up: Dict) -> bool:
+    """Whether the upstream fields are the research fork's (attn_type 'vha') rather than PaddleFleet's."""
     if "use_vha_attention" in up and up["use_vha_attention"] is not True:
         raise _Error(f"use_vha_attention={up['use_vha_attention']!r}: not a VHA config (load it as stock Qwen3)")
     fork = "attn_type" in up
     if fork and up["attn_type"] != "vha":
         raise _Error(f"attn_type={up['attn_type']!r}: only the research fork's attn_type 'vha' is read")
-    ours["upstream"] = "fork" if fork else "paddlefleet"
-    for key in ("model_type", "architectures"):  # upstream files say qwen3 / Qwen3ForCausalLM; this is Qwen3-VHA
-        kwargs.pop(key, None)
+    return fork
+
+
+def _check_representable(up: Dict, kwargs: Dict, head_dim: int) -> None:
+    """One line for an upstream setting Qwen3-VHA cannot represent (see _MUST_BE), a value head width other than
+    head_dim or another softmax scale."""
     for key, (want, why) in _MUST_BE.items():
         if key in up and up[key] is not None and up[key] != want:
             raise _Error(f"{key}={up[key]!r}: {why}")
@@ -121,18 +141,19 @@ def translate(ours: Dict, kwargs: Dict, defaults) -> Tuple[Dict, Dict]:
     scale = kwargs.get("softmax_scale")  # PaddleFormers' field too: checked, kept
     if scale is not None and not math.isclose(scale, head_dim ** -0.5, rel_tol=1e-9):
         raise _Error(f"softmax_scale={scale!r}: Qwen3 scales scores by 1/sqrt(head_dim) = {head_dim ** -0.5:.6g}")
-    for key, name in _RENAMED.items():
-        if key in up and up[key] is not None:
-            _set(ours, name, up[key], key)
 
-    if fork:  # num_attention_heads counts physical heads; Premix is d x d
-        h_p, h_kv = get("num_attention_heads"), get("num_key_value_heads")
-        kwargs["num_attention_heads"] = h_p * h_kv
-        _set(ours, "vha_q_head_dim", head_dim, "the fork's Premix (d x d)")
-        if ours.get("vha_postmix_rank") is None:
-            ours["vha_postmix_rank"] = 4  # the fork's default
-        return ours, kwargs
 
+def _read_fork(ours: Dict, kwargs: Dict, get, head_dim: int) -> None:
+    """The research fork: num_attention_heads counts physical heads; Premix is d x d; Postmix rank 4 by default."""
+    h_p, h_kv = get("num_attention_heads"), get("num_key_value_heads")
+    kwargs["num_attention_heads"] = h_p * h_kv
+    _set(ours, "vha_q_head_dim", head_dim, "the fork's Premix (d x d)")
+    if ours.get("vha_postmix_rank") is None:
+        ours["vha_postmix_rank"] = 4  # the fork's default
+
+
+def _read_paddlefleet(ours: Dict, kwargs: Dict, up: Dict, get, head_dim: int) -> None:
+    """PaddleFleet: upstream's defaults for the Postmix rank and r, its window layers as Qwen3 layer_types."""
     window = kwargs.get("sliding_window")
     if isinstance(window, (list, tuple)):
         raise _Error(f"sliding_window={window!r}: a (left, right) window is not causal Qwen3 attention")
@@ -152,8 +173,14 @@ def translate(ours: Dict, kwargs: Dict, defaults) -> Tuple[Dict, Dict]:
         for key, name in _RENAMED.items():
             if key.startswith("swa_"):
                 ours[name] = None
-        return ours, kwargs
+        return
     kwargs.update(layer_types=types, use_sliding_window=True)
+    _read_window_sizes(ours, up, head_dim, h_v)
+
+
+def _read_window_sizes(ours: Dict, up: Dict, head_dim: int, h_v: int) -> None:
+    """The window layers' sizes with upstream's defaults (swa_vha_q_lora_rank: the window head width;
+    swa_vha_postmix_rank: the window layer's heads // 4)."""
     d_w = ours.get("vha_window_head_dim") or head_dim
     if up.get("swa_v_head_dim") not in (None, d_w):
         raise _Error(f"swa_v_head_dim={up['swa_v_head_dim']!r} differs from the window head width {d_w}")
@@ -164,4 +191,3 @@ def translate(ours: Dict, kwargs: Dict, defaults) -> Tuple[Dict, Dict]:
         if h_w // 4 < 1:
             raise _Error(f"swa_vha_postmix_rank is absent and upstream's default (window heads {h_w}) // 4 is 0: set it")
         ours["vha_window_postmix_rank"] = h_w // 4
-    return ours, kwargs

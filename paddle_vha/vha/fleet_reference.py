@@ -41,69 +41,97 @@ def reference_logits(ids: np.ndarray, get: Callable[[str], np.ndarray], names: D
     B, S = ids.shape
     eps = cfg.rms_norm_eps
     pos = np.broadcast_to(np.arange(S), (B, S))
+    lin = _linear(get, names, layout)
     x = get(names["embed"])[ids]  # (B, S, h)
+    for i in range(cfg.num_hidden_layers):
+        L = f"L{i}."
+        hdn = _rms(x, get(names[L + "input_layernorm.weight"]), eps)
+        x = x + lin(L + "self_attn.o_proj.weight", _attention(hdn, i, get, names, lin, cfg, pos, qkv_layout))
+        hdn = _rms(x, get(names[L + "post_attention_layernorm.weight"]), eps)
+        x = x + _mlp(hdn, L, names, lin, up_gate_order)
+    x = _rms(x, get(names["norm"]), eps)
+    if "lm_head" in names:
+        return lin("lm_head", x)
+    return x @ get(names["embed"]).T
 
+
+def _linear(get, names: Dict[str, str], layout: str):
+    """lin(key, inp): inp times the weight `key` (in either layout, as [in, out]) plus its bias, if it has one."""
     def lin(key, inp):
         w = get(names[key])
         w = w if layout == "paddle" else w.T  # -> [in, out]
         b = names.get(key[: -len(".weight")] + ".bias") if key.endswith(".weight") else None
         return inp @ w + (get(b) if b else 0.0)
 
-    def has(key):
-        return key in names
+    return lin
 
-    for i in range(cfg.num_hidden_layers):
-        dims = cfg.layer_dims(i)
-        h_v, h_kv, d, r, theta = dims.num_heads, dims.num_kv_heads, dims.head_dim, dims.q_head_dim, dims.rope_theta
-        g = h_v // h_kv
-        L = f"L{i}."
-        hdn = _rms(x, get(names[L + "input_layernorm.weight"]), eps)
-        shared = has(L + "self_attn.shared_kv_proj.weight")
-        if has(L + "self_attn.qkv_proj.weight"):
-            qkv = lin(L + "self_attn.qkv_proj.weight", hdn)  # (B, S, g*r + 2*H_kv*d)
-            if qkv_layout == "concat":
-                q, k, v = np.split(qkv, [g * r, g * r + h_kv * d], axis=-1)
-            else:  # per KV group: [its g / H_kv query heads | K | V]
-                per = qkv.reshape(B, S, h_kv, g // h_kv * r + 2 * d)
-                q = per[..., : g // h_kv * r].reshape(B, S, g * r)
-                k = per[..., g // h_kv * r: g // h_kv * r + d].reshape(B, S, h_kv * d)
-                v = per[..., g // h_kv * r + d:].reshape(B, S, h_kv * d)
-        else:
-            q = lin(L + "self_attn.q_proj.weight", hdn)
-            k = lin(L + ("self_attn.shared_kv_proj.weight" if shared else "self_attn.k_proj.weight"), hdn)
-            v = None if shared else lin(L + "self_attn.v_proj.weight", hdn)
-        q = q.reshape(B, S, g, r)
-        premix = get(names[L + "self_attn.vha_premix_weight"])  # (H_kv, r, d)
-        qv = np.einsum("btgr,krd->btkgd", q, premix).reshape(B, S, h_v, d)
-        k = k.reshape(B, S, h_kv, d)
-        qv = _rope(_rms(qv, get(names[L + "self_attn.q_norm.weight"]), eps), pos, theta)
-        k = _rope(_rms(k, get(names[L + "self_attn.k_norm.weight"]), eps), pos, theta)
-        v = k if shared else v.reshape(B, S, h_kv, d)
-        hidden = np.arange(S)[None, :] > np.arange(S)[:, None]  # (S, T): key after query
-        if dims.window:
-            hidden |= np.arange(S)[None, :] <= np.arange(S)[:, None] - dims.window
-        kk = np.repeat(k, g, axis=2)  # (B, T, H_v, d): head h reads KV head h // g
-        vv = np.repeat(v, g, axis=2)
-        scores = np.einsum("bshd,bthd->bhst", qv, kk) / np.sqrt(d)
-        scores = np.where(hidden[None, None], -np.inf, scores)
-        w = np.exp(scores - scores.max(-1, keepdims=True))
-        y = np.einsum("bhst,bthd->bshd", w / w.sum(-1, keepdims=True), vv)  # (B, S, H_v, d)
-        if shared:
-            y = _rope(y, pos, theta, sign=-1.0)
-        m = np.eye(h_v) + get(names[L + "self_attn.vha_postmix_V"]) @ get(names[L + "self_attn.vha_postmix_U"]).T
-        y = np.einsum("hj,bsjd->bshd", m, y).reshape(B, S, h_v * d)
-        if has(L + "self_attn.gate_proj.weight"):  # elementwise sigmoid gate after Postmix
-            y = y / (1.0 + np.exp(-lin(L + "self_attn.gate_proj.weight", hdn)))
-        x = x + lin(L + "self_attn.o_proj.weight", y)
-        hdn = _rms(x, get(names[L + "post_attention_layernorm.weight"]), eps)
-        if has(L + "mlp.up_gate_proj.weight"):
-            both = lin(L + "mlp.up_gate_proj.weight", hdn)
-            first, second = np.split(both, 2, axis=-1)
-            gate, up = (first, second) if up_gate_order == "gate-up" else (second, first)
-        else:
-            gate, up = lin(L + "mlp.gate_proj.weight", hdn), lin(L + "mlp.up_proj.weight", hdn)
-        x = x + lin(L + "mlp.down_proj.weight", gate / (1.0 + np.exp(-gate)) * up)
-    x = _rms(x, get(names["norm"]), eps)
-    if "lm_head" in names:
-        return lin("lm_head", x)
-    return x @ get(names["embed"]).T
+
+def _attention(hdn, i: int, get, names: Dict[str, str], lin, cfg, pos, qkv_layout: str):
+    """Layer i's attention output before o_proj, (B, S, H_v * d): Premix, norms and RoPE, softmax attention, the
+    inverse RoPE of a shared-KV layer, Postmix and the optional sigmoid gate."""
+    B, S = hdn.shape[:2]
+    eps = cfg.rms_norm_eps
+    dims = cfg.layer_dims(i)
+    h_v, h_kv, d, r, theta = dims.num_heads, dims.num_kv_heads, dims.head_dim, dims.q_head_dim, dims.rope_theta
+    g = h_v // h_kv
+    L = f"L{i}."
+    shared = L + "self_attn.shared_kv_proj.weight" in names
+    q, k, v = _qkv(hdn, L, names, lin, shared, (g, r, h_kv, d), qkv_layout)
+    q = q.reshape(B, S, g, r)
+    premix = get(names[L + "self_attn.vha_premix_weight"])  # (H_kv, r, d)
+    qv = np.einsum("btgr,krd->btkgd", q, premix).reshape(B, S, h_v, d)
+    k = k.reshape(B, S, h_kv, d)
+    qv = _rope(_rms(qv, get(names[L + "self_attn.q_norm.weight"]), eps), pos, theta)
+    k = _rope(_rms(k, get(names[L + "self_attn.k_norm.weight"]), eps), pos, theta)
+    v = k if shared else v.reshape(B, S, h_kv, d)
+    y = _softmax_attention(qv, k, v, g, dims.window)  # (B, S, H_v, d)
+    if shared:
+        y = _rope(y, pos, theta, sign=-1.0)
+    m = np.eye(h_v) + get(names[L + "self_attn.vha_postmix_V"]) @ get(names[L + "self_attn.vha_postmix_U"]).T
+    y = np.einsum("hj,bsjd->bshd", m, y).reshape(B, S, h_v * d)
+    if L + "self_attn.gate_proj.weight" in names:  # elementwise sigmoid gate after Postmix
+        y = y / (1.0 + np.exp(-lin(L + "self_attn.gate_proj.weight", hdn)))
+    return y
+
+
+def _qkv(hdn, L: str, names: Dict[str, str], lin, shared: bool, sizes, qkv_layout: str):
+    """(q (B, S, g*r), k (B, S, H_kv*d), v or None for a shared-KV layer) from the fused or separate projections."""
+    B, S = hdn.shape[:2]
+    g, r, h_kv, d = sizes
+    if L + "self_attn.qkv_proj.weight" in names:
+        qkv = lin(L + "self_attn.qkv_proj.weight", hdn)  # (B, S, g*r + 2*H_kv*d)
+        if qkv_layout == "concat":
+            return tuple(np.split(qkv, [g * r, g * r + h_kv * d], axis=-1))
+        per = qkv.reshape(B, S, h_kv, g // h_kv * r + 2 * d)  # per KV group: [its g / H_kv query heads | K | V]
+        q = per[..., : g // h_kv * r].reshape(B, S, g * r)
+        k = per[..., g // h_kv * r: g // h_kv * r + d].reshape(B, S, h_kv * d)
+        v = per[..., g // h_kv * r + d:].reshape(B, S, h_kv * d)
+        return q, k, v
+    q = lin(L + "self_attn.q_proj.weight", hdn)
+    k = lin(L + ("self_attn.shared_kv_proj.weight" if shared else "self_attn.k_proj.weight"), hdn)
+    v = None if shared else lin(L + "self_attn.v_proj.weight", hdn)
+    return q, k, v
+
+
+def _softmax_attention(qv, k, v, g: int, window):
+    """softmax(q k^T / sqrt(d) + causal (and window) mask) v, (B, S, H_v, d); query head h reads KV head h // g."""
+    S, d = qv.shape[1], qv.shape[-1]
+    hidden = np.arange(S)[None, :] > np.arange(S)[:, None]  # (S, T): key after query
+    if window:
+        hidden |= np.arange(S)[None, :] <= np.arange(S)[:, None] - window
+    kk = np.repeat(k, g, axis=2)  # (B, T, H_v, d): head h reads KV head h // g
+    vv = np.repeat(v, g, axis=2)
+    scores = np.einsum("bshd,bthd->bhst", qv, kk) / np.sqrt(d)
+    scores = np.where(hidden[None, None], -np.inf, scores)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("bhst,bthd->bshd", w / w.sum(-1, keepdims=True), vv)  # (B, S, H_v, d)
+
+
+def _mlp(hdn, L: str, names: Dict[str, str], lin, up_gate_order: str):
+    """The SwiGLU MLP, from a fused up_gate_proj (in up_gate_order) or separate gate / up projections."""
+    if L + "mlp.up_gate_proj.weight" in names:
+        first, second = np.split(lin(L + "mlp.up_gate_proj.weight", hdn), 2, axis=-1)
+        gate, up = (first, second) if up_gate_order == "gate-up" else (second, first)
+    else:
+        gate, up = lin(L + "mlp.gate_proj.weight", hdn), lin(L + "mlp.up_proj.weight", hdn)
+    return lin(L + "mlp.down_proj.weight", gate / (1.0 + np.exp(-gate)) * up)

@@ -1,0 +1,173 @@
+"""The trainer config -> PaddleFormers' (model, data, training) arguments: what tools/train.py reads.
+
+The config holds model, data and training arguments in one flat object, parsed by PaddleFormers'
+PdArgumentParser as its own pretraining entry point does: `model_type` (a family of paddle_vha/families.py),
+`model_config` (the model's config.json fields, inline or a path), the data arguments (`dataset`: stdlib | pretrain,
+`input_dir`, `max_seq_len`, ...) and any PaddleFormers TrainingArguments (`output_dir`, `max_steps`, `learning_rate`,
+`bf16`, `tensor_model_parallel_size`, `recompute_granularity`, `save_steps`, ...); the command line overrides it
+(`--key value`). Names from PaddleNLP-era configs are renamed (LEGACY_KEYS). Guide: docs/training.md.
+
+A config or argument that cannot be read is a one-line TrainError (paddle_vha/train/errors.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..families import DEFAULT_MODEL_TYPE, FAMILIES
+from .errors import TrainError
+from .paddleformers_trainer import PdArgumentParser, TrainingArguments, llmmetaclass
+
+__all__ = ["ModelArguments", "DataArguments", "VHATrainingArguments", "LEGACY_KEYS", "read_config", "parse",
+           "print_help", "requested_parallelism", "tensor_parallel_degree"]
+
+# Names from PaddleNLP-era configs that PaddleFormers 1.0.0 spells differently.
+LEGACY_KEYS = {
+    "tensor_parallel_degree": "tensor_model_parallel_size",
+    "pipeline_parallel_degree": "pipeline_model_parallel_size",
+    "max_seq_length": "max_seq_len",
+}
+
+
+@dataclass
+class ModelArguments:
+    model_type: str = field(default=DEFAULT_MODEL_TYPE, metadata={"help": f"one of {', '.join(FAMILIES)}"})
+    model_config: Optional[str] = field(
+        default=None,
+        metadata={"help": "the model's config.json fields: a JSON object (inline in the trainer config) or a path to "
+                  "a config.json or a checkpoint folder"})
+    model_name_or_path: Optional[str] = field(
+        default=None, metadata={"help": "start from this checkpoint's weights (continued pretraining); default: "
+                                "random initialisation from model_config"})
+
+
+@dataclass
+class DataArguments:
+    dataset: str = field(default="stdlib", metadata={
+        "help": "stdlib: the embedded Python standard-library byte corpus (vocab 256, no download); pretrain: "
+                "PaddleFormers pretraining data (PREFIX.bin/.idx) named by input_dir"})
+    input_dir: Optional[str] = field(default=None, metadata={
+        "help": "dataset=pretrain: a data prefix, a folder of .bin/.idx pairs, or 'w1 PREFIX1 w2 PREFIX2 ...'"})
+    split: str = field(default="949,50,1", metadata={"help": "dataset=pretrain: train,valid,test document split"})
+    max_seq_len: int = field(default=256, metadata={"help": "tokens per training sample"})
+    corpus_mb: float = field(default=8.0, metadata={"help": "dataset=stdlib: MB of standard-library source to read"})
+    val_fraction: float = field(default=0.1, metadata={"help": "dataset=stdlib: fraction of files held out"})
+    max_eval_samples: int = field(default=64, metadata={"help": "validation samples per evaluation"})
+    data_cache: Optional[str] = field(default=None, metadata={"help": "dataset=pretrain: index cache folder"})
+
+
+@dataclass
+@llmmetaclass
+class VHATrainingArguments(TrainingArguments):
+    dry_run: bool = field(default=False, metadata={
+        "help": "validate the config, print model size, KV cache and FLOPs, build the data, and exit without "
+                "building the model"})
+    save_model_in_checkpoints: bool = field(default=True, metadata={
+        "help": "also write each checkpoint-N/model in the Qwen3-VHA checkpoint format (docs/checkpoint.md), "
+                "next to the Trainer's resumable state"})
+
+
+class _Parser(PdArgumentParser):
+    def error(self, message):  # one line, not argparse's page-long usage
+        raise TrainError(f"{message} (see tools/train.py --help)")
+
+
+def read_config(path: str) -> list:
+    """The trainer config as argv-style strings (PdArgumentParser.read_json's rules), legacy keys renamed."""
+    if not path.endswith(".json"):
+        raise TrainError(f"{path}: the first argument must be a JSON trainer config (configs/*.json)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise TrainError(f"{path}: no such file")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TrainError(f"{path}: not valid JSON ({e})")
+    if not isinstance(data, dict):
+        raise TrainError(f"{path}: expected a JSON object of arguments")
+    args = []
+    for key, value in data.items():
+        key = LEGACY_KEYS.get(key, key)
+        if isinstance(value, list):
+            args += [f"--{key}", *[str(v) for v in value]]
+        elif isinstance(value, dict):
+            args += [f"--{key}", json.dumps(value)]
+        else:
+            args += [f"--{key}", str(value)]
+    return args
+
+
+def _parser(usage: str) -> _Parser:
+    return _Parser((ModelArguments, DataArguments, VHATrainingArguments), description=usage.split("\n\n")[0])
+
+
+def print_help(usage: str = __doc__) -> None:
+    """`usage`, then every model, data and training argument (what tools/train.py --help prints)."""
+    print(usage)
+    _parser(usage).print_help()
+
+
+def parse(argv, usage: str = __doc__):
+    """(model, data, training arguments, the parallel degrees the user wrote) from argv: CONFIG.json [--key value ...].
+    `usage` is the parser's description. A first argument -h / --help is the caller's to answer (print_help)."""
+    if not argv:
+        raise TrainError("usage: tools/train.py CONFIG.json [--key value ...] (see --help)")
+    parser = _parser(usage)
+    cmd = []
+    for a in argv[1:]:
+        if a.startswith("--") and a[2:] in LEGACY_KEYS:
+            a = "--" + LEGACY_KEYS[a[2:]]
+        cmd.append(a)
+    args = read_config(argv[0]) + cmd
+    try:
+        parsed = parser.common_parse(args, return_remaining_strings=False)
+    except ValueError as e:
+        msg = str(e)
+        if "not used by the PdArgumentParser" in msg:
+            import ast
+
+            try:
+                rest = ast.literal_eval(msg.split(":", 1)[1].strip())
+                unknown = ", ".join(a[2:] for a in rest if a.startswith("--")) or str(rest)
+            except (ValueError, SyntaxError):
+                unknown = msg.split(":", 1)[1].strip()
+            raise TrainError(f"{argv[0]}: unknown argument(s): {unknown} (not a model, data or PaddleFormers "
+                             "training argument)")
+        raise TrainError(f"{argv[0]}: {msg.splitlines()[0] if msg else type(e).__name__}")
+    except (AssertionError, TypeError, NotImplementedError) as e:
+        raise TrainError(f"{argv[0]}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    model_args = parsed[0]
+    if "--model_name_or_path" in cmd and "--model_config" not in cmd and model_args.model_name_or_path:
+        # Continued training from a checkpoint named on the command line: its config.json is the architecture (a
+        # trainer config's inline model_config describes a model to build, not the one being loaded).
+        model_args.model_config = None
+        try:
+            with open(os.path.join(model_args.model_name_or_path, "config.json"), encoding="utf-8") as f:
+                checkpoint_type = json.load(f).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            checkpoint_type = None  # model_config_dict says what is wrong with it
+        if "--model_type" not in cmd and isinstance(checkpoint_type, str):
+            model_args.model_type = checkpoint_type
+    return (*parsed, requested_parallelism(args))
+
+
+def requested_parallelism(args: list) -> dict:
+    """Parallel degrees as the user wrote them. TrainingArguments resets them to 1 / -1 in a single process, which
+    would hide that a config asks for tensor parallelism the model may not support."""
+    out = {}
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        for i, a in enumerate(args[:-1]):
+            if a == f"--{key}":
+                try:
+                    out[key] = int(args[i + 1])
+                except ValueError:
+                    pass  # PdArgumentParser has already rejected it
+    return out
+
+
+def tensor_parallel_degree(requested: dict, training_args) -> int:
+    """The tensor-parallel degree the run asks for: what the user wrote (a single process' TrainingArguments reset it
+    to 1) or what the launcher gave."""
+    return max(1, requested.get("tensor_model_parallel_size", 1), training_args.tensor_model_parallel_size)

@@ -1,0 +1,84 @@
+"""The Trainer callback of tools/train.py: one log line per record, train_log.jsonl, checkpoint-N/model copies, and
+the stop on a NaN or Inf (loss, gradient norm, validation loss or a parameter)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+from ..checkpoint.folder import save_pretrained_atomic
+from .paddleformers_trainer import TrainerCallback
+
+__all__ = ["TrainLog", "nonfinite_parameter"]
+
+
+class TrainLog(TrainerCallback):
+    """Prints each log record in one line and appends it to OUTPUT_DIR/train_log.jsonl (PaddleFormers 1.0.0 keeps no
+    log history in trainer_state.json); on each save, writes checkpoint-N/model in the documented format.
+
+    A NaN or Inf loss, gradient norm or validation loss, or a parameter holding one (checked at every log step: with
+    NaN weights PaddleFormers' loss can still read as a finite ln(vocab)), stops training at once (`nonfinite` says
+    what and when): it is written to the log as null (strict JSON) and `run` stops with a one-line TrainError, saving
+    nothing."""
+
+    KEYS = ("loss", "eval_loss", "learning_rate", "global_norm")
+
+    def __init__(self, model, path: str, save_models: bool):
+        self.model, self.path, self.save_models = model, path, save_models
+        self.last = {}  # key -> (step, value) of the latest record
+        self.nonfinite = None  # (what, step) of the first non-finite number seen
+        self.steps_run = 0  # optimizer steps this process has run
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps_run += 1
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs:
+            return
+        rec = {"step": state.global_step, **{k: float(logs[k]) for k in self.KEYS if k in logs}}
+        if len(rec) == 1:
+            return
+        for k, v in rec.items():  # on every rank: main() decides from it whether to evaluate (a collective)
+            if k != "step":
+                self.last[k] = (rec["step"], v)
+                if not math.isfinite(v) and self.nonfinite is None:
+                    self.nonfinite = (f"{k} is {v}", rec["step"])
+        if self.nonfinite is None:
+            bad = nonfinite_parameter(self.model)  # every rank, at the same steps: the decision is collective
+            if bad is not None:
+                self.nonfinite = (f"parameter {bad} holds NaN or Inf", rec["step"])
+        if self.nonfinite is not None:
+            control.should_training_stop = True
+            control.should_save = False
+        if not state.is_world_process_zero:
+            return
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        strict = {k: (v if math.isfinite(v) else None) for k, v in rec.items()}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(strict, allow_nan=False) + "\n")
+        print("  ".join([f"step {rec['step']}"] + [f"{k} {v:.4g}" for k, v in rec.items() if k != "step"]),
+              file=sys.stderr)
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.nonfinite is not None:
+            return
+        if self.save_models and args.should_save:
+            ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            if os.path.isdir(ckpt):
+                save_pretrained_atomic(self.model, os.path.join(ckpt, "model"))
+
+
+def nonfinite_parameter(model):
+    """The name of the first parameter holding a NaN or Inf (on any rank: "a parameter on another rank"), or None.
+    Collective when several processes run: call it on every rank at the same step."""
+    import paddle
+    import paddle.distributed as dist
+
+    bad = next((name for name, p in model.named_parameters() if not bool(paddle.isfinite(p).all())), None)
+    if dist.get_world_size() > 1:
+        flag = paddle.to_tensor([0 if bad is None else 1], dtype="int32")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if int(flag.numpy()[0]) and bad is None:
+            bad = "on another rank"
+    return bad
