@@ -9,7 +9,7 @@
 STATUS: written for the project's H200 check machine and NEVER RUN ON A GPU YET: the CUDA path is compiled but
 unverified until this script has passed there (docs/prologue.md).
 
-1. Builds ops/csrc/vha_prologue_launcher.cu (the extern "C" launcher over the same kernels the Paddle op uses)
+1. Builds ops/csrc/cuda/c_api.cu (the extern "C" launcher over the same kernels the Paddle op uses)
    with nvcc for this GPU's architecture, and loads it with ctypes.
 2. Forward and backward vs the float64 numpy oracle (tests/prologue_oracle.py, which imports no Paddle) on
    adversarial shapes (S = 1 with a position offset, prime S, B > 1, r < d, H_kv = 1 / 2 / 3, d = 64 / 128),
@@ -69,7 +69,7 @@ def build_launcher(out_dir: Path) -> ctypes.CDLL:
     so = out_dir / f"libvha_prologue_sm{arch}.so"
     cmd = ["nvcc", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
            f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-I{ROOT / 'ops' / 'csrc'}",
-           str(ROOT / "ops" / "csrc" / "vha_prologue_launcher.cu"), "-o", str(so)]
+           str(ROOT / "ops" / "csrc" / "cuda" / "c_api.cu"), "-o", str(so)]
     t0 = time.time()
     subprocess.run(cmd, check=True)
     print(f"[build] sm_{arch} launcher in {time.time() - t0:.1f} s: {so}", flush=True)
