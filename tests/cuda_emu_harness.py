@@ -7,7 +7,7 @@ unmodified kernel sources (or a mutated copy of ops/csrc in kernels_dir, made by
 build(..., race=True) adds the emulator's shared-memory race detector (such a library is passed to --lib like any
 other). Each case allocates every device buffer with emu_alloc (it ends at a guard page), runs forward and backward
 through the extern "C" launcher, and reports max |err| / max |ref| per output against the float64 oracle
-(tests/prologue_oracle.py). A fault (guard page), a deadlock, a divergent barrier or a race (race-checking
+(tools/prologue_check/oracle.py). A fault (guard page), a deadlock, a divergent barrier or a race (race-checking
 build) ends the process: callers run this file as a subprocess.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import prologue_oracle as po  # noqa: E402
+sys.path.append(os.path.join(ROOT, "tools"))  # as tests/conftest.py: this file also runs as a script
+from prologue_check import oracle as po  # noqa: E402
 
 CSRC = os.path.join(ROOT, "ops", "csrc")
 # The CUDA sources under ops/csrc/cuda, in the order their code reads from the common helpers to the launchers: a

@@ -1,10 +1,11 @@
 """Fused VHA prologue operator (ops/, paddle_vha/kernels/) against the float64 numpy oracle and the
 layer's composed path: forward and backward, fp32 / bf16 / fp64, finite differences, static graph and
-jit.save, layer integration and fallback, and an nvcc compile of the CUDA sources."""
+jit.save, layer integration and fallback, an nvcc compile of the CUDA sources, and the GPU check's no-GPU self-test."""
 import logging
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import paddle
@@ -12,7 +13,7 @@ import pytest
 from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding, rotate_half
 
 import oracle
-import prologue_oracle as po
+from prologue_check import oracle as po
 from _utils import rel_err, tiny_config, to_numpy
 from paddle_vha import Qwen3VHAAttention, VHAConfigError
 from paddle_vha.kernels import cpu_variant as cv
@@ -552,3 +553,22 @@ def test_cuda_sources_compile_with_nvcc_for_sm80_and_sm90(tmp_path):
     assert lib.vha_prologue_backward_workspace(2, B, S, h_p, h_kv, r, d) == want
     assert lib.vha_prologue_backward_workspace(1, B, S, h_p, h_kv, r, d) == 2 * want  # fp64 sums
 
+
+def test_gpu_check_selftest_table_and_a_paddle_free_oracle():
+    """`python tools/gpu_check.py --selftest-table`, from the checkout's root as on the GPU machine, needs no GPU and no
+    PyTorch: the bytes model, the table and both target lines on made-up timings. The float64 oracle it shares with
+    these tests (tools/prologue_check/oracle.py) imports neither paddle nor paddle_vha nor torch."""
+    r = subprocess.run([sys.executable, os.path.join("tools", "gpu_check.py"), "--selftest-table"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    print(r.stdout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[2].startswith("| tokens | fused fwd us | composed fwd us |")
+    assert len([ln for ln in lines if ln.startswith("| ")]) == 2 + 7  # header, rule, one row per default token count
+    assert lines[-2].startswith("target forward >= 75% of copy bandwidth at >= 4K tokens: ")
+    assert lines[-1].startswith("target forward+backward >= 2x faster than the composed chain")
+    code = ("import sys; from prologue_check import oracle; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'paddle', 'paddle_vha', 'torch'}))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(ROOT, "tools"), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr[-2000:]
