@@ -1,9 +1,9 @@
 """paddle-vha's build: metadata and console scripts are in pyproject.toml; this file adds what a declaration cannot.
 
 * dependencies: requirements.txt's pins (test-only packages left out);
-* the fused operator's sources (ops/build.py, ops/csrc/*) are copied into the wheel as package data
+* the fused operator's sources (ops/build.py, ops/csrc/**) are copied into the wheel as package data
   (paddle_vha/_ops), so an installed paddle_vha builds the op on first use or with `paddle-vha-build-ops`
-  (paddle_vha/vha/prologue.py finds them there, or in a checkout's ops/).
+  (paddle_vha/kernels/op_loader.py finds them there, or in a checkout's ops/).
 
 Install for development with tools/env.sh (pinned venv, editable); `pip wheel .` builds the distributable wheel.
 """
@@ -14,7 +14,9 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OPS_FILES = ["build.py"] + [os.path.join("csrc", f) for f in sorted(os.listdir(os.path.join(HERE, "ops", "csrc")))]
+OPS_FILES = ["build.py"] + sorted(  # every file under ops/csrc, its subfolders (cpu/, cuda/) included
+    os.path.relpath(os.path.join(folder, f), os.path.join(HERE, "ops"))
+    for folder, _, files in os.walk(os.path.join(HERE, "ops", "csrc")) for f in files)
 
 
 def requirements():

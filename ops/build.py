@@ -4,7 +4,7 @@
     python ops/build.py --force    # rebuild from scratch
 
 `tools/env.sh` runs this whenever a file under ops/csrc or this script changes (its own stamp), and
-`paddle_vha.vha.prologue` calls `build()` on first use. An installed wheel carries this folder as package data
+`paddle_vha.kernels.op_loader` calls `build()` on first use. An installed wheel carries this folder as package data
 (paddle_vha/_ops) and builds the op the same way on first use, or with `paddle-vha-build-ops`. The CUDA kernels are compiled in only when Paddle itself
 is compiled with CUDA (`paddle.is_compiled_with_cuda()`); a CPU wheel gets the CPU kernels.
 
@@ -29,8 +29,10 @@ from pathlib import Path
 OPS_DIR = Path(__file__).resolve().parent
 CSRC = OPS_DIR / "csrc"
 MODULE_NAME = "vha_prologue_ops"
-CPU_SOURCES = ["vha_prologue_cpu.cc"]
-CUDA_SOURCES = ["vha_prologue_cuda.cu"]
+# The translation units, relative to csrc/: the one registration of the operator, its CPU entries, and (a CUDA build of
+# Paddle only) its CUDA entries. Every other file under csrc/ is a header one of them includes.
+CPU_SOURCES = ["register_op.cc", "cpu/op_cpu.cc"]
+CUDA_SOURCES = ["cuda/op_cuda.cu"]
 
 
 def build_dir() -> Path:
@@ -49,12 +51,11 @@ def source_files(with_cuda: bool) -> list[Path]:
 
 
 def sources_digest() -> str:
-    """Hash of every file the build reads (all of ops/csrc and this script), for the set-up stamp."""
+    """Hash of every file the build reads (all of ops/csrc, subfolders too, and this script), for the set-up stamp."""
     h = hashlib.sha256()
-    for p in sorted(CSRC.iterdir()) + [Path(__file__).resolve()]:
-        if p.is_file():
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
+    for p in sorted(p for p in CSRC.rglob("*") if p.is_file()) + [Path(__file__).resolve()]:
+        h.update(p.relative_to(OPS_DIR).as_posix().encode())
+        h.update(p.read_bytes())
     return h.hexdigest()
 
 
@@ -79,7 +80,7 @@ def _cuda_home() -> str | None:
 
 def default_march() -> str:
     """The baseline the translation unit is compiled for: x86-64 on x86-64 (the faster kernels are dispatched at run
-    time, vha_prologue_cpu.cc), the compiler's default elsewhere."""
+    time, csrc/cpu/op_cpu.cc), the compiler's default elsewhere."""
     import platform
 
     return "x86-64" if platform.machine().lower() in ("x86_64", "amd64") else ""
@@ -99,7 +100,7 @@ def build(verbose: bool = False, force: bool = False):
     cflags = ["-O3", "-fopenmp-simd", "-std=c++17", f"-I{CSRC}"] + ([f"-march={march}"] if march else [])
     cflags += os.environ.get("VHA_OPS_CFLAGS", "").split()
     # Paddle's loader rebuilds when the flags change but only looks at the listed sources' times: the digest of every
-    # file under csrc/ (headers, the per-ISA kernel include) in the flags makes any edit there rebuild the op.
+    # file under csrc/ (headers, the per-ISA kernel include, subfolders) in the flags makes any edit rebuild the op.
     cflags.append(f"-DVHA_SOURCES_DIGEST={sources_digest()[:16]}")
     cuda_flags = []
     if with_cuda:

@@ -4,7 +4,8 @@ tolerance policy (fused error at most ~2x the composed path's own error against 
 Imports nothing from paddle_vha or paddle. Every tensor an op hands to the next op is rounded to the 16-bit dtype
 (forward values and autograd's gradients alike); GEMMs and the RMSNorm statistics run in fp32 on those values, as
 PaddleFormers' Qwen3 RMSNorm does (fp32 statistics, cast back, times the 16-bit weight). Same shapes and outputs as
-prologue_oracle.forward / vjp: q_phys (B, S, H_p, r), k (B, S, H_kv, d), premix (H_kv, r, d), tables (B or 1, S, d).
+the oracle's forward / vjp (tools/prologue_check/oracle.py): q_phys (B, S, H_p, r), k (B, S, H_kv, d), premix
+(H_kv, r, d), tables (B or 1, S, d).
 """
 from __future__ import annotations
 

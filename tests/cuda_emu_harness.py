@@ -2,13 +2,13 @@
 
     python tests/cuda_emu_harness.py --lib LIB.so --dtype bf16 --order 1     # prints one JSON line per case
 
-build(out_so, kernels_dir=None) compiles ops/csrc/vha_prologue_launcher.cu with g++ (-x c++ -DVHA_EMU) around the
-unmodified kernel sources (or a mutated copy of ops/csrc in kernels_dir, for the self-test); build(..., race=True)
-adds the emulator's shared-memory race detector (such a library is passed to --lib like any other). Each case
-allocates every device buffer with emu_alloc (it ends at a guard page), runs forward and backward through the
-extern "C" launcher, and reports max |err| / max |ref| per output against tests/prologue_oracle.py. A fault (guard
-page), a deadlock, a divergent barrier or a race (race-checking build) ends the process: callers run this file as a
-subprocess.
+build(out_so, kernels_dir=None) compiles ops/csrc/cuda/c_api.cu with g++ (-x c++ -DVHA_EMU) around the
+unmodified kernel sources (or a mutated copy of ops/csrc in kernels_dir, made by mutated_copy, for the self-tests);
+build(..., race=True) adds the emulator's shared-memory race detector (such a library is passed to --lib like any
+other). Each case allocates every device buffer with emu_alloc (it ends at a guard page), runs forward and backward
+through the extern "C" launcher, and reports max |err| / max |ref| per output against the float64 oracle
+(tools/prologue_check/oracle.py). A fault (guard page), a deadlock, a divergent barrier or a race (race-checking
+build) ends the process: callers run this file as a subprocess.
 """
 from __future__ import annotations
 
@@ -26,7 +26,38 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import prologue_oracle as po  # noqa: E402
+sys.path.append(os.path.join(ROOT, "tools"))  # as tests/conftest.py: this file also runs as a script
+from prologue_check import oracle as po  # noqa: E402
+
+CSRC = os.path.join(ROOT, "ops", "csrc")
+# The CUDA sources under ops/csrc/cuda, in the order their code reads from the common helpers to the launchers: a
+# mutation's anchor text is replaced where it first occurs in this order.
+KERNEL_FILES = ("device_common.cuh", "simt_forward.cuh", "tc_primitives.cuh", "tc_prologue.cuh", "tc_gemm.cuh",
+                "simt_backward.cuh", "partial_sums.cuh", "launch_common.cuh", "launch_forward.cuh",
+                "launch_backward.cuh")
+
+
+def kernel_file(csrc: str, text: str) -> str:
+    """The file of csrc/cuda (KERNEL_FILES order) where `text` first occurs; an error naming the text if none has it."""
+    for name in KERNEL_FILES:
+        path = os.path.join(csrc, "cuda", name)
+        with open(path) as f:
+            if text in f.read():
+                return path
+    raise AssertionError(f"mutation anchor not found in ops/csrc/cuda: {text!r}")
+
+
+def mutated_copy(dest: str, edits) -> str:
+    """A copy of ops/csrc at dest with each (old, new) of edits replaced once, where old first occurs; returns dest."""
+    shutil.copytree(CSRC, dest)
+    for old, new in edits:
+        path = kernel_file(dest, old)
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write(text.replace(old, new, 1))
+    return dest
+
 
 DTYPES = {"fp32": 0, "fp64": 1, "bf16": 2, "fp16": 3}
 # (B, S, H_p, H_kv, r, d, position offset): decode (S = 1 with an offset), tensor-core shapes with partial 64-row
@@ -65,8 +96,8 @@ def build(out_so: str, kernels_dir: str | None = None, extra=(), race: bool = Fa
     inc = cuda_include()
     if inc is None:
         raise RuntimeError("no CUDA headers (cuda_fp16.h) found: set CUDA_HOME")
-    src = kernels_dir or os.path.join(ROOT, "ops", "csrc")  # a quoted include looks beside the launcher first
-    source = source or os.path.join(src, "vha_prologue_launcher.cu")
+    src = kernels_dir or CSRC  # quoted includes look beside the including file first: a copy builds from itself
+    source = source or os.path.join(src, "cuda", "c_api.cu")
     flags = ["-x", "c++", "-std=c++17", "-O1", "-fPIC", "-DVHA_EMU", f"-I{os.path.join(ROOT, 'ops', 'emu')}",
              f"-I{src}", f"-I{inc}", *extra]
     if not race:

@@ -273,7 +273,7 @@ def test_wheel_installs_commands_and_builds_the_op(tmp_path):
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    assert "paddle_vha/_ops/build.py" in names and "paddle_vha/_ops/csrc/vha_prologue_cpu.cc" in names
+    assert "paddle_vha/_ops/build.py" in names and "paddle_vha/_ops/csrc/register_op.cc" in names
     assert not any(n.startswith(("tests/", "tools/", "ops/", "experiments/", "assets/")) for n in names)
     assert not any(n.startswith("paddle_vha/") and n.endswith(tuple(f"/{e}.py" for e in EXPERIMENT_TOOLS)) for n in names)
 
@@ -306,7 +306,7 @@ def test_wheel_installs_commands_and_builds_the_op(tmp_path):
     r = run(str(venv / "bin" / "paddle-vha-build-ops"), env=dict(env, VHA_OPS_BUILD_DIR=str(build)), cwd=str(tmp_path))
     print(r.stdout, r.stderr[-2000:])
     assert r.returncode == 0 and "vha_prologue built" in r.stdout, r.stderr[-2000:]
-    code = ("from paddle_vha.vha.prologue import load_op, ops_source_dir; import sys; "
+    code = ("from paddle_vha.kernels.op_loader import load_op, ops_source_dir; import sys; "
             "print(ops_source_dir()); sys.exit(load_op() is None)")
     r = run(str(py), "-c", code, env=dict(env, VHA_OPS_BUILD_DIR=str(build)), cwd=str(tmp_path))
     assert r.returncode == 0 and r.stdout.strip().startswith(str(venv)), r.stdout + r.stderr[-2000:]

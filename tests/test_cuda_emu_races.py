@@ -86,7 +86,7 @@ def test_kernels_have_no_shared_memory_races(race_lib, dtype, order, cases, sms)
 def mutated_csrc(dest, kernel, old, new):
     """A copy of ops/csrc with `old` replaced by `new` once, inside the body of the kernel `kernel`."""
     shutil.copytree(CSRC, dest)
-    path = os.path.join(dest, "vha_prologue_kernels.cuh")
+    path = harness.kernel_file(dest, f" {kernel}(")
     with open(path) as f:
         text = f.read()
     start = text.find(f" {kernel}(")

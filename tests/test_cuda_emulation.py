@@ -14,7 +14,6 @@ import pytest
 import cuda_emu_harness as harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNELS = os.path.join(ROOT, "ops", "csrc", "vha_prologue_kernels.cuh")
 # max |err| / max |ref| allowed against float64 in fp32 / fp64; in bf16 / fp16 the policy of the project: at most 2x
 # the composed chain's own error in that dtype (tests/composed_lowp.py) plus half an output ulp
 TOL = {"fp32": 4e-6, "fp64": 1e-13}
@@ -119,16 +118,7 @@ def test_persistent_ctas_loop_over_tiles(emu_lib):
 
 def mutate(tmp_path, *pairs):
     """A copy of ops/csrc with each (old, new) text replaced once in the kernels, built for the emulator."""
-    text = open(KERNELS).read()
-    for old, new in zip(pairs[::2], pairs[1::2]):
-        assert old in text, f"mutation anchor not found: {old!r}"
-        text = text.replace(old, new, 1)
-    mutated = str(tmp_path / "k")
-    os.makedirs(mutated)
-    with open(os.path.join(mutated, "vha_prologue_kernels.cuh"), "w") as f:
-        f.write(text)
-    for name in ("vha_prologue_math.h", "vha_prologue_launcher.cu"):
-        shutil.copy(os.path.join(ROOT, "ops", "csrc", name), mutated)
+    mutated = harness.mutated_copy(str(tmp_path / "k"), list(zip(pairs[::2], pairs[1::2])))
     lib = str(tmp_path / "mutant.so")
     harness.build(lib, kernels_dir=mutated)
     return lib

@@ -1,10 +1,11 @@
-"""Fused VHA prologue operator (ops/, paddle_vha/prologue.py) against the float64 numpy oracle and the
+"""Fused VHA prologue operator (ops/, paddle_vha/kernels/) against the float64 numpy oracle and the
 layer's composed path: forward and backward, fp32 / bf16 / fp64, finite differences, static graph and
-jit.save, layer integration and fallback, and an nvcc compile of the CUDA sources."""
+jit.save, layer integration and fallback, an nvcc compile of the CUDA sources, and the GPU check's no-GPU self-test."""
 import logging
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import paddle
@@ -12,10 +13,13 @@ import pytest
 from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding, rotate_half
 
 import oracle
-import prologue_oracle as po
+from prologue_check import oracle as po
 from _utils import rel_err, tiny_config, to_numpy
 from paddle_vha import Qwen3VHAAttention, VHAConfigError
-from paddle_vha.vha import prologue as pl
+from paddle_vha.kernels import cpu_variant as cv
+from paddle_vha.kernels import dispatch
+from paddle_vha.kernels import op_loader
+from paddle_vha.kernels.prologue import fused_prologue
 from paddle_vha.vha.attention import premix as premix_ref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,8 +31,8 @@ BF16_ULP = 2.0**-8
 def op():
     if shutil.which(os.environ.get("CXX", "c++")) is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler on PATH: the fused prologue cannot be built here")
-    mod = pl.load_op()
-    assert mod is not None, f"fused prologue did not build/load: {pl._state['error']}"
+    mod = op_loader.load_op()
+    assert mod is not None, f"fused prologue did not build/load: {op_loader.load_error()}"
     return mod
 
 
@@ -168,7 +172,7 @@ def test_bf16_forward_backward_vs_oracle_and_composed(op, shape):
     bf_in = [t.astype("bfloat16") for t in vals]
     for t in bf_in[:5]:
         t.stop_gradient = False
-    fused_out = pl.fused_prologue(*bf_in, eps, heads_first=True)
+    fused_out = fused_prologue(*bf_in, eps, heads_first=True)
     assert fused_out[0].dtype == paddle.bfloat16
     fused_g = paddle.grad(list(fused_out), bf_in[:5], [g_q.astype("bfloat16"), g_k.astype("bfloat16")])
 
@@ -184,7 +188,7 @@ def test_fp16_forward_backward_match_oracle(op):
     vals = [t.detach().astype("float16") for t in (q_phys, k, *weights(attn), cos, sin)]
     for t in vals[:5]:
         t.stop_gradient = False
-    q, kk = pl.fused_prologue(*vals, cfg.rms_norm_eps)
+    q, kk = fused_prologue(*vals, cfg.rms_norm_eps)
     np_vals = [to_numpy(t) for t in vals]
     ref_q, ref_k = po.forward(*np_vals, cfg.rms_norm_eps)
     assert q.dtype == paddle.float16
@@ -208,7 +212,7 @@ def test_float64_oracle_and_finite_differences(op, shape):
     vals = [paddle.to_tensor(to_numpy(t)) for t in (q_phys, k, *weights(attn), cos, sin)]
     for t in vals[:5]:
         t.stop_gradient = False
-    q, kk = pl.fused_prologue(*vals, eps, heads_first=False)  # [B, S, H, d] layout this time
+    q, kk = fused_prologue(*vals, eps, heads_first=False)  # [B, S, H, d] layout this time
     np_vals = [to_numpy(t) for t in vals]
     ref_q, ref_k = po.forward(*np_vals, eps)
     assert rel_err(to_numpy(q), ref_q, "q fused float64") <= 1e-13
@@ -243,8 +247,8 @@ def test_batch_one_tables_broadcast_and_missing_k_gradient(op):
     vals = [q_phys, k, *[w.detach() for w in weights(attn)]]
     for t in vals:
         t.stop_gradient = False
-    q_full, _ = pl.fused_prologue(*vals, cos, sin, cfg.rms_norm_eps)
-    q_one, _ = pl.fused_prologue(*vals, cos[:1], sin[:1], cfg.rms_norm_eps)
+    q_full, _ = fused_prologue(*vals, cos, sin, cfg.rms_norm_eps)
+    q_one, _ = fused_prologue(*vals, cos[:1], sin[:1], cfg.rms_norm_eps)
     np.testing.assert_array_equal(to_numpy(q_one), to_numpy(q_full))  # positions are the same for every row
     q_one.sum().backward()
     assert k.grad is None or float(k.grad.abs().max()) == 0.0
@@ -265,7 +269,7 @@ def test_threads_split_tokens_and_reduce_weight_gradients(op, monkeypatch):
     res = {}
     for n in ("1", "3"):
         monkeypatch.setenv("VHA_PROLOGUE_THREADS", n)
-        out = pl.fused_prologue(*vals, cos, sin, cfg.rms_norm_eps)
+        out = fused_prologue(*vals, cos, sin, cfg.rms_norm_eps)
         res[n] = [to_numpy(t) for t in (*out, *paddle.grad(list(out), vals, [g_q, g_k]))]
     np_vals = [to_numpy(t) for t in (*vals, cos, sin)]
     ref = [bhsd(x) for x in po.forward(*np_vals, cfg.rms_norm_eps)]
@@ -276,7 +280,7 @@ def test_threads_split_tokens_and_reduce_weight_gradients(op, monkeypatch):
         assert rel_err(res["3"][i], ref[i], f"{name} 3 threads vs float64") <= 1e-6, name
 
 
-# Every CPU kernel variant (vha_prologue_cpu_kernels.inc compiled for the x86-64 baseline, AVX2 and AVX-512),
+# Every CPU kernel variant (ops/csrc/cpu/cpu_kernels.inc compiled for the x86-64 baseline, AVX2 and AVX-512),
 # forced in turn with VHA_PROLOGUE_ISA (read by the op on every call), through the same oracle checks as above.
 # Extra shapes: d = 256 with r = 24 (r % 16 != 0, a column tail in every tile width) and 194 tokens on 3 threads.
 VARIANT_SHAPES = [SHAPES[0], SHAPES[2], SHAPES[3], SHAPES[4], (2, 11, 6, 3, 256, 24, 1), (2, 97, 8, 2, 64, 48, 3)]
@@ -286,11 +290,11 @@ VARIANT_SHAPES = [SHAPES[0], SHAPES[2], SHAPES[3], SHAPES[4], (2, 11, 6, 3, 256,
                                                       for b, s, hv, hkv, d, r, o in VARIANT_SHAPES])
 @pytest.mark.parametrize("variant", ["avx512", "avx2", "baseline"])
 def test_every_cpu_variant_matches_oracle(op, variant, shape, monkeypatch):
-    if variant not in pl.cpu_variants():
-        pytest.skip(f"this CPU cannot run the {variant} kernels (it runs {pl.cpu_variants()})")
+    if variant not in cv.cpu_variants():
+        pytest.skip(f"this CPU cannot run the {variant} kernels (it runs {cv.cpu_variants()})")
     monkeypatch.setenv("VHA_PROLOGUE_ISA", variant)
     monkeypatch.setenv("VHA_PROLOGUE_THREADS", "3")
-    assert pl.cpu_variant() == variant
+    assert cv.cpu_variant() == variant
     test_forward_fp32_vs_oracle_and_composed(op, shape)
     test_backward_fp32_vs_oracle_and_composed(op, shape)
     test_bf16_forward_backward_vs_oracle_and_composed(op, shape)
@@ -300,26 +304,26 @@ def test_every_cpu_variant_matches_oracle(op, variant, shape, monkeypatch):
 def test_cpu_variant_choice_and_refusals(op, monkeypatch):
     """auto picks the best variant the CPU has; a named variant the CPU lacks, or an unknown name, is refused by
     the op in one line (and makes the layer's default fall back with that reason), never run or replaced."""
-    have = pl.cpu_variants()
+    have = cv.cpu_variants()
     assert have and have[-1] == "baseline" and set(have) <= {"avx512", "avx2", "baseline"}
-    flags = set(pl.cpu_isa_flags().split())
+    flags = set(cv.cpu_isa_flags().split())
     assert ("avx512" in have) == ({"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags)
     assert ("avx2" in have) == ({"avx2", "fma"} <= flags)
     monkeypatch.delenv("VHA_PROLOGUE_ISA", raising=False)
-    assert pl.cpu_variant() == have[0]
+    assert cv.cpu_variant() == have[0]
     monkeypatch.setenv("VHA_PROLOGUE_ISA", "auto")
-    assert pl.cpu_variant() == have[0]
+    assert cv.cpu_variant() == have[0]
     cfg, attn, q_phys, k, cos, sin = make_case(SHAPES[2])
     w = [t.detach() for t in weights(attn)]
     missing = [v for v in ("avx512", "avx2") if v not in have]
     for bad, why in [("sse9", "is not one of auto, baseline, avx2, avx512")] + [(m, "no such kernel") for m in missing]:
         monkeypatch.setenv("VHA_PROLOGUE_ISA", bad)
-        with pytest.raises(pl.FusedPrologueUnavailable, match=why):
-            pl.cpu_variant()
+        with pytest.raises(op_loader.FusedPrologueUnavailable, match=why):
+            cv.cpu_variant()
         with pytest.raises(Exception, match=why):
-            pl.fused_prologue(q_phys, k, *w, cos, sin, 1e-6)
-        assert why in pl.fused_unavailable_reason(q_phys)
-        assert not pl.should_use_fused(None, q_phys)
+            fused_prologue(q_phys, k, *w, cos, sin, 1e-6)
+        assert why in dispatch.fused_unavailable_reason(q_phys)
+        assert not dispatch.should_use_fused(None, q_phys)
 
 
 def test_built_library_has_no_instruction_beyond_baseline_outside_dispatched_kernels(op):
@@ -334,7 +338,7 @@ def test_built_library_has_no_instruction_beyond_baseline_outside_dispatched_ker
     objdump = shutil.which("objdump")
     if objdump is None:
         pytest.skip("no objdump (binutils) on PATH")
-    so = pl._op_library()._name
+    so = op_loader.op_library()._name
     text = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", so], capture_output=True, text=True,
                           check=True).stdout
     counts = {"avx2": {"ymm": 0, "zmm": 0, "vex": 0}, "avx512": {"ymm": 0, "zmm": 0, "vex": 0},
@@ -412,7 +416,7 @@ def test_layer_uses_fused_op_by_default_and_agrees(op):
     cfg = tiny_config()
     assert cfg.vha_fused_prologue is None  # auto
     Qwen3VHAAttention(cfg, 0)  # builds with the default (auto) switch
-    assert pl.should_use_fused(cfg.vha_fused_prologue, paddle.randn([1, 1, 2, 16]))
+    assert dispatch.should_use_fused(cfg.vha_fused_prologue, paddle.randn([1, 1, 2, 16]))
     _, attn2, q_phys, k, cos, sin = make_case(SHAPES[3])
     comp = [to_numpy(t) for t in run(attn2, q_phys, k, cos, sin, fused=False)]
     fused = [to_numpy(t) for t in run(attn2, q_phys, k, cos, sin, fused=None)]
@@ -424,20 +428,20 @@ def test_fallback_logs_one_line_and_true_requires_op(monkeypatch, caplog):
     """An unavailable op: None falls back with exactly one logged line, True raises, False stays silent."""
     cfg, attn, q_phys, k, cos, sin = make_case(SHAPES[2])
     ref = [to_numpy(t) for t in run(attn, q_phys, k, cos, sin, fused=False)]
-    monkeypatch.setitem(pl._state, "tried", True)
-    monkeypatch.setitem(pl._state, "mod", None)
-    monkeypatch.setitem(pl._state, "error", "OSError: simulated build failure")
-    monkeypatch.setitem(pl._state, "warned", set())
-    with caplog.at_level(logging.WARNING, logger="paddle_vha.vha.prologue"):
+    monkeypatch.setitem(op_loader._state, "tried", True)
+    monkeypatch.setitem(op_loader._state, "mod", None)
+    monkeypatch.setitem(op_loader._state, "error", "OSError: simulated build failure")
+    monkeypatch.setattr(dispatch, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="paddle_vha.kernels.dispatch"):
         out1 = [to_numpy(t) for t in run(attn, q_phys, k, cos, sin, fused=None)]
         out2 = [to_numpy(t) for t in run(attn, q_phys, k, cos, sin, fused=None)]
         run(attn, q_phys, k, cos, sin, fused=False)
-    lines = [r.getMessage() for r in caplog.records if r.name == "paddle_vha.vha.prologue"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "paddle_vha.kernels.dispatch"]
     print(lines)
     assert len(lines) == 1 and "simulated build failure" in lines[0] and "composed path" in lines[0]
     np.testing.assert_array_equal(out1[0], ref[0])
     np.testing.assert_array_equal(out2[1], ref[1])
-    with pytest.raises(pl.FusedPrologueUnavailable, match="simulated build failure"):
+    with pytest.raises(op_loader.FusedPrologueUnavailable, match="simulated build failure"):
         run(attn, q_phys, k, cos, sin, fused=True)
 
 
@@ -449,15 +453,15 @@ def test_default_keeps_composed_where_kernels_are_not_measured_faster(op, monkey
     cfg, attn, q_phys, k, cos, sin = make_case(SHAPES[2])
     ref = [to_numpy(t) for t in run(attn, q_phys, k, cos, sin, fused=False)]
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    monkeypatch.setitem(pl._state, "warned", set())
-    with caplog.at_level(logging.WARNING, logger="paddle_vha.vha.prologue"):
+    monkeypatch.setattr(dispatch, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="paddle_vha.kernels.dispatch"):
         out = [[to_numpy(t) for t in run(attn, q_phys, k, cos, sin, fused=None)] for _ in range(2)]
-    lines = [r.getMessage() for r in caplog.records if r.name == "paddle_vha.vha.prologue"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "paddle_vha.kernels.dispatch"]
     print(lines)
     assert len(lines) == 1 and "not measured faster" in lines[0] and "aarch64" in lines[0], lines
     np.testing.assert_array_equal(out[1][0], ref[0])  # bit-identical: it is the composed path
-    assert pl.should_use_fused(True, q_phys)
-    assert not pl.should_use_fused(None, q_phys)
+    assert dispatch.should_use_fused(True, q_phys)
+    assert not dispatch.should_use_fused(None, q_phys)
 
 
 def test_default_keeps_composed_on_gpu_until_a_gpu_run_is_recorded(op, monkeypatch, caplog):
@@ -468,16 +472,16 @@ def test_default_keeps_composed_on_gpu_until_a_gpu_run_is_recorded(op, monkeypat
 
     gpu_x = types.SimpleNamespace(place=types.SimpleNamespace(is_cpu_place=lambda: False, is_gpu_place=lambda: True),
                                   dtype=paddle.bfloat16)
-    reason = pl.fused_not_faster_reason(gpu_x)
+    reason = dispatch.fused_not_faster_reason(gpu_x)
     assert reason is not None and "no recorded GPU run" in reason
-    monkeypatch.setitem(pl._state, "warned", set())
-    monkeypatch.setattr(pl, "fused_unavailable_reason", lambda x=None: None)  # as if the CUDA kernels had loaded
-    with caplog.at_level(logging.WARNING, logger="paddle_vha.vha.prologue"):
-        assert not pl.should_use_fused(None, gpu_x) and not pl.should_use_fused(None, gpu_x)
-    lines = [r.getMessage() for r in caplog.records if r.name == "paddle_vha.vha.prologue"]
+    monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setattr(dispatch, "fused_unavailable_reason", lambda x=None: None)  # as if the CUDA kernels had loaded
+    with caplog.at_level(logging.WARNING, logger="paddle_vha.kernels.dispatch"):
+        assert not dispatch.should_use_fused(None, gpu_x) and not dispatch.should_use_fused(None, gpu_x)
+    lines = [r.getMessage() for r in caplog.records if r.name == "paddle_vha.kernels.dispatch"]
     assert len(lines) == 1 and "no recorded GPU run" in lines[0], lines
-    assert pl.should_use_fused(True, gpu_x)
-    assert pl.fused_not_faster_reason(paddle.randn([1])) is None  # CPU here: x86-64, measured faster
+    assert dispatch.should_use_fused(True, gpu_x)
+    assert dispatch.fused_not_faster_reason(paddle.randn([1])) is None  # CPU here: x86-64, measured faster
 
 
 def test_config_switch_is_validated():
@@ -491,9 +495,9 @@ def test_bad_shapes_are_refused(op):
     cfg, attn, q_phys, k, cos, sin = make_case(SHAPES[2])
     w = [t.detach() for t in weights(attn)]
     with pytest.raises(Exception, match="premix must be"):
-        pl.fused_prologue(q_phys, k, w[0][:, :-1], w[1], w[2], cos, sin, 1e-6)
+        fused_prologue(q_phys, k, w[0][:, :-1], w[1], w[2], cos, sin, 1e-6)
     with pytest.raises(Exception, match="cos must be"):
-        pl.fused_prologue(q_phys, k, *w, cos[:, :-1], sin[:, :-1], 1e-6)
+        fused_prologue(q_phys, k, *w, cos[:, :-1], sin[:, :-1], 1e-6)
 
 
 NVCC = shutil.which("nvcc")
@@ -514,11 +518,10 @@ def test_cuda_sources_compile_with_nvcc_for_sm80_and_sm90(tmp_path):
     common = ["-std=c++17", "-O2", f"-I{csrc}", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr"]
     so = tmp_path / "libvha_prologue.so"
     jobs = {  # flags that work with Paddle's headers: see /work/shared/notes/platform-facts.md
-        "vha_prologue_cuda.cu": ([f"-I{inc}", f"-I{inc}/third_party", "-DPADDLE_WITH_CUDA", "-DPADDLE_NO_PYTHON",
-                                  "-DVHA_WITH_CUDA", "-c"], tmp_path / "glue.o"),
+        "cuda/op_cuda.cu": ([f"-I{inc}", f"-I{inc}/third_party", "-DPADDLE_WITH_CUDA", "-DPADDLE_NO_PYTHON",
+                             "-DVHA_WITH_CUDA", "-c"], tmp_path / "glue.o"),
         # uncompressed fatbin (-compress-mode=none) so that the embedded PTX can be seen
-        "vha_prologue_launcher.cu": (["-shared", "-gencode", "arch=compute_90,code=compute_90", "-compress-mode=none"],
-                                     so),
+        "cuda/c_api.cu": (["-shared", "-gencode", "arch=compute_90,code=compute_90", "-compress-mode=none"], so),
     }
     import concurrent.futures
 
@@ -549,3 +552,23 @@ def test_cuda_sources_compile_with_nvcc_for_sm80_and_sm90(tmp_path):
     want = 4 * (rows * h_kv * d + chunks * h_kv * r * d + blocks * 2 * d)
     assert lib.vha_prologue_backward_workspace(2, B, S, h_p, h_kv, r, d) == want
     assert lib.vha_prologue_backward_workspace(1, B, S, h_p, h_kv, r, d) == 2 * want  # fp64 sums
+
+
+def test_gpu_check_selftest_table_and_a_paddle_free_oracle():
+    """`python tools/gpu_check.py --selftest-table`, from the checkout's root as on the GPU machine, needs no GPU and no
+    PyTorch: the bytes model, the table and both target lines on made-up timings. The float64 oracle it shares with
+    these tests (tools/prologue_check/oracle.py) imports neither paddle nor paddle_vha nor torch."""
+    r = subprocess.run([sys.executable, os.path.join("tools", "gpu_check.py"), "--selftest-table"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    print(r.stdout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[2].startswith("| tokens | fused fwd us | composed fwd us |")
+    assert len([ln for ln in lines if ln.startswith("| ")]) == 2 + 7  # header, rule, one row per default token count
+    assert lines[-2].startswith("target forward >= 75% of copy bandwidth at >= 4K tokens: ")
+    assert lines[-1].startswith("target forward+backward >= 2x faster than the composed chain")
+    code = ("import sys; from prologue_check import oracle; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'paddle', 'paddle_vha', 'torch'}))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(ROOT, "tools"), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr[-2000:]

@@ -36,7 +36,7 @@ def _load_tool(name: str):
 
 
 def _fused_available() -> bool:
-    from paddle_vha.vha.prologue import fused_unavailable_reason
+    from paddle_vha.kernels.dispatch import fused_unavailable_reason
 
     return fused_unavailable_reason() is None  # also builds the op once here, before the ranks start
 

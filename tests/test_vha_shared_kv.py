@@ -92,7 +92,7 @@ def test_layer_gradients_match_oracle_finite_differences(shape):
 
 
 def test_fused_prologue_serves_the_shared_keys():
-    from paddle_vha.vha.prologue import fused_unavailable_reason
+    from paddle_vha.kernels.dispatch import fused_unavailable_reason
 
     if fused_unavailable_reason() is not None:
         pytest.skip(f"fused prologue unavailable: {fused_unavailable_reason()}")

@@ -58,7 +58,8 @@ import paddle  # noqa: E402
 from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding  # noqa: E402
 
 from paddle_vha import Qwen3VHAAttention, Qwen3VHAConfig  # noqa: E402
-from paddle_vha.vha import prologue as pl  # noqa: E402
+from paddle_vha.kernels import cpu_variant as cv  # noqa: E402
+from paddle_vha.kernels.op_loader import load_error, load_op  # noqa: E402
 
 H_P, H_KV, D, R = 8, 2, 128, 128
 
@@ -104,10 +105,10 @@ def main():
         paddle.set_num_threads(args.threads)  # not in every Paddle build
     except AttributeError:
         pass
-    if pl.load_op() is None:
-        sys.exit(f"fused prologue unavailable: {pl._state['error']}")
-    have = pl.cpu_variants()
-    isas = have if args.isa == ["all"] else [pl.cpu_variant() if v == "auto" else v for v in args.isa]
+    if load_op() is None:
+        sys.exit(f"fused prologue unavailable: {load_error()}")
+    have = cv.cpu_variants()
+    isas = have if args.isa == ["all"] else [cv.cpu_variant() if v == "auto" else v for v in args.isa]
     for v in isas:
         if v not in have:
             sys.exit(f"--isa {v}: this CPU runs only {', '.join(have)}")
@@ -125,8 +126,8 @@ def main():
           f"fp32, B=1, H_p={H_P}, H_kv={H_KV}, d=r={D}")
     print(f"# copy bandwidth {bw / 1e9:.1f} GB/s (read+write); GEMM at the Premix shape: numpy {g_np / 1e9:.0f}, "
           f"paddle.matmul {g_pd / 1e9:.0f} GFLOP/s (floor uses {gflops / 1e9:.0f})")
-    print(f"# CPU: {pl.cpu_model()}; vector ISA: {pl.cpu_isa_flags()}; kernel variants here: {', '.join(have)} "
-          f"(auto picks {pl.cpu_variant()}); timed: {', '.join(isas)}")
+    print(f"# CPU: {cv.cpu_model()}; vector ISA: {cv.cpu_isa_flags()}; kernel variants here: {', '.join(have)} "
+          f"(auto picks {cv.cpu_variant()}); timed: {', '.join(isas)}")
     print(f"# load average at start: {os.getloadavg()[0]:.2f}; statistic over repeats: {args.stat}")
     rows = []
     for S in args.seqs:

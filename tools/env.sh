@@ -31,7 +31,7 @@ fi
 # Fused prologue operator (ops/): built when ops/ sources (or the pinned install) change; own stamp.
 OPS_STAMP="$VENV/.paddle_vha_ops"
 if [ -f "$ROOT/ops/build.py" ]; then
-  ops_want="$( (echo "$want"; cd "$ROOT" && cat ops/build.py ops/csrc/*) | sha256sum | cut -d' ' -f1)"
+  ops_want="$( (echo "$want"; cd "$ROOT" && cat ops/build.py $(find ops/csrc -type f | LC_ALL=C sort)) | sha256sum | cut -d' ' -f1)"
   if [ ! -f "$OPS_STAMP" ] || [ "$(cat "$OPS_STAMP")" != "$ops_want" ]; then
     echo "[env] building the fused prologue operator (ops/, ~30 s)" >&2
     if "$VENV/bin/python" "$ROOT/ops/build.py" >"$VENV/.paddle_vha_ops.log" 2>&1; then

@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
         r = subprocess.run([nvcc, "-cubin", f"-arch={args.arch}", "-O3", "-std=c++17", "--expt-relaxed-constexpr",
-                            "-Xptxas", "-v", f"-I{CSRC}", os.path.join(CSRC, "vha_prologue_launcher.cu"), "-o", cubin],
+                            "-Xptxas", "-v", f"-I{CSRC}", os.path.join(CSRC, "cuda", "c_api.cu"), "-o", cubin],
                            capture_output=True, text=True)
         if r.returncode != 0:
             print("error: nvcc failed: " + r.stderr.strip().splitlines()[-1], file=sys.stderr)

@@ -1,7 +1,7 @@
 // A host emulator of the CUDA execution model, enough to run this project's kernels on a CPU in CI.
 //
-// Compiled with g++ around the unmodified kernel sources (ops/csrc/vha_prologue_launcher.cu with -x c++ -DVHA_EMU):
-// vha_prologue_kernels.cuh includes this header instead of cuda_runtime.h and takes its two hooks, VHA_LAUNCH (for
+// Compiled with g++ around the unmodified kernel sources (ops/csrc/cuda/c_api.cu with -x c++ -DVHA_EMU):
+// ops/csrc/cuda/device_common.cuh includes this header instead of cuda_runtime.h and takes its two hooks, VHA_LAUNCH (for
 // `kernel<<<grid, block, smem, stream>>>`) and VHA_DYNAMIC_SHARED (for `extern __shared__`), plus the mma.sync body.
 //
 // Model: blocks run one at a time; each GPU thread of the block is a ucontext fiber with its own stack (a guard page

@@ -17,7 +17,7 @@ from . import command, fail, quiet
 @command
 def main(argv=None) -> int:
     quiet()
-    from ..vha.prologue import build_script, ops_source_dir
+    from ..kernels.op_loader import build_script, ops_source_dir
 
     if ops_source_dir() is None:
         fail("the fused operator's sources are missing (neither paddle_vha/_ops nor a checkout's ops/ holds build.py)")

@@ -1,10 +1,9 @@
 """Qwen3-VHA: Virtual Head Attention for PaddleFormers' Qwen3 (docs/method.md).
 
 config.py      Qwen3VHAConfig                      attention.py  Qwen3VHAAttention: Premix, Postmix (the equations)
-modeling.py    Qwen3VHAModel / ForCausalLM         spec.py       its tensors, declared once        
-prologue.py    the fused Premix + QK-norm + RoPE   fold.py       Qwen3-VHA -> stock Qwen3 GQA (exact)
-               operator (ops/): loader, dispatch   tp_plan.py    tensor-parallel plan (data)
-cost.py        the cost model's fields
+modeling.py    Qwen3VHAModel / ForCausalLM         spec.py       its tensors, declared once
+cost.py        the cost model's formulas           fold.py       Qwen3-VHA -> stock Qwen3 GQA (exact)
+                                                   tp_plan.py    tensor-parallel plan (data)
 fleet_config.py      upstream PaddleFleet config names -> ours (Qwen3VHAConfig calls it)
 fleet_import.py      upstream checkpoints -> this contract (tools/import_fleet.py)
 fleet_reference.py   upstream's forward in float64 numpy, for import_fleet --verify

@@ -28,7 +28,8 @@ from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rota
 from ..qwen3.functional import inverse_rope
 from ..qwen3.modeling import RoPETables, attention_core, single_device_linear, update_shared_kv_cache
 from .config import Qwen3VHAConfig
-from .prologue import fused_prologue, should_use_fused
+from ..kernels.dispatch import should_use_fused
+from ..kernels.prologue import fused_prologue
 
 __all__ = ["Qwen3VHAAttention", "init_premix", "postmix", "premix"]
 
@@ -127,7 +128,7 @@ class Qwen3VHAAttention(Qwen3Attention):
         self, q_phys: paddle.Tensor, k: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor
     ) -> Tuple[paddle.Tensor, paddle.Tensor]:
         """Premix -> q_norm / k_norm -> RoPE. In: (B, S, H_p, r), (B, S, H_kv, d). Out: (B, H_v, S, d), (B, H_kv, S, d)."""
-        # VHA: one fused operator when enabled and available (paddle_vha/vha/prologue.py); the composed chain below
+        # VHA: one fused operator when enabled and available (paddle_vha/kernels/); the composed chain below
         # stays the reference and the fallback.
         w = self.premix_weight()
         if should_use_fused(getattr(self.config, "vha_fused_prologue", None), q_phys):

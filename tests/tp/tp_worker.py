@@ -37,7 +37,7 @@ CASES = {
     "base": dict(num_attention_heads=8, vha_fused_prologue=False),
     # gate + biases, narrow physical heads (r = 9 < d), H_v = 4 (1 head per rank at t = 4)
     "gated-bias-r9": dict(vha_gated_attention=True, attention_bias=True, vha_q_head_dim=9, vha_fused_prologue=False),
-    # the fused Premix + QK-norm + RoPE operator (paddle_vha/vha/prologue.py), with the gate and r < d
+    # the fused Premix + QK-norm + RoPE operator (paddle_vha/kernels/), with the gate and r < d
     "fused": dict(num_attention_heads=8, vha_fused_prologue=True, vha_gated_attention=True, vha_q_head_dim=12),
     # H_kv = 4: two KV groups per rank at t = 2, KV still split at t = 4
     "kv4": dict(num_attention_heads=8, num_key_value_heads=4, vha_fused_prologue=False),

@@ -1,19 +1,10 @@
-// Fused VHA prologue (Premix -> q_norm / k_norm -> rotate-half RoPE): Paddle custom operator, CPU kernels,
-// op registration (PD_BUILD_OP / PD_BUILD_GRAD_OP). The per-element math lives in vha_prologue_math.h,
-// shared with the CUDA kernels.
-//
-// Inputs   QPhys  [B, S, H_p, r]     physical queries
-//          K      [B, S, H_kv, d]    keys
-//          Premix [H_kv, r, d]       one map per KV group
-//          QNormW [d], KNormW [d]    RMSNorm weights
-//          Cos, Sin [Bc, S, d]       rotate-half tables (Bc = 1 or B), e.g. Qwen3RotaryEmbedding's output
-// Outputs  QOut   [B, S, H_v, d]     (heads_first: [B, H_v, S, d]), virtual head j = g*H_p + i (group-major)
-//          KOut   [B, S, H_kv, d]    (heads_first: [B, H_kv, S, d])
-// Attrs    eps (RMSNorm epsilon), heads_first (write the attention layout directly, saving a transpose).
+// CPU entries of the fused VHA prologue (Premix -> q_norm / k_norm -> rotate-half RoPE): the per-ISA copies of the
+// kernels, the CPUID dispatch, the variant report, and the Paddle-facing forward / backward (prologue_op.h) that
+// register_op.cc routes CPU tensors to. The per-element math lives in ../prologue_math.h, shared with the CUDA kernels.
 //
 // CPU design: the rows of QPhys ([B*S*H_p, r]) are processed in blocks of ~32 rows per thread. For each
 // block and group the Premix product is formed in an L1/L2-resident scratch by a register-tiled kernel
-// (GCC vector extensions, a tile sized per instruction set: vha_prologue_cpu_kernels.inc, compiled for the
+// (GCC vector extensions, a tile sized per instruction set: cpu_kernels.inc, compiled for the
 // x86-64 baseline, AVX2 and AVX-512 and picked at run time by CPUID), normalised and rotated there, and written
 // once. Backward recomputes the Premix product instead of saving it (so nothing but the inputs is kept),
 // and fuses RoPE adjoint, RMSNorm backward and both Premix gradient products in the same pass; the weight
@@ -28,58 +19,16 @@
 #include <vector>
 
 #include "paddle/extension.h"
-#include "vha_prologue_math.h"
+#include "../prologue_math.h"
+#include "../prologue_op.h"
+#include "cpu_common.h"
 
-namespace vha_cpu_common {
-
-template <typename C, typename T>
-inline C cv(const T& x) {
-  return static_cast<C>(x);
-}
-
-struct Dims {
-  long B, S, Hp, Hkv, r, d, Bc;
-  bool heads_first;
-  long Hv() const { return Hp * Hkv; }
-  // element offset of row (b, s, head) of an output with `heads` heads
-  long out_off(long b, long s, long head, long heads) const {
-    return heads_first ? ((b * heads + head) * S + s) * d : ((b * S + s) * heads + head) * d;
-  }
-  long table_off(long b, long s) const { return ((Bc == 1 ? 0 : b) * S + s) * d; }
-};
-
-int num_threads_for(long tokens) {
-  long n = 0;
-  if (const char* e = std::getenv("VHA_PROLOGUE_THREADS")) n = std::atol(e);
-  if (n <= 0) n = std::max(1u, std::thread::hardware_concurrency());
-  n = std::min(n, std::max(1L, tokens / 64));  // at least 64 tokens per thread: no threads for decode
-  return int(n);
-}
-
-template <typename F>
-void parallel_tokens(long tokens, int nthreads, F&& fn) {  // fn(tid, t0, t1)
-  if (nthreads <= 1) {
-    fn(0, 0L, tokens);
-    return;
-  }
-  std::vector<std::thread> pool;
-  const long chunk = (tokens + nthreads - 1) / nthreads;
-  for (int t = 0; t < nthreads; ++t) {
-    const long t0 = t * chunk, t1 = std::min(tokens, t0 + chunk);
-    if (t0 >= t1) break;
-    pool.emplace_back([&, t, t0, t1] { fn(t, t0, t1); });
-  }
-  for (auto& th : pool) th.join();
-}
-
-}  // namespace vha_cpu_common
-
-// ---- the kernels, once per instruction set (vha_prologue_cpu_kernels.inc) ----
+// ---- the kernels, once per instruction set (cpu_kernels.inc) ----
 // The translation unit is compiled for the portable x86-64 baseline (ops/build.py: -march=x86-64, no
 // -march=native); the AVX2 and AVX-512 copies get their instructions from `#pragma GCC target` regions and run
 // only after a CPUID check (select_isa), so the library loads and runs on any x86-64 CPU.
 
-// Register tiles (rows x vectors; see vha_prologue_cpu_kernels.inc), overridable with -D for tuning (VHA_OPS_CFLAGS).
+// Register tiles (rows x vectors; see cpu_kernels.inc), overridable with -D for tuning (VHA_OPS_CFLAGS).
 #ifndef VHA_TILE_BASELINE
 #define VHA_TILE_BASELINE 4, 2
 #endif
@@ -99,7 +48,7 @@ void parallel_tokens(long tokens, int nthreads, F&& fn) {  // fn(tid, t0, t1)
 #define VHA_NV VHA_TILE_NV_(VHA_TILE_BASELINE)
 namespace vha_cpu_baseline {
 using namespace vha_cpu_common;
-#include "vha_prologue_cpu_kernels.inc"
+#include "cpu_kernels.inc"
 }  // namespace vha_cpu_baseline
 #undef VHA_VEC_BYTES
 #undef VHA_MR
@@ -114,7 +63,7 @@ using namespace vha_cpu_common;
 #define VHA_NV VHA_TILE_NV_(VHA_TILE_AVX2)
 namespace vha_cpu_avx2 {
 using namespace vha_cpu_common;
-#include "vha_prologue_cpu_kernels.inc"
+#include "cpu_kernels.inc"
 }  // namespace vha_cpu_avx2
 #undef VHA_VEC_BYTES
 #undef VHA_MR
@@ -128,7 +77,7 @@ using namespace vha_cpu_common;
 #define VHA_NV VHA_TILE_NV_(VHA_TILE_AVX512)
 namespace vha_cpu_avx512 {
 using namespace vha_cpu_common;
-#include "vha_prologue_cpu_kernels.inc"
+#include "cpu_kernels.inc"
 }  // namespace vha_cpu_avx512
 #undef VHA_VEC_BYTES
 #undef VHA_MR
@@ -224,13 +173,9 @@ Dims make_dims(const paddle::Tensor& q_phys, const paddle::Tensor& k, const padd
   return D;
 }
 
-std::vector<int64_t> out_shape(int64_t B, int64_t S, int64_t H, int64_t d, bool heads_first) {
-  return heads_first ? std::vector<int64_t>{B, H, S, d} : std::vector<int64_t>{B, S, H, d};
-}
-
 }  // namespace
 
-// For paddle_vha.vha.prologue (ctypes) and tools/bench_prologue.py: the CPU kernel variant a call would run now
+// For paddle_vha.kernels.cpu_variant (ctypes) and tools/bench_prologue.py: the CPU kernel variant a call would run now
 // ("baseline", "avx2" or "avx512"), or "error: <why>" when VHA_PROLOGUE_ISA asks for one that cannot run; and the
 // variants this CPU can run, best first, comma-separated.
 extern "C" __attribute__((visibility("default"))) const char* vha_prologue_cpu_variant() {
@@ -252,18 +197,6 @@ extern "C" __attribute__((visibility("default"))) const char* vha_prologue_cpu_v
   }();
   return all.c_str();
 }
-
-#ifdef VHA_WITH_CUDA
-std::vector<paddle::Tensor> vha_prologue_cuda_forward(const paddle::Tensor& q_phys, const paddle::Tensor& k,
-                                                      const paddle::Tensor& premix, const paddle::Tensor& wq,
-                                                      const paddle::Tensor& wk, const paddle::Tensor& cos,
-                                                      const paddle::Tensor& sin, float eps, bool heads_first);
-std::vector<paddle::Tensor> vha_prologue_cuda_backward(const paddle::Tensor& q_phys, const paddle::Tensor& k,
-                                                       const paddle::Tensor& premix, const paddle::Tensor& wq,
-                                                       const paddle::Tensor& wk, const paddle::Tensor& cos,
-                                                       const paddle::Tensor& sin, const paddle::Tensor& gq,
-                                                       const paddle::Tensor& gk, float eps, bool heads_first);
-#endif
 
 #define VHA_DISPATCH(DT, ...)                                                        \
   switch (DT) {                                                                      \
@@ -295,43 +228,34 @@ std::vector<paddle::Tensor> vha_prologue_cuda_backward(const paddle::Tensor& q_p
       PD_THROW("vha_prologue: unsupported dtype (float32, float64, bfloat16, float16)"); \
   }
 
-std::vector<paddle::Tensor> VhaPrologueForward(const paddle::Tensor& q_phys_in, const paddle::Tensor& k_in,
-                                               const paddle::Tensor& premix_in, const paddle::Tensor& wq_in,
-                                               const paddle::Tensor& wk_in, const paddle::Tensor& cos_in,
-                                               const paddle::Tensor& sin_in, float eps, bool heads_first) {
-#ifdef VHA_WITH_CUDA
-  if (q_phys_in.is_gpu())
-    return vha_prologue_cuda_forward(q_phys_in, k_in, premix_in, wq_in, wk_in, cos_in, sin_in, eps, heads_first);
-#endif
-  PD_CHECK(q_phys_in.is_cpu(), "vha_prologue: this build has CPU kernels only");
+// CPU forward: contiguous inputs, shape checks, then the kernel variant select_isa picks, in the input dtype.
+std::vector<paddle::Tensor> vha_prologue_cpu_forward(const paddle::Tensor& q_phys_in, const paddle::Tensor& k_in,
+                                                     const paddle::Tensor& premix_in, const paddle::Tensor& wq_in,
+                                                     const paddle::Tensor& wk_in, const paddle::Tensor& cos_in,
+                                                     const paddle::Tensor& sin_in, float eps, bool heads_first) {
   const auto q_phys = q_phys_in.contiguous(), k = k_in.contiguous(), premix = premix_in.contiguous(),
              wq = wq_in.contiguous(), wk = wk_in.contiguous(), cos = cos_in.contiguous(), sin = sin_in.contiguous();
   const Dims D = make_dims(q_phys, k, premix, wq, wk, cos, sin, heads_first);
-  auto qo = paddle::empty(out_shape(D.B, D.S, D.Hv(), D.d, heads_first), q_phys.dtype(), q_phys.place());
-  auto ko = paddle::empty(out_shape(D.B, D.S, D.Hkv, D.d, heads_first), q_phys.dtype(), q_phys.place());
+  auto qo = paddle::empty(vha::out_shape(D.B, D.S, D.Hv(), D.d, heads_first), q_phys.dtype(), q_phys.place());
+  auto ko = paddle::empty(vha::out_shape(D.B, D.S, D.Hkv, D.d, heads_first), q_phys.dtype(), q_phys.place());
   VHA_DISPATCH(q_phys.dtype(), run_fwd<T, C>(q_phys.data<T>(), k.data<T>(), premix.data<T>(), wq.data<T>(),
                                                   wk.data<T>(), cos.data<T>(), sin.data<T>(), qo.data<T>(),
                                                   ko.data<T>(), D, C(eps)));
   return {qo, ko};
 }
 
-std::vector<paddle::Tensor> VhaPrologueBackward(const paddle::Tensor& q_phys_in, const paddle::Tensor& k_in,
-                                                const paddle::Tensor& premix_in, const paddle::Tensor& wq_in,
-                                                const paddle::Tensor& wk_in, const paddle::Tensor& cos_in,
-                                                const paddle::Tensor& sin_in, const paddle::Tensor& gq_in,
-                                                const paddle::Tensor& gk_in, float eps, bool heads_first) {
-#ifdef VHA_WITH_CUDA
-  if (q_phys_in.is_gpu())
-    return vha_prologue_cuda_backward(q_phys_in, k_in, premix_in, wq_in, wk_in, cos_in, sin_in, gq_in, gk_in, eps,
-                                      heads_first);
-#endif
-  PD_CHECK(q_phys_in.is_cpu(), "vha_prologue: this build has CPU kernels only");
+// CPU backward: as the forward, plus zeros for an output gradient that did not reach the loss.
+std::vector<paddle::Tensor> vha_prologue_cpu_backward(const paddle::Tensor& q_phys_in, const paddle::Tensor& k_in,
+                                                      const paddle::Tensor& premix_in, const paddle::Tensor& wq_in,
+                                                      const paddle::Tensor& wk_in, const paddle::Tensor& cos_in,
+                                                      const paddle::Tensor& sin_in, const paddle::Tensor& gq_in,
+                                                      const paddle::Tensor& gk_in, float eps, bool heads_first) {
   const auto q_phys = q_phys_in.contiguous(), k = k_in.contiguous(), premix = premix_in.contiguous(),
              wq = wq_in.contiguous(), wk = wk_in.contiguous(), cos = cos_in.contiguous(), sin = sin_in.contiguous();
   const Dims D = make_dims(q_phys, k, premix, wq, wk, cos, sin, heads_first);
   // A missing output gradient (an output that did not reach the loss) counts as zero.
   paddle::Tensor gq = gq_in.initialized() ? gq_in.contiguous()
-                                          : paddle::zeros(out_shape(D.B, D.S, D.Hv(), D.d, heads_first),
+                                          : paddle::zeros(vha::out_shape(D.B, D.S, D.Hv(), D.d, heads_first),
                                                           q_phys.dtype(), q_phys.place());
   const bool have_gk = gk_in.initialized();
   paddle::Tensor gk = have_gk ? gk_in.contiguous() : gk_in;
@@ -347,33 +271,3 @@ std::vector<paddle::Tensor> VhaPrologueBackward(const paddle::Tensor& q_phys_in,
                                   C(eps)));
   return {gqp, gkk, gW, gwq, gwk};
 }
-
-std::vector<std::vector<int64_t>> VhaPrologueInferShape(const std::vector<int64_t>& qs, const std::vector<int64_t>& ks,
-                                                        const std::vector<int64_t>& ps, const std::vector<int64_t>&,
-                                                        const std::vector<int64_t>&, const std::vector<int64_t>&,
-                                                        const std::vector<int64_t>&, float, bool heads_first) {
-  const int64_t hv = (qs[2] < 0 || ps[0] < 0) ? -1 : qs[2] * ps[0];
-  return {out_shape(qs[0], qs[1], hv, ks[3], heads_first), out_shape(ks[0], ks[1], ks[2], ks[3], heads_first)};
-}
-
-std::vector<paddle::DataType> VhaPrologueInferDtype(const paddle::DataType& q, const paddle::DataType&,
-                                                    const paddle::DataType&, const paddle::DataType&,
-                                                    const paddle::DataType&, const paddle::DataType&,
-                                                    const paddle::DataType&) {
-  return {q, q};
-}
-
-PD_BUILD_OP(vha_prologue)
-    .Inputs({"QPhys", "K", "Premix", "QNormW", "KNormW", "Cos", "Sin"})
-    .Outputs({"QOut", "KOut"})
-    .Attrs({"eps: float", "heads_first: bool"})
-    .SetKernelFn(PD_KERNEL(VhaPrologueForward))
-    .SetInferShapeFn(PD_INFER_SHAPE(VhaPrologueInferShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(VhaPrologueInferDtype));
-
-PD_BUILD_GRAD_OP(vha_prologue)
-    .Inputs({"QPhys", "K", "Premix", "QNormW", "KNormW", "Cos", "Sin", paddle::Grad("QOut"), paddle::Grad("KOut")})
-    .Outputs({paddle::Grad("QPhys"), paddle::Grad("K"), paddle::Grad("Premix"), paddle::Grad("QNormW"),
-              paddle::Grad("KNormW")})
-    .Attrs({"eps: float", "heads_first: bool"})
-    .SetKernelFn(PD_KERNEL(VhaPrologueBackward));

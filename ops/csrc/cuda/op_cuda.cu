@@ -1,17 +1,18 @@
-// Paddle glue for the CUDA kernels (vha_prologue_kernels.cuh): the GPU branch of the vha_prologue operator
-// registered in vha_prologue_cpu.cc. Built only when Paddle is compiled with CUDA (ops/build.py).
+// Paddle glue for the CUDA kernels (launch.cuh): the GPU entries of the vha_prologue operator registered in
+// ../register_op.cc (declared in ../prologue_op.h). Built only when Paddle is compiled with CUDA (ops/build.py).
 // STATUS: compiled for sm_80 / sm_90, never run on a GPU by this project (docs/prologue.md).
 #include <vector>
 
 #include "paddle/extension.h"
-#include "vha_prologue_kernels.cuh"
+#include "../prologue_op.h"
+#include "launch.cuh"
 
 namespace {
 
 vha::gpu::Dims gpu_dims(const paddle::Tensor& q_phys, const paddle::Tensor& k, const paddle::Tensor& premix,
                         const paddle::Tensor& wq, const paddle::Tensor& wk, const paddle::Tensor& cos,
                         const paddle::Tensor& sin, bool heads_first) {
-  // The same checks as the CPU entry (vha_prologue_cpu.cc make_dims), plus one device for every input.
+  // The same checks as the CPU entry (../cpu/op_cpu.cc make_dims), plus one device for every input.
   for (const paddle::Tensor* t : {&k, &premix, &wq, &wk, &cos, &sin}) {
     PD_CHECK(t->dtype() == q_phys.dtype(), "vha_prologue: all inputs must share q_phys's dtype");
     PD_CHECK(t->place() == q_phys.place(), "vha_prologue: all inputs must be on q_phys's device");

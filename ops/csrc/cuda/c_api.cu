@@ -1,10 +1,11 @@
-// extern "C" entry points over the CUDA kernels, for checks on machines without Paddle (tools/gpu_check.py
-// builds this file alone with nvcc into a shared library and calls it through ctypes on PyTorch tensors).
+// extern "C" entry points over the CUDA launchers (launch.cuh), for checks on machines without Paddle
+// (tools/gpu_check.py builds this file alone with nvcc into a shared library and calls it through ctypes on PyTorch
+// tensors; tests/cuda_emu_harness.py builds it with g++ for the host emulator).
 //
 // dtype codes: 0 float32, 1 float64, 2 bfloat16, 3 float16. All pointers are device pointers to contiguous
-// tensors laid out as in vha_prologue_cpu.cc; `stream` is a cudaStream_t (0 = default stream).
+// tensors laid out as in ../register_op.cc; `stream` is a cudaStream_t (0 = default stream).
 // Return value: a cudaError_t (0 = success).
-#include "vha_prologue_kernels.cuh"
+#include "launch.cuh"
 
 using vha::gpu::Dims;
 
