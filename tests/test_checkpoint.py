@@ -190,3 +190,25 @@ def test_header_reader_is_as_strict_as_the_safetensors_library(tmp_path, case):
     assert "\n" not in str(e.value)
     _raw_safetensors(path, {"a": t(0, 8), "b": t(8, 16)}, bytes(16))  # the well-formed file reads
     assert sorted(read_header(path)[1]) == ["a", "b"]
+
+
+def test_the_four_transforms_are_one_pipeline():
+    """fold, convert, compress and import plan into one TransformPlan base (docs/architecture.md, transform/): the
+    shared fields live there once, each subclass adds only what its own planning needs, and all print, write and
+    verify through paddle_vha.transform."""
+    import dataclasses
+
+    from paddle_vha.mea.compress import CompressPlan
+    from paddle_vha.transform import TransformPlan
+    from paddle_vha.vha.convert import ConvertPlan
+    from paddle_vha.vha.fleet_import import ImportPlan
+    from paddle_vha.vha.fold import FoldPlan
+
+    base = {f.name for f in dataclasses.fields(TransformPlan)}
+    assert {"source", "out_dir", "out_config", "entries", "shards", "out_code", "copy_files", "force"} <= base
+    own = {cls.__name__: [f.name for f in dataclasses.fields(cls) if f.name not in base]
+           for cls in (FoldPlan, ConvertPlan, CompressPlan, ImportPlan)}
+    assert own == {"FoldPlan": [], "ConvertPlan": ["src_cfg", "method", "seed", "errors"],
+                   "CompressPlan": ["layers", "errors"],
+                   "ImportPlan": ["dialect", "layout", "qkv_layout", "up_gate_order"]}, own
+    assert len({cls.tool for cls in (FoldPlan, ConvertPlan, CompressPlan, ImportPlan)}) == 4

@@ -171,31 +171,6 @@ class CheckpointFolder:
         return files, folders
 
 
-def read_finite_float64(inputs, name: str, error, verb: str):
-    """A converter's input tensor as float64 numpy, refused (`error`, one line: "...; refusing to {verb}") if it holds
-    a NaN or Inf."""
-    ref = inputs[name]
-    try:
-        return st.to_float64(st.cast_finite(st.read_tensor(ref), ref.dtype, name))
-    except ValueError as e:
-        raise error(f"{e}; refusing to {verb}") from None
-
-
-def produced_or_copied(inputs, produced, error, verb: str):
-    """The `chunks` callback of write_checkpoint_folder for a converter: the tensor it produced (float64 numpy), else
-    the input's, checked against the planned shape and cast to the output dtype; a NaN / Inf or a value the dtype
-    cannot hold raises `error` with one line ("...; refusing to {verb}")."""
-    def chunks(name, code, shape):
-        arr = produced[name] if name in produced else st.read_tensor(inputs[name])
-        if tuple(arr.shape) != tuple(shape):
-            raise error(f"{name}: produced shape {list(arr.shape)}, planned {list(shape)} (a bug)")
-        try:
-            yield st.cast_finite(np.asarray(arr), code, name)
-        except ValueError as e:
-            raise error(f"{e}; refusing to {verb}") from None
-    return chunks
-
-
 def write_checkpoint_folder(folder: str, shards: List[list], chunks, config: dict, total_size: int,
                             copy_from: Optional[str] = None, copy_files: Iterable[str] = (),
                             on_written=None) -> Dict[str, str]:

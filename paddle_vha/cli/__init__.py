@@ -3,20 +3,27 @@
 `python tools/X.py` runs `paddle_vha.cli.X.main`; an installed paddle_vha has the same as `paddle-vha-X`
 (pyproject.toml). Importing a command module is cheap: Paddle loads inside `main`, after its arguments are checked.
 
-This module holds what they share: quiet imports and one-line errors. Importing Paddle and PaddleFormers prints a page of warnings that say nothing about the user's job (no ccache,
+This module holds what they share: quiet imports, one-line errors, and the one driver of the four checkpoint transforms
+(parse -> plan -> print the plan / --dry-run -> write -> verify -> exit status; `run_transform`).
+
+Importing Paddle and PaddleFormers prints a page of warnings that say nothing about the user's job (no ccache,
 no PyTorch, distutils, checkpoint INFO lines). Tools call `quiet()` before importing them; the library itself
 never silences anything.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import os
 import sys
-from typing import NoReturn
+import time
+from typing import Callable, NoReturn, Optional
 import warnings
 
-__all__ = ["quiet", "fail", "command", "report_models", "add_converter_options", "report_verify"]
+__all__ = ["quiet", "fail", "command", "report_models", "converter_parser", "add_converter_options",
+           "add_verify_options", "add_eval_options", "parse_converter_args", "run_transform", "verify_step",
+           "report_verify"]
 
 _NOISE = ("Due to potential compatibility issues between PaddlePaddle and PyTorch",)
 
@@ -79,22 +86,99 @@ def report_models(specs, rows_for, print_table, as_json: bool, error=ValueError)
     return 0
 
 
-def add_converter_options(p, shard_help: str = "largest output shard, e.g. 5GB, 500MB (default 5GB)") -> None:
-    """The options every checkpoint converter (fold, compress_kv, import_fleet) shares."""
+# --- the checkpoint transforms' command lines: fold, convert_to_vha, compress_kv, import_fleet ------------------------
+
+def converter_parser(doc: str, source: str, output: str) -> argparse.ArgumentParser:
+    """A transform's parser: description and epilog from its module docstring, then IN_DIR (a `source` checkpoint)
+    and OUT_DIR (where the `output` checkpoint goes)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=doc.split("\n\n", 1)[1])
+    p.add_argument("in_dir", metavar="IN_DIR", help=f"{source} checkpoint folder (config.json + safetensors)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help=f"where the {output} checkpoint goes (must not exist)")
+    return p
+
+
+def add_converter_options(p, dtype_help: str = "output dtype; auto = the input's (default auto)") -> None:
+    """The options every checkpoint transform shares: the one --dtype, --force, --dry-run, --max-shard-size,
+    --no-progress."""
+    from paddle_vha.transform.dtype import DTYPE_CHOICES
+
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=dtype_help)
     p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR (only once the new one is complete)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; write nothing")
-    p.add_argument("--max-shard-size", default="5GB", help=shard_help)
+    p.add_argument("--max-shard-size", default="5GB", help="largest output shard, e.g. 5GB, 500MB (default 5GB)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_verify_options(p, sequences: int, length: int, tol: Optional[float], verify_help: str, tol_help: str) -> None:
+    """--verify [N] (random sequences, N defaults to `sequences`), --verify-len, --verify-tol: fold and import_fleet."""
+    p.add_argument("--verify", type=int, nargs="?", const=sequences, default=None, metavar="N", help=verify_help)
+    p.add_argument("--verify-len", type=int, default=length, help=f"tokens per --verify sequence (default {length})")
+    p.add_argument("--verify-tol", type=float, default=tol, help=tol_help)
+
+
+def add_eval_options(p, batches_help: str) -> None:
+    """--eval-batches, --eval-len: the logit KL on held-out text of compress_kv and convert_to_vha."""
+    p.add_argument("--eval-batches", type=int, default=4, help=batches_help)
+    p.add_argument("--eval-len", type=int, default=128, help="tokens per evaluation sequence (default 128)")
+
+
+def parse_converter_args(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """p.parse_args(argv), with the ranges of the verify / eval options checked (argparse's usage error, exit 2)."""
+    args = p.parse_args(argv)
+    if getattr(args, "verify", None) is not None and args.verify < 1:
+        p.error("--verify N must be >= 1")
+    if getattr(args, "verify_len", 1) < 1:
+        p.error("--verify-len must be >= 1")
+    if hasattr(args, "eval_batches") and (args.eval_batches < 0 or args.eval_len < 2):
+        p.error("--eval-batches must be >= 0 and --eval-len >= 2")
+    return args
+
+
+def run_transform(args, plan: Callable, write: Callable, what: str, done: Callable) -> int:
+    """A transform's main after parsing: quiet(), plan(args) (a refusal exits 2), print the plan, stop at --dry-run,
+    write(args, plan) (a refusal found while writing, or an OS error, exits 2 with nothing written; `what` names the
+    output in that message), then done(args, plan, seconds, written) (written: what write returned) prints the
+    result and returns the exit status. The callbacks import Paddle-dependent modules themselves, after quiet()."""
+    quiet()
+    from paddle_vha.checkpoint.contract import CheckpointError
+    from paddle_vha.transform import format_plan
+
+    try:
+        made = plan(args)
+    except CheckpointError as e:
+        fail(str(e))
+    print(format_plan(made))
+    if args.dry_run:
+        print("dry run: nothing written")
+        return 0
+    t0 = time.perf_counter()
+    try:
+        written = write(args, made)
+    except CheckpointError as e:  # a NaN / Inf or an overflowing cast found while writing: nothing was written
+        fail(str(e))
+    except OSError as e:
+        fail(f"{args.out_dir}: could not write the {what} ({e.strerror or e})")
+    return done(args, made, time.perf_counter() - t0, written)
+
+
+def verify_step(args, run: Callable[[], dict], tol: float, what: str, sides) -> int:
+    """--verify after a transform wrote: 0 without it, else run() (compare_logits' dict) reported by report_verify."""
+    if args.verify is None:
+        return 0
+    # Paddle's checkpoint loader logs INFO lines per load through this logger, which quiet() does not cover.
+    logging.getLogger("paddle.distributed.fleet.utils.log_util").setLevel(logging.WARNING)
+    return report_verify(run(), tol, what, sides)
 
 
 def report_verify(r: dict, tol: float, what: str, sides=("reference", "compared")) -> int:
     """Print a converter's --verify result (paddle_vha.evaluate.compare_logits' dict) in one line and return the exit
     status: 1 for non-finite logits (sides names the reference and the compared model, in that order) or a relative
     difference above `tol`, else 0."""
+    from paddle_vha.transform.verify import nonfinite_sides
+
     if r["nonfinite"]:
-        which = dict(zip(("reference", "compared"), sides))
-        names = " and ".join(which[w] for w in r["nonfinite"].split(" and "))
-        print(f"error: verify: {names} logits are not finite (NaN or Inf)", file=sys.stderr)
+        print(f"error: verify: {nonfinite_sides(r, sides)} logits are not finite (NaN or Inf)", file=sys.stderr)
         return 1
     ok = r["max_rel"] <= tol
     print(f"verify ({what}): max abs logit diff {r['max_abs']:.3e}, max rel {r['max_rel']:.3e} (tol {tol:.0e}), "

@@ -16,74 +16,59 @@ Exit status: 0 done, 2 refused (one line on stderr says why).
 """
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 
-
-from paddle_vha.cli import add_converter_options, command, fail, quiet
+from paddle_vha.cli import (add_converter_options, add_eval_options, command, converter_parser, parse_converter_args,
+                            run_transform)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("in_dir", metavar="IN_DIR", help="stock Qwen3 checkpoint folder (config.json + safetensors)")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="where the Qwen3-MEA checkpoint goes (must not exist)")
+    p = converter_parser(__doc__, "stock Qwen3", "Qwen3-MEA")
     p.add_argument("--kv-heads", type=int, required=True, metavar="N", help="physical KV heads kept in compressed layers")
     p.add_argument("--layers", default="all", help="all | deep | A-B | i,j,k (default all)")
     p.add_argument("--k-norm", default="after", choices=["after", "before"],
                    help="Qwen3's k_norm after HLC (default; exact at N = original heads) or before it "
                         "(cache post-norm/post-RoPE, multi-query serving form); see docs/mea.md")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float64", "bfloat16", "float16"],
-                   help="output dtype; auto = the input's (default auto)")
-    add_converter_options(p, shard_help="largest output shard (default 5GB)")
-    p.add_argument("--eval-batches", type=int, default=4, help="text batches for the logit KL; 0 skips it (default 4)")
-    p.add_argument("--eval-len", type=int, default=128, help="tokens per evaluation sequence (default 128)")
-    args = p.parse_args(argv)
-    if args.eval_batches < 0 or args.eval_len < 2:
-        p.error("--eval-batches must be >= 0 and --eval-len >= 2")
-    return args
+    add_converter_options(p)
+    add_eval_options(p, "text batches for the logit KL; 0 skips it (default 4)")
+    return parse_converter_args(p, argv)
 
 
-@command
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    quiet()
-    from paddle_vha.checkpoint.contract import CheckpointError
-    from paddle_vha.mea.compress import compress_checkpoint, format_plan, logit_kl, plan_compress
+def _plan(args):
+    from paddle_vha.mea.compress import plan_compress
 
-    try:
-        plan = plan_compress(args.in_dir, args.out_dir, args.kv_heads, layers=args.layers,
-                             k_norm=f"{args.k_norm}_hlc", dtype=args.dtype, force=args.force)
-    except CheckpointError as e:
-        fail(str(e))
-    print(format_plan(plan))
-    if args.dry_run:
-        print("dry run: nothing written")
-        return 0
+    return plan_compress(args.in_dir, args.out_dir, args.kv_heads, layers=args.layers, k_norm=f"{args.k_norm}_hlc",
+                         dtype=args.dtype, force=args.force, max_shard_size=args.max_shard_size)
 
-    t0 = time.perf_counter()
+
+def _write(args, plan) -> dict:
+    """Compress and write; returns the logit KL (empty with --eval-batches 0)."""
+    from paddle_vha.mea import compress
+
     kl = {}
 
     def check(folder):  # the KL runs on the complete folder before it becomes OUT_DIR: a failure leaves nothing
-        kl.update(logit_kl(args.in_dir, folder, batches=args.eval_batches, seq_len=args.eval_len))
+        kl.update(compress.logit_kl(args.in_dir, folder, batches=args.eval_batches, seq_len=args.eval_len))
 
-    try:
-        compress_checkpoint(plan, progress=not args.no_progress, max_shard_size=args.max_shard_size,
-                            check=check if args.eval_batches else None)
-    except CheckpointError as e:
-        fail(str(e))
-    except OSError as e:
-        fail(f"{args.out_dir}: could not write the compressed checkpoint ({e.strerror or e})")
-    print(f"wrote {plan.out_dir} in {time.perf_counter() - t0:.2f} s")
+    compress.compress_checkpoint(plan, progress=not args.no_progress, check=check if args.eval_batches else None)
+    return kl
+
+
+def _done(args, plan, seconds: float, kl: dict) -> int:
+    print(f"wrote {plan.out_dir} in {seconds:.2f} s")
     print(f"{'layer':>5} {'rel err W_K':>12} {'rel err W_V':>12}")
     for i, (ek, ev) in sorted(plan.errors.items()):
         print(f"{i:>5} {ek:>12.4e} {ev:>12.4e}")
     if kl:
-        r = kl
-        print(f"logit KL(original || compressed) on {r['tokens']} standard-library byte tokens: {r['mean_kl']:.4e} nats/token "
-              f"(original cross-entropy {r['orig_ce']:.3f}); max |logit diff| / max |logit| = {r['max_rel']:.3e}")
+        print(f"logit KL(original || compressed) on {kl['tokens']} standard-library byte tokens: {kl['mean_kl']:.4e} "
+              f"nats/token (original cross-entropy {kl['orig_ce']:.3f}); max |logit diff| / max |logit| = "
+              f"{kl['max_rel']:.3e}")
     return 0
+
+
+@command
+def main(argv=None) -> int:
+    return run_transform(parse_args(argv), _plan, _write, "compressed checkpoint", _done)
 
 
 if __name__ == "__main__":

@@ -22,20 +22,16 @@ Exit status: 0 done, 2 refused (one line on stderr says why).
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import tempfile
-import time
 
-from paddle_vha.cli import add_converter_options, command, fail, quiet
+from paddle_vha.cli import (add_converter_options, add_eval_options, command, converter_parser, parse_converter_args,
+                            run_transform)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("in_dir", metavar="IN_DIR", help="stock Qwen3 checkpoint folder (config.json + safetensors)")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="where the Qwen3-VHA checkpoint goes (must not exist)")
+    p = converter_parser(__doc__, "stock Qwen3", "Qwen3-VHA")
     p.add_argument("--kv-heads", type=int, required=True, metavar="N", help="KV heads (= Premix groups) of the result")
     p.add_argument("--q-head-dim", type=int, default=None, metavar="r",
                    help="width of the physical query heads (default: head_dim)")
@@ -43,16 +39,11 @@ def parse_args(argv=None):
     p.add_argument("--method", default="svd", choices=["mean", "svd", "calibrated"], help="default svd")
     p.add_argument("--calib-tokens", type=int, default=8192, metavar="T",
                    help="calibration tokens (training split of the embedded corpus) for 'calibrated' (default 8192)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float64", "bfloat16", "float16"],
-                   help="output dtype; auto = the input's (default auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of Postmix's small U (default 0)")
     p.add_argument("--no-compare", action="store_true", help="evaluate only the chosen method")
-    add_converter_options(p, shard_help="largest output shard (default 5GB)")
-    p.add_argument("--eval-batches", type=int, default=4, help="text batches (4 x --eval-len bytes) for the KL; 0 skips it")
-    p.add_argument("--eval-len", type=int, default=128, help="tokens per evaluation sequence (default 128)")
-    args = p.parse_args(argv)
-    if args.eval_batches < 0 or args.eval_len < 2:
-        p.error("--eval-batches must be >= 0 and --eval-len >= 2")
+    add_converter_options(p)
+    add_eval_options(p, "text batches (4 x --eval-len bytes) for the KL; 0 skips it")
+    args = parse_converter_args(p, argv)
     if args.calib_tokens < 1:
         p.error("--calib-tokens must be >= 1")
     return args
@@ -65,73 +56,73 @@ def _errors_line(errors) -> str:
     return ", ".join(f"{n} {e[:, k].mean():.3e} (max {e[:, k].max():.3e})" for k, n in enumerate(("q", "k", "v")))
 
 
-@command
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    quiet()
-    from paddle_vha.checkpoint.contract import CheckpointError
+def _plan(args):
+    from paddle_vha.vha.convert import plan_convert
+
+    return plan_convert(args.in_dir, args.out_dir, args.kv_heads, q_head_dim=args.q_head_dim,
+                        postmix_rank=args.postmix_rank, method=args.method, dtype=args.dtype, force=args.force,
+                        seed=args.seed, max_shard_size=args.max_shard_size)
+
+
+def _reference(args, plan):
+    """(text windows, the original model's logits on them) for the KL, or (None, None) with --eval-batches 0."""
+    if args.eval_batches == 0:
+        return None, None
+    from paddleformers.transformers import Qwen3ForCausalLM
+
+    from paddle_vha.transform.verify import model_logits, text_windows
+
+    windows = text_windows(args.eval_batches, args.eval_len)
+    ref = model_logits(plan.in_dir, [x for x, _ in windows], Qwen3ForCausalLM)
+    print(f"logit KL(original || converted) on {ref.shape[0] * ref.shape[1]} held-out standard-library byte "
+          "tokens, and the mean (max) relative fit error over layers of q, k, v:")
+    return windows, ref
+
+
+def _write(args, plan) -> None:
+    """Every other method converted into a scratch folder and its KL printed (unless --no-compare), then the chosen
+    one written to OUT_DIR, its KL printed on the complete folder before it becomes OUT_DIR."""
     from paddle_vha.vha import convert as cv
 
-    try:
-        plan = cv.plan_convert(args.in_dir, args.out_dir, args.kv_heads, q_head_dim=args.q_head_dim,
-                               postmix_rank=args.postmix_rank, method=args.method, dtype=args.dtype, force=args.force,
-                               seed=args.seed)
-    except CheckpointError as e:
-        fail(str(e))
-    print(cv.format_plan(plan))
-    if args.dry_run:
-        print("dry run: nothing written")
-        return 0
-
-    t0 = time.perf_counter()
     methods = [args.method] if args.no_compare else [m for m in cv.METHODS if m != args.method] + [args.method]
-    evaluate = args.eval_batches > 0
-    try:
-        moments = None
-        if "calibrated" in methods:
-            moments = cv.calibration_moments(plan.in_dir, args.calib_tokens, seq_len=args.eval_len)
-            print(f"calibration: E[x x^T] of {plan.src_cfg.num_hidden_layers} attention inputs over "
-                  f"{args.calib_tokens} training-split byte tokens")
-        windows = ref = None
-        if evaluate:
-            from paddleformers.transformers import Qwen3ForCausalLM
+    moments = None
+    if "calibrated" in methods:
+        moments = cv.calibration_moments(plan.in_dir, args.calib_tokens, seq_len=args.eval_len)
+        print(f"calibration: E[x x^T] of {plan.src_cfg.num_hidden_layers} attention inputs over "
+              f"{args.calib_tokens} training-split byte tokens")
+    windows, ref = _reference(args, plan)
 
-            windows = cv._eval_windows(args.eval_batches, args.eval_len)
-            ref = cv.reference_logits(plan.in_dir, windows, Qwen3ForCausalLM)
-            print(f"logit KL(original || converted) on {ref.shape[0] * ref.shape[1]} held-out standard-library byte "
-                  "tokens, and the mean (max) relative fit error over layers of q, k, v:")
+    def report(method, model_dir):
+        kl = cv.logit_kl(ref, model_dir, windows) if ref is not None else None
+        mark = "  <- written" if method == args.method else ""
+        kl_text = f"KL {kl['mean_kl']:.4e} nats/token, max rel logit diff {kl['max_rel']:.3e}; " if kl else ""
+        print(f"  {method:<10} {kl_text}fit {_errors_line(plan.errors)}{mark}", flush=True)
 
-        def report(method, kl):
-            mark = "  <- written" if method == args.method else ""
-            kl_text = f"KL {kl['mean_kl']:.4e} nats/token, max rel logit diff {kl['max_rel']:.3e}; " if kl else ""
-            print(f"  {method:<10} {kl_text}fit {_errors_line(plan.errors)}{mark}", flush=True)
+    for method in methods[:-1]:  # the others first, in scratch folders
+        converted = cv.convert_state(plan, method, moments, progress=not args.no_progress)
+        if ref is None:
+            report(method, None)
+            continue
+        scratch = tempfile.mkdtemp(prefix="vha-convert-")
+        try:
+            report(method, cv.write_candidate(plan, converted, scratch + "/m"))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        del converted
+    converted = cv.convert_state(plan, args.method, moments, progress=not args.no_progress)
+    cv.convert_checkpoint(plan, converted, progress=not args.no_progress,
+                          check=lambda folder: report(args.method, folder))
 
-        for method in methods[:-1]:  # the others first, in scratch folders
-            converted = cv.convert_state(plan, method, moments, progress=not args.no_progress)
-            kl = None
-            if evaluate:
-                scratch = tempfile.mkdtemp(prefix="vha-convert-")
-                try:
-                    kl = cv.logit_kl(ref, cv.write_candidate(plan, converted, scratch + "/m"), windows)
-                finally:
-                    shutil.rmtree(scratch, ignore_errors=True)
-            report(method, kl)
-            del converted
 
-        converted = cv.convert_state(plan, args.method, moments, progress=not args.no_progress)
-
-        def check(folder):  # runs on the complete folder before it becomes OUT_DIR
-            report(args.method, cv.logit_kl(ref, folder, windows) if evaluate else None)
-
-        cv.convert_checkpoint(plan, converted, progress=not args.no_progress, max_shard_size=args.max_shard_size,
-                              check=check)
-    except CheckpointError as e:
-        fail(str(e))
-    except OSError as e:
-        fail(f"{args.out_dir}: could not write the converted checkpoint ({e.strerror or e})")
-    print(f"wrote {plan.out_dir} in {time.perf_counter() - t0:.2f} s; uptrain it with tools/train.py "
+def _done(args, plan, seconds: float, written) -> int:
+    print(f"wrote {plan.out_dir} in {seconds:.2f} s; uptrain it with tools/train.py "
           f"--model_name_or_path {plan.out_dir}, then fold it with tools/fold.py")
     return 0
+
+
+@command
+def main(argv=None) -> int:
+    return run_transform(parse_args(argv), _plan, _write, "converted checkpoint", _done)
 
 
 if __name__ == "__main__":

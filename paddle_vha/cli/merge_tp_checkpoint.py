@@ -16,8 +16,6 @@ import time
 
 from paddle_vha.cli import command, fail, quiet
 
-quiet()
-
 
 @command
 def main(argv=None) -> int:
@@ -27,7 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     ap.add_argument("--max-shard-size", default="5GB", help="split the output into safetensors shards of this size")
     args = ap.parse_args(argv)
-
+    quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
     from paddle_vha.checkpoint.tp_shards import merge_tp_checkpoint
 

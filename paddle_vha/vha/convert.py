@@ -24,30 +24,33 @@ o_proj); tested. For a general GQA model the conversion is an approximation and 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
-
 
 from ..accounting import arch_from_config, kv_bytes_per_token
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError
-from ..checkpoint.folder import produced_or_copied, read_finite_float64, write_checkpoint_folder
-from ..checkpoint.fsutil import atomic_dir, check_output_dir, linked_view
-from ..evaluate import compare_logits
+from ..checkpoint.fsutil import linked_view
 from ..qwen3.source import open_stock_qwen3
-from ..units import fmt_bytes
+from ..transform import Description, Entry, TransformPlan, check_dtype, output_code, write_plan
+from ..transform.describe import kv_cache_line, output_line
+from ..transform.plan import open_output
+from ..transform.verify import kl_on_text, text_windows
 from .config import Qwen3VHAConfig
 from .spec import tensor_shapes as vha_tensor_shapes
 
-__all__ = ["ConvertError", "ConvertPlan", "METHODS", "factor_queries", "merge_kv", "plan_convert", "format_plan",
-           "convert_state", "calibration_moments", "convert_checkpoint", "logit_kl", "pool_kv_heads_state"]
+__all__ = ["ConvertError", "ConvertPlan", "METHODS", "factor_queries", "merge_kv", "plan_convert", "convert_state",
+           "calibration_moments", "convert_checkpoint", "write_candidate", "logit_kl", "pool_kv_heads_state"]
 
 METHODS = ("mean", "svd", "calibrated")
-DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16", "float16")
+# what convert_state computes in every attention layer; every other tensor is copied
+CONVERTED = ("q_proj.weight", "vha_premix_weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "vha_postmix_U",
+             "vha_postmix_V")
 
 
 class ConvertError(CheckpointError):
@@ -132,37 +135,37 @@ def absorb_value_maps(w_o: np.ndarray, maps: np.ndarray, num_heads: int, n_old: 
 
 # --- a whole model ---------------------------------------------------------------------------------------------
 
-@dataclass
-class ConvertPlan:
-    in_dir: str
-    out_dir: str
-    in_config: dict
-    out_config: dict
-    cfg: Qwen3VHAConfig
+@dataclass(kw_only=True)
+class ConvertPlan(TransformPlan):
+    """plan_convert's plan: cfg is the Qwen3-VHA config written, src_cfg the stock Qwen3 one read."""
+
+    tool, verb = "convert_to_vha", "convert"
+    error = ConvertError
+
     src_cfg: object
-    out_code: str
-    inputs: Dict[str, "st.TensorRef"]
-    out_shapes: Dict[str, Tuple[int, ...]]
-    copy_files: List[str]
     method: str
-    force: bool = False
     seed: int = 0
     errors: Dict[int, Tuple[float, float, float]] = field(default_factory=dict)  # layer -> (q, k, v) rel fit error
 
-    @property
-    def bytes_out(self) -> int:
-        return sum(int(np.prod(s)) * st.DTYPES[self.out_code].itemsize for s in self.out_shapes.values())
+    def describe(self) -> Description:
+        c, s = self.cfg, self.src_cfg
+        elem = st.DTYPES[self.out_code].itemsize
+        before = kv_bytes_per_token(arch_from_config(self.in_config), elem, all_layers=True)
+        after = kv_bytes_per_token(arch_from_config(self.out_config), elem, all_layers=True)
+        h_p = c.num_attention_heads // c.num_key_value_heads
+        return Description(f"convert {self.in_dir} -> {self.out_dir} (method {self.method})", [
+            f"Qwen3: {s.num_hidden_layers} layers, {s.num_attention_heads} query heads over {s.num_key_value_heads} "
+            f"KV heads, head_dim {s.head_dim}, hidden {s.hidden_size}",
+            f"Qwen3-VHA: {c.num_attention_heads} virtual heads = {h_p} physical heads (width {c.vha_q_head_dim}) x "
+            f"{c.num_key_value_heads} Premix groups over {c.num_key_value_heads} KV heads; Postmix rank "
+            f"{c.vha_postmix_rank} (starts as the identity)",
+            kv_cache_line(st.dtype_name(self.out_code), before, after),
+            output_line(self),
+        ], notes=self.notes)
 
 
-def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = None, postmix_rank: int = 4,
-                 method: str = "svd", dtype: str = "auto", force: bool = False, seed: int = 0) -> ConvertPlan:
-    """Validate `src` (a stock Qwen3 checkpoint: path or CheckpointFolder) and the request from headers alone."""
-    if method not in METHODS:
-        raise ConvertError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
-    if dtype not in DTYPE_CHOICES:
-        raise ConvertError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPE_CHOICES)}")
-    ck, src_cfg = open_stock_qwen3(src, ConvertError, hint="; a Qwen3-VHA checkpoint folds first (tools/fold.py)")
-    in_dir, raw = ck.path, ck.config
+def _check_request(src_cfg, in_dir: str, kv_heads, q_head_dim, postmix_rank) -> int:
+    """The physical query head width r of the request, checked against the stock model; ConvertError otherwise."""
     if src_cfg.attention_bias:
         raise ConvertError(f"{in_dir}/config.json: attention_bias=true: the query bias would need its own "
                            "factorization; convert_to_vha supports Qwen3's bias-free attention only")
@@ -178,45 +181,37 @@ def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = N
                            "heads are at most head_dim wide)")
     if not (isinstance(postmix_rank, int) and 1 <= postmix_rank <= h_q):
         raise ConvertError(f"--postmix-rank {postmix_rank}: must be between 1 and the {h_q} query heads")
-    check_output_dir(out_dir, [in_dir], force, ConvertError)
-    ck.require_float()
-    inputs = ck.tensors
-    out_code = inputs["model.embed_tokens.weight"].dtype if dtype == "auto" else st.dtype_code(dtype)
+    return r
+
+
+def _converted_config(raw: dict, in_dir: str, kv_heads: int, r: int, postmix_rank: int, code: str):
+    """(config.json, Qwen3VHAConfig) of the converted model."""
     out_raw = {k: v for k, v in raw.items() if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
     out_raw.update(model_type=Qwen3VHAConfig.model_type, architectures=["Qwen3VHAForCausalLM"],
                    num_key_value_heads=kv_heads, vha_q_head_dim=r, vha_postmix_rank=postmix_rank,
-                   dtype=st.dtype_name(out_code))
+                   dtype=st.dtype_name(code))
     try:
-        cfg = Qwen3VHAConfig.from_dict(out_raw)
+        return out_raw, Qwen3VHAConfig.from_dict(out_raw)
     except (ValueError, TypeError) as e:
         raise ConvertError(f"{in_dir}/config.json: cannot describe the converted model ({e})") from None
-    copy_files, _ = ck.side_files()
-    return ConvertPlan(in_dir, out_dir, raw, out_raw, cfg, src_cfg, out_code, inputs, vha_tensor_shapes(cfg),
-                       copy_files, method, force, seed)
 
 
-def format_plan(plan: ConvertPlan) -> str:
-    c, s = plan.cfg, plan.src_cfg
-    elem = st.DTYPES[plan.out_code].itemsize
-    before = kv_bytes_per_token(arch_from_config(plan.in_config), elem, all_layers=True)
-    after = kv_bytes_per_token(arch_from_config(plan.out_config), elem, all_layers=True)
-    h_p = c.num_attention_heads // c.num_key_value_heads
-    return "\n".join([
-        f"convert {plan.in_dir} -> {plan.out_dir} (method {plan.method})",
-        f"  Qwen3: {s.num_hidden_layers} layers, {s.num_attention_heads} query heads over {s.num_key_value_heads} KV "
-        f"heads, head_dim {s.head_dim}, hidden {s.hidden_size}",
-        f"  Qwen3-VHA: {c.num_attention_heads} virtual heads = {h_p} physical heads (width {c.vha_q_head_dim}) x "
-        f"{c.num_key_value_heads} Premix groups over {c.num_key_value_heads} KV heads; Postmix rank "
-        f"{c.vha_postmix_rank} (starts as the identity)",
-        f"  KV cache per token ({st.dtype_name(plan.out_code)}): {fmt_bytes(before, fixed=True)} -> "
-        f"{fmt_bytes(after, fixed=True)} ({after / before:.1%})",
-        f"  output: {len(plan.out_shapes)} tensors, {fmt_bytes(plan.bytes_out, fixed=True)}; copied files: "
-        f"{', '.join(plan.copy_files) or 'none'}",
-    ])
-
-
-def _read(plan: ConvertPlan, name: str) -> np.ndarray:
-    return read_finite_float64(plan.inputs, name, ConvertError, "convert")
+def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = None, postmix_rank: int = 4,
+                 method: str = "svd", dtype: str = "auto", force: bool = False, seed: int = 0,
+                 max_shard_size="5GB") -> ConvertPlan:
+    """Validate `src` (a stock Qwen3 checkpoint: path or CheckpointFolder) and the request from headers alone."""
+    if method not in METHODS:
+        raise ConvertError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
+    check_dtype(dtype, ConvertError)
+    ck, src_cfg = open_stock_qwen3(src, ConvertError, hint="; a Qwen3-VHA checkpoint folds first (tools/fold.py)")
+    r = _check_request(src_cfg, ck.path, kv_heads, q_head_dim, postmix_rank)
+    open_output(ck, out_dir, force, ConvertError)
+    code = output_code(dtype, ck.tensors)
+    out_raw, cfg = _converted_config(ck.config, ck.path, kv_heads, r, postmix_rank, code)
+    entries = [Entry(n, tuple(shape), code, "convert" if n.rsplit("self_attn.", 1)[-1] in CONVERTED else "copy",
+                     (n,)) for n, shape in vha_tensor_shapes(cfg).items()]
+    return ConvertPlan.build(ck, out_dir, entries, max_shard_size, cfg=cfg, out_config=out_raw, out_code=code,
+                             force=force, src_cfg=src_cfg, method=method, seed=seed)
 
 
 def convert_state(plan: ConvertPlan, method: str, moments: Optional[Dict[int, np.ndarray]] = None,
@@ -230,15 +225,15 @@ def convert_state(plan: ConvertPlan, method: str, moments: Optional[Dict[int, np
         raise ValueError("the calibrated method needs calibration moments")
     n_new, n_old, d, h_v = c.num_key_value_heads, s.num_key_value_heads, s.head_dim, s.num_attention_heads
     rng = np.random.default_rng(plan.seed)
+    read = plan.read_float64
     out: Dict[str, np.ndarray] = {}
     for i in tqdm(range(s.num_hidden_layers), desc=f"convert ({method})", disable=not progress, leave=False):
         p = f"model.layers.{i}.self_attn."
         mom = moments[i] if method == "calibrated" else None
-        wq, premix, eq = factor_queries(_read(plan, p + "q_proj.weight"), h_v, n_new, d, c.vha_q_head_dim, mom)
-        wk, _, ek = merge_kv(_read(plan, p + "k_proj.weight"), n_old, n_new, d, low_rank=False)
-        wv, maps, ev = merge_kv(_read(plan, p + "v_proj.weight"), n_old, n_new, d, low_rank=method != "mean",
-                                moment=mom)
-        wo = _read(plan, p + "o_proj.weight")
+        wq, premix, eq = factor_queries(read(p + "q_proj.weight"), h_v, n_new, d, c.vha_q_head_dim, mom)
+        wk, _, ek = merge_kv(read(p + "k_proj.weight"), n_old, n_new, d, low_rank=False)
+        wv, maps, ev = merge_kv(read(p + "v_proj.weight"), n_old, n_new, d, low_rank=method != "mean", moment=mom)
+        wo = read(p + "o_proj.weight")
         if maps is not None:
             wo = absorb_value_maps(wo, maps, h_v, n_old, d)
         rank = c.vha_postmix_rank
@@ -250,17 +245,6 @@ def convert_state(plan: ConvertPlan, method: str, moments: Optional[Dict[int, np
     return out
 
 
-def _eval_windows(batches: int, seq_len: int, batch_size: int = 4, corpus_mb: float = 2.0, split: str = "val",
-                  seed: int = 0):
-    from ..train.corpus import load_stdlib_corpus
-
-    corpus = load_stdlib_corpus(max_bytes=int(corpus_mb * (1 << 20)))
-    if split == "val":
-        return corpus.val_batches(batch_size, seq_len, batches)
-    rng = np.random.default_rng(seed)
-    return [corpus.batch(rng, batch_size, seq_len, "train") for _ in range(batches)]
-
-
 def calibration_moments(in_dir: str, tokens: int, seq_len: int = 128, seed: int = 0) -> Dict[int, np.ndarray]:
     """E[x x^T] (float64, h x h) of every layer's attention input (q_proj's input: the input_layernorm output), over
     `tokens` byte tokens of the embedded corpus's training split, run through the original model in fp32."""
@@ -269,7 +253,7 @@ def calibration_moments(in_dir: str, tokens: int, seq_len: int = 128, seed: int 
 
     batch = 4
     n_batches = max(1, -(-tokens // (batch * seq_len)))
-    windows = _eval_windows(n_batches, seq_len, batch, split="train", seed=seed)
+    windows = text_windows(n_batches, seq_len, batch, split="train", seed=seed)
     sums: Dict[int, np.ndarray] = {}
     count = [0]
     with tempfile.TemporaryDirectory(prefix="vha-calib-") as tmp:
@@ -292,68 +276,23 @@ def calibration_moments(in_dir: str, tokens: int, seq_len: int = 128, seed: int 
     return {i: v / count[0] for i, v in sums.items()}
 
 
-def _write(plan: ConvertPlan, folder: str, converted: Dict[str, np.ndarray], max_shard_size: str, progress: bool):
-    from tqdm import tqdm
-
-    try:
-        max_bytes = st.parse_size(max_shard_size)
-    except ValueError as e:
-        raise ConvertError(f"--max-shard-size: {e}") from None
-    names = sorted(plan.out_shapes, key=st.natural_key)
-    shards = st.plan_shards([(n, plan.out_code, tuple(plan.out_shapes[n])) for n in names], max_bytes)
-    bar = tqdm(total=len(names), desc="write", disable=not progress, leave=False)
-    write_checkpoint_folder(folder, shards, produced_or_copied(plan.inputs, converted, ConvertError, "convert"),
-                            plan.out_config, plan.bytes_out,
-                            plan.in_dir, plan.copy_files, on_written=lambda name, nbytes: bar.update(1))
-    bar.close()
-
-
 def convert_checkpoint(plan: ConvertPlan, converted: Dict[str, np.ndarray], progress: bool = True,
-                       max_shard_size: str = "5GB", check=None) -> str:
+                       check=None) -> str:
     """Write OUT_DIR atomically from convert_state's tensors; check(folder) runs on the complete folder first."""
-    out_dir = os.path.abspath(plan.out_dir)
-    with atomic_dir(out_dir, tool="convert_to_vha", replace=plan.force, error=ConvertError) as tmp:
-        _write(plan, tmp, converted, max_shard_size, progress)
-        if check is not None:
-            check(tmp)
-    return out_dir
+    return write_plan(plan, lambda entry: converted[entry.name], progress, check=check)
 
 
 def write_candidate(plan: ConvertPlan, converted: Dict[str, np.ndarray], folder: str) -> str:
     """A converted model written to a scratch folder (for comparing methods); the caller removes it."""
-    os.makedirs(folder)
-    _write(plan, folder, converted, "5GB", progress=False)
-    return folder
-
-
-def reference_logits(model_dir: str, windows, model_cls=None) -> np.ndarray:
-    """fp32 logits (float64 array) of a checkpoint folder on the given windows; byte ids wrap modulo the vocabulary."""
-    import paddle
-
-    from ..families import family_of
-
-    cls = model_cls or family_of(model_dir).model_class
-    with tempfile.TemporaryDirectory(prefix="vha-logits-") as tmp:
-        model = cls.from_pretrained(linked_view(model_dir, os.path.join(tmp, "m")), dtype="float32")
-        model.eval()
-        vocab = model.config.vocab_size
-        outs = []
-        with paddle.no_grad():
-            for x, _ in windows:
-                outs.append(model(paddle.to_tensor(x % vocab), return_dict=True).logits.astype("float64").numpy())
-        del model
-    return np.concatenate(outs)
+    return write_plan(dataclasses.replace(plan, out_dir=folder, force=False), lambda entry: converted[entry.name],
+                      progress=False)
 
 
 def logit_kl(ref_logits: np.ndarray, model_dir: str, windows) -> Dict[str, float]:
     """KL(original || converted) per position (nats) and max relative logit difference, on `windows`."""
-    b = reference_logits(model_dir, windows)
-    cmp = compare_logits(ref_logits, b)
-    if cmp["nonfinite"]:
-        which = {"reference": "the original model's", "compared": "the converted model's"}
-        raise ConvertError("logit KL: " + " and ".join(which[w] for w in cmp["nonfinite"].split(" and ")) +
-                           " logits are not finite (NaN or Inf)")
-    return {"mean_kl": cmp["mean_kl"], "max_rel": cmp["max_rel"], "tokens": int(ref_logits.shape[0] * ref_logits.shape[1])}
+    from ..families import family_of
+
+    return kl_on_text(ref_logits, model_dir, windows, family_of(model_dir).model_class, "converted", ConvertError)
 
 
 # --- GQA -> GQA by mean pooling (the GQA paper's uptraining start; used by tools/uptrain_study.py) ----------------

@@ -23,22 +23,26 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError, compare_shapes, few
-from ..checkpoint.folder import CheckpointFolder, write_checkpoint_folder
-from ..checkpoint.fsutil import atomic_dir, check_output_dir
+from ..checkpoint.folder import CheckpointFolder
+from ..evaluate import compare_logits
 from ..qwen3.contract import check_config_fields
+from ..transform import Description, Entry, Table, TransformPlan, check_dtype, layer_pattern, output_code, write_plan
+from ..transform.describe import files_line, group, skipped_lines
+from ..transform.plan import open_output
+from ..transform.verify import left_unchanged, model_logits, random_tokens
 from ..units import fmt_bytes
 from .config import Qwen3VHAConfig, VHAConfigError
 from .spec import tensor_shapes
 from .fleet_config import QKV_LAYOUTS, UP_GATE_ORDERS, UPSTREAM_KEYS
 
-__all__ = ["FleetImportError", "ImportPlan", "plan_import", "format_plan", "import_checkpoint", "QKV_LAYOUTS",
+__all__ = ["FleetImportError", "ImportPlan", "plan_import", "import_checkpoint", "verify_import", "QKV_LAYOUTS",
            "UP_GATE_ORDERS"]
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -49,40 +53,52 @@ class FleetImportError(CheckpointError):
     """An input import_fleet refuses; the message is one line naming the problem."""
 
 
-@dataclass
-class Entry:
-    """One output tensor: made from `source` by `how` ('copy', 'transpose', 'split', 'zeros')."""
+@dataclass(kw_only=True)
+class ImportPlan(TransformPlan):
+    """plan_import's plan: cfg is the Qwen3-VHA config written; how the upstream checkpoint was read."""
 
-    name: str
-    source: Optional[str]
-    how: str
-    shape: Tuple[int, ...]
-    code: str
-    part: Optional[Tuple[int, int, int]] = None  # split: (axis, index of the part, how many) of a fused tensor
-    rows: Optional[np.ndarray] = None  # split: the output-feature indices of this part
+    tool, verb = "import_fleet", "import"
+    error = FleetImportError
 
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * st.DTYPES[self.code].itemsize
-
-
-@dataclass
-class ImportPlan:
-    in_dir: str
-    out_dir: str
     dialect: str  # "paddlefleet" or "fork"
-    cfg: Qwen3VHAConfig
-    out_config: dict
-    entries: List[Entry]
-    layout: str
-    notes: List[str] = field(default_factory=list)
-    copy_files: List[str] = field(default_factory=list)
-    shards: list = field(default_factory=list)
-    folder: Optional[CheckpointFolder] = None
+    layout: str  # "paddle" ([in, out] Linear weights) or "hf"
+    qkv_layout: str = "grouped"
+    up_gate_order: str = "gate-up"
 
-    @property
-    def bytes_out(self) -> int:
-        return sum(e.nbytes for e in self.entries)
+    def refused(self, err: Exception) -> CheckpointError:
+        return self.error(f"{self.in_dir}: {err}; refusing to import")
+
+    def describe(self) -> Description:
+        cfg = self.cfg
+        full = cfg.full_dims()
+        read_as = 'PaddleFleet SelfAttentionVHA' if self.dialect == 'paddlefleet' else 'research fork (attn_type vha)'
+        header = [
+            f"read as: {read_as} config, {self.layout} layout",
+            f"Qwen3-VHA: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {full.num_heads} virtual / H_p "
+            f"{full.num_physical_heads} physical query heads (r {full.q_head_dim}), H_kv {full.num_kv_heads}, d "
+            f"{full.head_dim}, Postmix rank {full.postmix_rank}"
+            + (", shared KV" if cfg.vha_shared_kv else "") + (", gated" if cfg.vha_gated_attention else ""),
+        ]
+        windows = cfg.window_layers()
+        if windows:
+            w = cfg.layer_dims(windows[0])
+            header.append(f"sliding-window layers {windows} (window {w.window}): H_v {w.num_heads}, H_kv "
+                          f"{w.num_kv_heads}, d {w.head_dim}, r {w.q_head_dim}, Postmix rank {w.postmix_rank}, RoPE "
+                          f"base {w.rope_theta:g}")
+        footer = [f"bytes out: {fmt_bytes(self.bytes_out, fixed=True)} in {len(self.shards)} shard(s)",
+                  files_line(self), *skipped_lines(self)]
+        return Description(f"import_fleet {self.in_dir} -> {self.out_dir}", header, self._table(), footer, self.notes)
+
+    def _table(self) -> Table:
+        def key(e):
+            return layer_pattern(e.name), e.how, layer_pattern(e.sources[0]) if e.sources else "-", e.shape
+
+        rows = []
+        for (pattern, how, source, shape), es in group(self.entries, key).items():
+            src_shape = list(self.inputs[es[0].sources[0]].shape) if es[0].sources else "-"
+            rows.append((pattern, f"x{len(es)}", how,
+                         f"{source} {src_shape} -> {list(shape)} {st.dtype_name(es[0].code)}"))
+        return Table("tensors (output name pattern, count, how, input -> output shape):", (46, 4, 9), rows)
 
 
 def _normalize(name: str) -> Tuple[str, Optional[int], str]:
@@ -142,173 +158,121 @@ def _config_of(folder: CheckpointFolder) -> Tuple[Qwen3VHAConfig, str, dict]:
     return cfg, dialect, out
 
 
-def plan_import(src, out_dir: str, layout: str = "paddle", qkv_layout: str = "grouped", up_gate_order: str = "gate-up",
-                dtype: str = "auto", force: bool = False, max_shard_size="5GB") -> ImportPlan:
-    """Validate an upstream checkpoint from its config and headers (no tensor data read) and plan every output
-    tensor; FleetImportError (one line) for anything it cannot import."""
-    if layout not in ("paddle", "hf") or qkv_layout not in QKV_LAYOUTS or up_gate_order not in UP_GATE_ORDERS:
-        raise FleetImportError(f"layout {layout!r} / qkv layout {qkv_layout!r} / up-gate order {up_gate_order!r}: "
-                               f"expected paddle|hf, {'|'.join(QKV_LAYOUTS)}, {'|'.join(UP_GATE_ORDERS)}")
-    folder = CheckpointFolder.open(src)
-    check_output_dir(out_dir, [folder.path], force, FleetImportError)
-    cfg, dialect, out_config = _config_of(folder)
-    folder.require_float()
-    refs = folder.tensors
-    want = tensor_shapes(cfg)  # our names -> [out, in] shapes
+def _split_qkv(ref: st.TensorRef, cfg, layer: int, kind: str, qkv_layout: str, tr: bool, code: str) -> List[Entry]:
+    """q_proj, k_proj, v_proj (weight or bias, `kind`) of layer `layer` from its fused qkv_proj."""
+    rows = _qkv_rows(cfg, layer, qkv_layout)
+    axis = (1 if tr else 0) if kind == "weight" else 0
+    total = sum(len(x) for x in rows)
+    if ref.shape[axis] != total:
+        raise FleetImportError(f"{ref.name}: shape {list(ref.shape)} has {ref.shape[axis]} output features, "
+                               f"expected {total} (Q, K, V of layer {layer})")
+    return [Entry(f"model.layers.{layer}.self_attn.{proj}.{kind}",
+                  (len(idx), ref.shape[1 - axis]) if kind == "weight" else (len(idx),), code, "split", (ref.name,),
+                  (axis, idx)) for proj, idx in zip(("q_proj", "k_proj", "v_proj"), rows)]
+
+
+def _split_up_gate(ref: st.TensorRef, layer: int, up_gate_order: str, tr: bool, code: str) -> List[Entry]:
+    """gate_proj and up_proj of layer `layer` from its fused up_gate_proj (halves in `up_gate_order`)."""
+    axis = 1 if tr else 0
+    n = ref.shape[axis]
+    if n % 2:
+        raise FleetImportError(f"{ref.name}: {n} output features cannot be halves of gate_proj and up_proj")
+    halves = ("gate_proj", "up_proj") if up_gate_order == "gate-up" else ("up_proj", "gate_proj")
+    return [Entry(f"model.layers.{layer}.mlp.{proj}.weight", (n // 2, ref.shape[1 - axis]), code, "split", (ref.name,),
+                  (axis, np.arange(part * n // 2, (part + 1) * n // 2))) for part, proj in enumerate(halves)]
+
+
+def _entries(folder: CheckpointFolder, cfg, tr: bool, qkv_layout: str, up_gate_order: str,
+             dtype: str) -> Dict[str, Entry]:
+    """Our tensor name -> Entry, for every input tensor (fused ones split); FleetImportError for unknown names."""
     entries: Dict[str, Entry] = {}
-    notes: List[str] = []
     unknown = []
-    tr = layout == "paddle"
-
-    def code_of(ref):
-        return ref.dtype if dtype == "auto" else st.dtype_code(dtype)
-
-    for name in sorted(refs, key=st.natural_key):
-        ref = refs[name]
+    for name in sorted(folder.tensors, key=st.natural_key):
+        ref, code = folder.tensors[name], output_code(dtype, folder.tensors, like=name)  # auto: the tensor's own
         ours, layer, rest = _normalize(name)
         if not ours:
             unknown.append(name)
-            continue
-        if rest in ("self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias"):
-            rows = _qkv_rows(cfg, layer, qkv_layout)
-            kind = rest.rsplit(".", 1)[1]
-            axis = (1 if tr else 0) if kind == "weight" else 0
-            for part, (proj, idx) in enumerate(zip(("q_proj", "k_proj", "v_proj"), rows)):
-                out_name = f"model.layers.{layer}.self_attn.{proj}.{kind}"
-                total = sum(len(x) for x in rows)
-                if ref.shape[axis] != total:
-                    raise FleetImportError(f"{name}: shape {list(ref.shape)} has {ref.shape[axis]} output features, "
-                                           f"expected {total} (Q, K, V of layer {layer})")
-                shape = (len(idx), ref.shape[1 - axis]) if kind == "weight" else (len(idx),)
-                entries[out_name] = Entry(out_name, name, "split", shape, code_of(ref), (axis, part, 3), idx)
-            continue
-        if rest == "mlp.up_gate_proj.weight":
-            axis = 1 if tr else 0
-            n = ref.shape[axis]
-            if n % 2:
-                raise FleetImportError(f"{name}: {n} output features cannot be halves of gate_proj and up_proj")
-            halves = ("gate_proj", "up_proj") if up_gate_order == "gate-up" else ("up_proj", "gate_proj")
-            for part, proj in enumerate(halves):
-                out_name = f"model.layers.{layer}.mlp.{proj}.weight"
-                idx = np.arange(part * n // 2, (part + 1) * n // 2)
-                entries[out_name] = Entry(out_name, name, "split", (n // 2, ref.shape[1 - axis]), code_of(ref),
-                                          (axis, part, 2), idx)
-            continue
-        linear = bool(_LINEAR.search(ours)) or ours == "lm_head.weight"
-        how = "transpose" if linear and tr else "copy"
-        shape = tuple(reversed(ref.shape)) if how == "transpose" else tuple(ref.shape)
-        if ours in entries:
+        elif rest in ("self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias"):
+            entries.update((e.name, e) for e in _split_qkv(ref, cfg, layer, rest.rsplit(".", 1)[1], qkv_layout, tr,
+                                                           code))
+        elif rest == "mlp.up_gate_proj.weight":
+            entries.update((e.name, e) for e in _split_up_gate(ref, layer, up_gate_order, tr, code))
+        elif ours in entries:
             raise FleetImportError(f"{name}: a second tensor for {ours}")
-        entries[ours] = Entry(ours, name, how, shape, code_of(ref))
-
+        else:
+            linear = bool(_LINEAR.search(ours)) or ours == "lm_head.weight"
+            how = "transpose" if linear and tr else "copy"
+            entries[ours] = Entry(ours, tuple(reversed(ref.shape)) if how == "transpose" else tuple(ref.shape), code,
+                                  how, (name,))
     if unknown:
         raise FleetImportError(f"{folder.path}: tensors with names this importer does not know: {few(unknown)}")
-    if cfg.tie_word_embeddings and "lm_head.weight" in entries:
-        emb, head = entries["model.embed_tokens.weight"], entries["lm_head.weight"]
-        a, b = folder.read(emb.source), folder.read(head.source)
-        b = b.T if head.how == "transpose" else b
-        if a.shape != b.shape or not np.array_equal(a, b):
-            raise FleetImportError(f"{folder.path}: tie_word_embeddings is true but {head.source} differs from "
-                                   f"{emb.source}")
-        del entries["lm_head.weight"]
-        notes.append(f"tied embeddings: {head.source} equals {emb.source}, not written twice")
+    return entries
+
+
+def _drop_tied_head(folder: CheckpointFolder, cfg, entries: Dict[str, Entry]) -> List[str]:
+    """A tied lm_head must equal the embedding (read both); it is then not written. Returns the plan's notes."""
+    if not (cfg.tie_word_embeddings and "lm_head.weight" in entries):
+        return []
+    emb, head = entries["model.embed_tokens.weight"].sources[0], entries["lm_head.weight"]
+    a, b = folder.read(emb), folder.read(head.sources[0])
+    b = b.T if head.how == "transpose" else b
+    if a.shape != b.shape or not np.array_equal(a, b):
+        raise FleetImportError(f"{folder.path}: tie_word_embeddings is true but {head.sources[0]} differs from {emb}")
+    del entries["lm_head.weight"]
+    return [f"tied embeddings: {head.sources[0]} equals {emb}, not written twice"]
+
+
+def _zero_o_bias(entries: Dict[str, Entry], want) -> List[str]:
+    """Upstream's attention_bias has no o_proj bias, Qwen3's has: zeros (the same function). Returns the notes."""
     zero_bias = [n for n in want if n.endswith("o_proj.bias") and n not in entries]
-    if zero_bias and not [n for n in entries if n.endswith("o_proj.bias")]:
-        code = entries["model.embed_tokens.weight"].code if "model.embed_tokens.weight" in entries else "F32"
-        for n in zero_bias:
-            entries[n] = Entry(n, None, "zeros", want[n], code)
-        notes.append("attention_bias: upstream has no o_proj bias, Qwen3 has one: written as zeros (same function)")
+    if not zero_bias or [n for n in entries if n.endswith("o_proj.bias")]:
+        return []
+    code = entries["model.embed_tokens.weight"].code if "model.embed_tokens.weight" in entries else "F32"
+    for n in zero_bias:
+        entries[n] = Entry(n, tuple(want[n]), code, "zeros")
+    return ["attention_bias: upstream has no o_proj bias, Qwen3 has one: written as zeros (same function)"]
+
+
+def plan_import(src, out_dir: str, layout: str = "paddle", qkv_layout: str = "grouped", up_gate_order: str = "gate-up",
+                dtype: str = "auto", force: bool = False, max_shard_size="5GB") -> ImportPlan:
+    """Validate an upstream checkpoint from its config and headers (no tensor data read but a tied lm_head's) and
+    plan every output tensor; FleetImportError (one line) for anything it cannot import."""
+    if layout not in ("paddle", "hf") or qkv_layout not in QKV_LAYOUTS or up_gate_order not in UP_GATE_ORDERS:
+        raise FleetImportError(f"layout {layout!r} / qkv layout {qkv_layout!r} / up-gate order {up_gate_order!r}: "
+                               f"expected paddle|hf, {'|'.join(QKV_LAYOUTS)}, {'|'.join(UP_GATE_ORDERS)}")
+    check_dtype(dtype, FleetImportError)
+    folder = CheckpointFolder.open(src)
+    cfg, dialect, out_config = _config_of(folder)
+    open_output(folder, out_dir, force, FleetImportError)
+    entries = _entries(folder, cfg, layout == "paddle", qkv_layout, up_gate_order, dtype)
+    want = tensor_shapes(cfg)  # our names -> [out, in] shapes
+    notes = _drop_tied_head(folder, cfg, entries) + _zero_o_bias(entries, want)
     try:
         compare_shapes(folder.path, {n: e.shape for n, e in entries.items()}, want)
     except CheckpointError as e:
         raise FleetImportError(str(e)) from None
-
-    copy_files, folders = folder.side_files()  # tokenizer, generation config, ...
-    plan = ImportPlan(folder.path, os.path.abspath(out_dir), dialect, cfg, out_config,
-                      sorted(entries.values(), key=lambda e: st.natural_key(e.name)), layout, notes, copy_files,
-                      folder=folder)
-    plan.shards = st.plan_shards([(e.name, e.code, e.shape) for e in plan.entries], st.parse_size(max_shard_size))
-    if folders:
-        plan.notes.append(f"not copied (folders): {', '.join(folders)}")
-    return plan
+    return ImportPlan.build(folder, os.path.abspath(out_dir), entries.values(), max_shard_size, cfg=cfg,
+                            out_config=out_config, out_code=None if dtype == "auto" else st.dtype_code(dtype),
+                            force=force, notes=notes, dialect=dialect, layout=layout, qkv_layout=qkv_layout,
+                            up_gate_order=up_gate_order)
 
 
-def format_plan(plan: ImportPlan) -> str:
-    cfg = plan.cfg
-    full = cfg.full_dims()
-    lines = [
-        f"import_fleet {plan.in_dir} -> {plan.out_dir}",
-        f"  read as: {'PaddleFleet SelfAttentionVHA' if plan.dialect == 'paddlefleet' else 'research fork (attn_type vha)'}"
-        f" config, {plan.layout} layout",
-        f"  Qwen3-VHA: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {full.num_heads} virtual / H_p "
-        f"{full.num_physical_heads} physical query heads (r {full.q_head_dim}), H_kv {full.num_kv_heads}, d "
-        f"{full.head_dim}, Postmix rank {full.postmix_rank}"
-        + (", shared KV" if cfg.vha_shared_kv else "") + (", gated" if cfg.vha_gated_attention else ""),
-    ]
-    windows = cfg.window_layers()
-    if windows:
-        w = cfg.layer_dims(windows[0])
-        lines.append(f"  sliding-window layers {windows} (window {w.window}): H_v {w.num_heads}, H_kv {w.num_kv_heads}, "
-                     f"d {w.head_dim}, r {w.q_head_dim}, Postmix rank {w.postmix_rank}, RoPE base {w.rope_theta:g}")
-    lines.append("  tensors (output name pattern, count, how, input -> output shape):")
-    groups: Dict[tuple, list] = {}
-    for e in plan.entries:
-        key = (re.sub(r"layers\.\d+\.", "layers.{i}.", e.name), e.how,
-               re.sub(r"layers\.\d+\.", "layers.{i}.", e.source or "-"), e.shape)
-        groups.setdefault(key, []).append(e)
-    folder = plan.folder
-    for (pattern, how, source, shape), es in groups.items():
-        src_shape = list(folder.tensors[es[0].source].shape) if es[0].source else "-"
-        lines.append(f"    {pattern:<46} x{len(es):<3} {how:<9} {source} {src_shape} -> {list(shape)} "
-                     f"{st.dtype_name(es[0].code)}")
-    lines.append(f"  bytes out: {fmt_bytes(plan.bytes_out, fixed=True)} in {len(plan.shards)} shard(s)")
-    lines.append(f"  files copied: {', '.join(plan.copy_files) if plan.copy_files else '(none)'}")
-    lines += [f"  note: {n}" for n in plan.notes]
-    return "\n".join(lines)
-
-
-def _produce(plan: ImportPlan, e: Entry) -> np.ndarray:
+def _make(plan: ImportPlan, e: Entry) -> np.ndarray:
+    """A tensor that is not a plain copy: zeros, a transposed Linear weight, or a part of a fused one."""
     if e.how == "zeros":
         return np.zeros(e.shape, np.float64)
-    a = plan.folder.read(e.source)
+    a = plan.source.read(e.sources[0])
     if e.how == "transpose":
         return a.T
-    if e.how == "split":
-        axis = e.part[0]
-        a = np.take(a, e.rows, axis=axis)
-        return a.T if axis == 1 and a.ndim == 2 else a
-    return a
+    axis, rows = e.take  # "split"
+    a = np.take(a, rows, axis=axis)
+    return a.T if axis == 1 and a.ndim == 2 else a
 
 
-def import_checkpoint(plan: ImportPlan, progress: bool = True, on_written: Optional[Callable] = None) -> None:
+def import_checkpoint(plan: ImportPlan, progress: bool = True,
+                      on_tensor: Optional[Callable[[Entry], None]] = None) -> str:
     """Write plan.out_dir (atomically; refuses NaN / Inf and overflowing casts with one line naming the tensor)."""
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="import", leave=False)
-
-    by_name = {e.name: e for e in plan.entries}
-
-    def chunks(name, code, shape):
-        try:
-            yield st.cast_finite(np.ascontiguousarray(_produce(plan, by_name[name])), code, name)
-        except ValueError as err:  # NaN / Inf in the input, or a cast that overflows: nothing is written
-            raise FleetImportError(f"{plan.in_dir}: {err}; refusing to import") from None
-
-    def written(name, nbytes):
-        if bar is not None:
-            bar.update(nbytes)
-        if on_written is not None:
-            on_written(name, nbytes)
-
-    try:
-        with atomic_dir(plan.out_dir, tool="import_fleet", replace=True, error=FleetImportError) as tmp:
-            write_checkpoint_folder(tmp, plan.shards, chunks, plan.out_config, plan.bytes_out, copy_from=plan.in_dir,
-                                    copy_files=plan.copy_files, on_written=written)
-    finally:
-        if bar is not None:
-            bar.close()
+    return write_plan(plan, lambda e: _make(plan, e), progress, on_tensor=on_tensor)
 
 
 def reference_names(folder: CheckpointFolder) -> Dict[str, str]:
@@ -321,28 +285,17 @@ def reference_names(folder: CheckpointFolder) -> Dict[str, str]:
     return out
 
 
-def verify_import(plan: ImportPlan, qkv_layout: str = "grouped", up_gate_order: str = "gate-up",
-                  num_sequences: int = 2, seq_len: int = 16, seed: int = 0) -> Dict[str, float]:
+def verify_import(plan: ImportPlan, num_sequences: int = 2, seq_len: int = 16, seed: int = 0) -> Dict[str, float]:
     """Upstream's forward on the INPUT tensors (paddle_vha/vha/fleet_reference.py, float64 numpy, upstream's einsum
-    and layouts) vs this project's Qwen3VHAForCausalLM loaded from the OUTPUT (Paddle float32), on random tokens:
-    max_abs, max_rel, mean_kl, nonfinite (paddle_vha.evaluate.compare_logits)."""
-    import tempfile
-
-    import paddle
-
-    from ..checkpoint.fsutil import linked_view
-    from ..evaluate import compare_logits
+    and layouts, read as the plan read them) vs this project's Qwen3VHAForCausalLM loaded from the OUTPUT (Paddle
+    float32), on random tokens: max_abs, max_rel, mean_kl, nonfinite (paddle_vha.evaluate.compare_logits)."""
     from .fleet_reference import reference_logits
     from .modeling import Qwen3VHAForCausalLM
 
-    folder = plan.folder
-    ids = np.random.default_rng(seed).integers(0, plan.cfg.vocab_size, size=(num_sequences, seq_len))
-    ref = reference_logits(ids, lambda n: st.to_float64(folder.read(n)), reference_names(folder), plan.cfg,
-                           plan.layout, qkv_layout, up_gate_order)
-    with tempfile.TemporaryDirectory(prefix="vha-import-verify-") as tmp:
-        model = Qwen3VHAForCausalLM.from_pretrained(linked_view(plan.out_dir, os.path.join(tmp, "out")),
-                                                    dtype="float32")
-        model.eval()
-        with paddle.no_grad():
-            got = model(paddle.to_tensor(ids), return_dict=True).logits.astype("float64").numpy()
+    folder = plan.source
+    with left_unchanged(plan.in_dir, plan.out_dir):
+        ids = random_tokens(plan.cfg.vocab_size, num_sequences, seq_len, seed)
+        ref = reference_logits(ids, lambda n: st.to_float64(folder.read(n)), reference_names(folder), plan.cfg,
+                               plan.layout, plan.qkv_layout, plan.up_gate_order)
+        got = model_logits(plan.out_dir, [ids], Qwen3VHAForCausalLM)
     return compare_logits(ref, got)

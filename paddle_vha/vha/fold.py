@@ -20,11 +20,8 @@ Three levels of API, each used by the next:
 """
 from __future__ import annotations
 
-import os
 import re
-import tempfile
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional
 
 import numpy as np
 
@@ -32,11 +29,14 @@ from paddleformers.transformers import Qwen3Config
 
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import INDEX_FILE, CheckpointError
-from ..checkpoint.folder import CheckpointFolder, write_checkpoint_folder
-from ..checkpoint.fsutil import atomic_dir, check_output_dir, linked_view
+from ..checkpoint.folder import CheckpointFolder
 from ..evaluate import compare_logits
 from ..families import family, family_of
 from ..shared_kv.config import Qwen3SharedKVConfig
+from ..transform import Description, Entry, Table, TransformPlan, check_dtype, layer_pattern, output_code, write_plan
+from ..transform.describe import files_line, group, skipped_lines
+from ..transform.plan import open_output
+from ..transform.verify import left_unchanged, model_logits, random_tokens
 from ..units import fmt_bytes
 from .config import Qwen3VHAConfig
 from .spec import VHA_ONLY
@@ -50,13 +50,11 @@ __all__ = [
     "fold_q_bias",
     "fold_q_proj",
     "fold_state_dict",
-    "format_plan",
     "plan_fold",
     "verify_fold",
     "DEFAULT_VERIFY_TOL",
 ]
 
-DTYPE_CHOICES = ("auto", "float32", "float64", "bfloat16", "float16")
 # --verify: max |logit diff| / max |logit| allowed, by output dtype (storage rounding of the folded q/o weights).
 DEFAULT_VERIFY_TOL = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 GATE_REASON = "Postmix cannot cross the sigmoid gate"
@@ -165,158 +163,89 @@ def fold_config(raw: Mapping, dtype: Optional[str] = None) -> dict:
 
 # --- folder -> folder ------------------------------------------------------------------------------------------
 
-@dataclass
-class Entry:
-    """One output tensor: how it is made from which input tensors."""
-
-    name: str
-    kind: str  # "copy" | "fold_q" | "fold_q_bias" | "fold_o"
-    sources: Tuple[str, ...]
-    shape: Tuple[int, ...]
-    dtype: str  # output safetensors code
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * st.DTYPES[self.dtype].itemsize
+_FOLDS = {"fold_q": fold_q_proj, "fold_q_bias": fold_q_bias, "fold_o": fold_o_proj}
+_HOW = {"copy": "copy", "fold_q": "fold Premix", "fold_q_bias": "fold Premix", "fold_o": "fold Postmix"}
 
 
-@dataclass
-class FoldPlan:
-    in_dir: str
-    out_dir: str
-    cfg: Qwen3VHAConfig
-    raw_config: dict
-    out_config: dict
-    out_dtype: str  # code, e.g. "BF16"
-    inputs: Dict[str, st.TensorRef]
-    entries: List[Entry]
-    shards: List[List[Entry]]
-    copy_files: List[str]
-    skipped: List[str] = field(default_factory=list)
-    force: bool = False  # replace an existing OUT_DIR (one this project wrote)
+class FoldPlan(TransformPlan):
+    """plan_fold's plan: the stock-Qwen3 (or Qwen3 shared-KV) tensors of a Qwen3-VHA checkpoint (cfg, its config)."""
 
-    @property
-    def bytes_in(self) -> int:
-        return sum(r.nbytes for r in self.inputs.values())
+    tool = verb = "fold"
+    error = FoldError
 
-    @property
-    def bytes_out(self) -> int:
-        return sum(e.nbytes for e in self.entries)
+    def describe(self) -> Description:
+        cfg, out = self.cfg, self.out_config
+        h_v, h_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        header = [
+            f"Qwen3-VHA: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {h_v} virtual / "
+            f"H_p {h_v // h_kv} physical query heads (r {cfg.vha_q_head_dim}), H_kv {h_kv}, d {cfg.head_dim}, "
+            f"Postmix rank {cfg.vha_postmix_rank}",
+            f"-> {family(out['model_type']).label if cfg.vha_shared_kv else 'stock Qwen3'}: "
+            f"num_attention_heads {h_v}, num_key_value_heads {h_kv}, head_dim {cfg.head_dim}, "
+            f"dtype {st.dtype_name(self.out_code)}",
+        ]
+        windows = cfg.window_layers()
+        if windows:
+            win = cfg.layer_dims(windows[0])
+            header.append(f"sliding-window layers {windows} (window {win.window}, r {win.q_head_dim}, Postmix rank "
+                          f"{win.postmix_rank}): kept as Qwen3 sliding_attention layers")
+        dropped = sorted(k for k in self.in_config if k.startswith("vha_"))
+        footer = [
+            f"bytes: {fmt_bytes(self.bytes_in, fixed=True)} in -> {fmt_bytes(self.bytes_out, fixed=True)} out, "
+            f"{len(self.shards)} shard(s) + {INDEX_FILE}",
+            f"config.json: model_type {self.in_config['model_type']} -> {out['model_type']}, architectures -> "
+            f"[{out['architectures'][0]}], drop {', '.join(dropped)}",
+            files_line(self), *skipped_lines(self),
+        ]
+        return Description(f"fold {self.in_dir} -> {self.out_dir}", header, self._table(), footer, self.notes)
+
+    def _table(self) -> Table:
+        """One row per tensor group (window layers with their own r or R are a group of their own), then the
+        absorbed VHA-only tensors."""
+        rows = []
+        groups = group(self.entries, lambda e: (layer_pattern(e.name), e.how, tuple(self.inputs[e.sources[0]].shape)))
+        for (pattern, how, _), es in groups.items():
+            src = self.inputs[es[0].sources[0]]
+            rows.append((pattern, f"x{len(es)}", _HOW[how],
+                         f"{list(src.shape)} {st.dtype_name(src.dtype)} -> {list(es[0].shape)} "
+                         f"{st.dtype_name(es[0].code)}  ({fmt_bytes(sum(e.nbytes for e in es), fixed=True)})"))
+        absorbed = [(n, r) for n, r in self.inputs.items() if n.rsplit(".", 1)[-1] in VHA_ONLY]
+        for (pattern, shape), rs in group(absorbed, lambda nr: (layer_pattern(nr[0]), tuple(nr[1].shape))).items():
+            rows.append((pattern, f"x{len(rs)}", "absorbed", f"{list(shape)} -> (none)"))
+        return Table("tensors (name pattern, count, in -> out):", (48, 4, 12), rows)
+
+
+def _entry(ck: CheckpointFolder, name: str, shape, code: str) -> Entry:
+    """How output tensor `name` is made: q_proj (+ bias) with Premix, o_proj with Postmix, anything else copied."""
+    m = _ATTN.match(name)
+    p, leaf = m.groups() if m else ("", "")
+    if leaf == "q_proj.weight":
+        return Entry(name, tuple(shape), code, "fold_q", (name, p + "vha_premix_weight"))
+    if leaf == "q_proj.bias":
+        return Entry(name, tuple(shape), code, "fold_q_bias", (name, p + "vha_premix_weight"))
+    if leaf == "o_proj.weight":
+        return Entry(name, tuple(shape), code, "fold_o", (name, p + "vha_postmix_U", p + "vha_postmix_V"))
+    if ck.tensors[name].shape != tuple(shape):  # cannot happen after check_tensors; a cheap invariant
+        raise FoldError(f"{ck.path}: {name} shape {list(ck.tensors[name].shape)} != {list(shape)}")
+    return Entry(name, tuple(shape), code, "copy", (name,))
 
 
 def plan_fold(src, out_dir: str, dtype: str = "auto", force: bool = False, max_shard_size="5GB") -> FoldPlan:
     """Validate the Qwen3-VHA checkpoint `src` (a path or an opened CheckpointFolder) and OUT_DIR from headers alone,
     and describe every output tensor. Reads no tensor data."""
-    if dtype not in DTYPE_CHOICES:
-        raise FoldError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPE_CHOICES)}")
+    check_dtype(dtype, FoldError)
     ck = CheckpointFolder.open(src)
-    in_dir = ck.path
     vha = family(Qwen3VHAConfig.model_type)
     cfg = vha.load_config(ck)  # not qwen3_vha, invalid VHA fields: one line
-    _check_foldable(cfg, in_dir)
+    _check_foldable(cfg, ck.path)
     vha.check_tensors(ck, cfg)  # tensor names and shapes, from the headers (read once)
-    check_output_dir(out_dir, [in_dir], force, FoldError)
-    ck.require_float()
-    inputs = ck.tensors
-
-    out_code = inputs["model.embed_tokens.weight"].dtype if dtype == "auto" else st.dtype_code(dtype)
+    open_output(ck, out_dir, force, FoldError)
+    code = output_code(dtype, ck.tensors)
     # num_attention_heads = H_v, head_dim = d: the served GQA shapes (the folded family's contract)
     out_shapes = family(folded_model_type(ck.config)).tensor_shapes(cfg)
-    entries: List[Entry] = []
-    for name in sorted(out_shapes, key=st.natural_key):
-        m = _ATTN.match(name)
-        p, leaf = m.groups() if m else ("", "")
-        if leaf == "q_proj.weight":
-            kind, sources = "fold_q", (name, p + "vha_premix_weight")
-        elif leaf == "q_proj.bias":
-            kind, sources = "fold_q_bias", (name, p + "vha_premix_weight")
-        elif leaf == "o_proj.weight":
-            kind, sources = "fold_o", (name, p + "vha_postmix_U", p + "vha_postmix_V")
-        else:
-            kind, sources = "copy", (name,)
-            if inputs[name].shape != out_shapes[name]:  # cannot happen after compare_shapes; a cheap invariant
-                raise FoldError(f"{in_dir}: {name} shape {list(inputs[name].shape)} != {list(out_shapes[name])}")
-        entries.append(Entry(name, kind, sources, tuple(out_shapes[name]), out_code))
-    try:
-        max_bytes = st.parse_size(max_shard_size)
-    except ValueError as e:
-        raise FoldError(f"--max-shard-size: {e}") from None
-    by_name = {e.name: e for e in entries}
-    shards = [[by_name[s[0]] for s in shard]
-              for shard in st.plan_shards([(e.name, e.dtype, e.shape) for e in entries], max_bytes)]
-
-    copy_files, skipped = ck.side_files()
-    return FoldPlan(in_dir, out_dir, cfg, ck.config, fold_config(ck.config, st.dtype_name(out_code)), out_code, inputs,
-                    entries, shards, copy_files, skipped, force)
-
-
-def format_plan(plan: FoldPlan) -> str:
-    """Human-readable plan: tensor groups with shapes in -> out and bytes, files copied, config changes."""
-    cfg = plan.cfg
-    h_v, h_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    lines = [
-        f"fold {plan.in_dir} -> {plan.out_dir}",
-        f"  Qwen3-VHA: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {h_v} virtual / "
-        f"H_p {h_v // h_kv} physical query heads (r {cfg.vha_q_head_dim}), H_kv {h_kv}, d {cfg.head_dim}, "
-        f"Postmix rank {cfg.vha_postmix_rank}",
-        f"  -> {family(plan.out_config['model_type']).label if cfg.vha_shared_kv else 'stock Qwen3'}: "
-        f"num_attention_heads {h_v}, num_key_value_heads {h_kv}, head_dim {cfg.head_dim}, "
-        f"dtype {st.dtype_name(plan.out_dtype)}",
-        "  tensors (name pattern, count, in -> out):",
-    ]
-    windows = cfg.window_layers()
-    if windows:
-        win = cfg.layer_dims(windows[0])
-        lines.insert(3, f"  sliding-window layers {windows} (window {win.window}, r {win.q_head_dim}, Postmix rank "
-                        f"{win.postmix_rank}): kept as Qwen3 sliding_attention layers")
-    groups: Dict[Tuple[str, str, tuple], list] = {}
-    for e in plan.entries:  # window layers with their own r or R are a group of their own
-        key = (re.sub(r"layers\.\d+\.", "layers.{i}.", e.name), e.kind, tuple(plan.inputs[e.sources[0]].shape))
-        groups.setdefault(key, []).append(e)
-    dropped: Dict[Tuple[str, tuple], list] = {}
-    for n, r in plan.inputs.items():
-        leaf = n.rsplit(".", 1)[-1]
-        if leaf in VHA_ONLY:
-            dropped.setdefault((re.sub(r"layers\.\d+\.", "layers.{i}.", n), tuple(r.shape)), []).append(r)
-    how = {"copy": "copy", "fold_q": "fold Premix", "fold_q_bias": "fold Premix", "fold_o": "fold Postmix"}
-    for (pattern, kind, _), es in groups.items():
-        src = plan.inputs[es[0].sources[0]]
-        lines.append(
-            f"    {pattern:<48} x{len(es):<3} {how[kind]:<12} {list(src.shape)} {st.dtype_name(src.dtype)} -> "
-            f"{list(es[0].shape)} {st.dtype_name(es[0].dtype)}  ({fmt_bytes(sum(e.nbytes for e in es), fixed=True)})"
-        )
-    for (pattern, _), rs in dropped.items():
-        lines.append(f"    {pattern:<48} x{len(rs):<3} {'absorbed':<12} {list(rs[0].shape)} -> (none)")
-    lines += [
-        f"  bytes: {fmt_bytes(plan.bytes_in, fixed=True)} in -> {fmt_bytes(plan.bytes_out, fixed=True)} out, "
-        f"{len(plan.shards)} shard(s) + {INDEX_FILE}",
-        f"  config.json: model_type {plan.raw_config['model_type']} -> {plan.out_config['model_type']}, architectures -> "
-        f"[{plan.out_config['architectures'][0]}], drop {', '.join(sorted(k for k in plan.raw_config if k.startswith('vha_')))}",
-        f"  files copied: {', '.join(plan.copy_files) if plan.copy_files else '(none)'}",
-    ]
-    if plan.skipped:
-        lines.append(f"  not copied (folders): {', '.join(plan.skipped)}")
-    if cfg.vha_shared_kv:
-        lines.append(f"  note: {SHARED_KV_NOTE}")
-    return "\n".join(lines)
-
-
-def _produce(entry: Entry, inputs: Mapping[str, st.TensorRef], chunk_bytes: int):
-    """Yield consecutive row blocks of one output tensor, in its output dtype. FoldError naming the tensor for a NaN or
-    Inf among its inputs, or a value the output dtype cannot hold."""
-    try:
-        if entry.kind == "copy":
-            ref = inputs[entry.sources[0]]
-            for a, b in st.row_chunks(ref, chunk_bytes):
-                yield st.cast_finite(st.read_rows(ref, a, b), entry.dtype, entry.name)
-            return
-        args = [st.cast_finite(st.read_tensor(inputs[s]), inputs[s].dtype, s) for s in entry.sources]  # inputs finite
-        fn = {"fold_q": fold_q_proj, "fold_q_bias": fold_q_bias, "fold_o": fold_o_proj}[entry.kind]
-        out = fn(*[st.to_float64(a) for a in args])  # float64 math
-        del args
-        yield st.cast_finite(out, entry.dtype, entry.name)  # one rounding, at the end
-    except ValueError as e:  # refused: the output folder is removed (fold_checkpoint writes inside atomic_dir)
-        raise FoldError(f"{e}; refusing to fold") from None
+    return FoldPlan.build(ck, out_dir, [_entry(ck, n, s, code) for n, s in out_shapes.items()], max_shard_size,
+                          cfg=cfg, out_config=fold_config(ck.config, st.dtype_name(code)), out_code=code, force=force,
+                          notes=[SHARED_KV_NOTE] if cfg.vha_shared_kv else [])
 
 
 def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 << 20,
@@ -324,34 +253,16 @@ def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 
     """Write the folded checkpoint described by `plan` to a temporary folder, then rename it to OUT_DIR.
 
     IN_DIR is only read. An existing OUT_DIR (allowed by plan_fold's force) is replaced only after the new
-    folder is complete. Returns OUT_DIR.
+    folder is complete. Returns OUT_DIR. A NaN or Inf among a tensor's inputs, or a value the output dtype cannot
+    hold, is a FoldError naming the tensor (nothing written).
     """
-    from tqdm import tqdm
+    def make(entry: Entry) -> np.ndarray:  # float64 math on finite inputs; one rounding, at the write
+        return _FOLDS[entry.how](*[plan.read_float64(s) for s in entry.sources])
 
-    out_dir = os.path.abspath(plan.out_dir)
-    entries = {e.name: e for e in plan.entries}
-
-    def chunks(name, code, shape):
-        yield from _produce(entries[name], plan.inputs, chunk_bytes)
-        if on_tensor is not None:  # runs once the tensor's last rows are written
-            on_tensor(entries[name])
-
-    # --force: an existing OUT_DIR is replaced only by a complete new folder (fsutil's output rule)
-    with atomic_dir(out_dir, tool="fold", replace=plan.force, error=FoldError) as tmp:
-        bar = tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="fold", disable=not progress, leave=False)
-        shards = [[(e.name, e.dtype, e.shape) for e in shard] for shard in plan.shards]
-        write_checkpoint_folder(tmp, shards, chunks, plan.out_config, plan.bytes_out, plan.in_dir, plan.copy_files,
-                                on_written=lambda name, nbytes: bar.update(nbytes))
-        bar.close()
-    return out_dir
+    return write_plan(plan, make, progress, chunk_bytes, on_tensor)
 
 
 # --- verification in Paddle ------------------------------------------------------------------------------------
-
-def _snapshot(path: str):
-    return sorted((f, os.stat(os.path.join(path, f)).st_size, os.stat(os.path.join(path, f)).st_mtime_ns)
-                  for f in os.listdir(path))
-
 
 def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int = 32, seed: int = 0,
                 dtype: str = "float32") -> Dict[str, float]:
@@ -361,25 +272,10 @@ def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int 
     Neither folder is modified: both load through symlink views in a temporary folder, and the folders'
     listings (names, sizes, mtimes) are checked afterwards.
     """
-    import paddle
-
     from .modeling import Qwen3VHAForCausalLM
 
-    before = (_snapshot(in_dir), _snapshot(out_dir))
-    with tempfile.TemporaryDirectory(prefix="vha-verify-") as tmp:
-        vha = Qwen3VHAForCausalLM.from_pretrained(linked_view(in_dir, os.path.join(tmp, "in")), dtype=dtype)
-        vha.eval()
-        vocab = vha.config.vocab_size
-        ids = np.random.default_rng(seed).integers(0, vocab, size=(num_sequences, seq_len))
-        with paddle.no_grad():
-            a = vha(paddle.to_tensor(ids), return_dict=True).logits.astype("float64").numpy()
-        del vha
-        folded_cls = family_of(out_dir).model_class  # stock Qwen3, or Qwen3 shared-KV
-        gqa = folded_cls.from_pretrained(linked_view(out_dir, os.path.join(tmp, "out")), dtype=dtype)
-        gqa.eval()
-        with paddle.no_grad():
-            b = gqa(paddle.to_tensor(ids), return_dict=True).logits.astype("float64").numpy()
-        del gqa
-    if (_snapshot(in_dir), _snapshot(out_dir)) != before:
-        raise RuntimeError(f"verify modified {in_dir} or {out_dir}; this is a bug")
+    with left_unchanged(in_dir, out_dir):
+        ids = random_tokens(CheckpointFolder.open(in_dir).config["vocab_size"], num_sequences, seq_len, seed)
+        a = model_logits(in_dir, [ids], Qwen3VHAForCausalLM, dtype)
+        b = model_logits(out_dir, [ids], family_of(out_dir).model_class, dtype)  # stock Qwen3, or Qwen3 shared-KV
     return compare_logits(a, b)
