@@ -198,11 +198,11 @@ def test_the_four_transforms_are_one_pipeline():
     verify through paddle_vha.transform."""
     import dataclasses
 
-    from paddle_vha.mea.compress import CompressPlan
+    from paddle_vha.transform.compress_kv import CompressPlan
     from paddle_vha.transform import TransformPlan
-    from paddle_vha.vha.convert import ConvertPlan
-    from paddle_vha.vha.fleet_import import ImportPlan
-    from paddle_vha.vha.fold import FoldPlan
+    from paddle_vha.transform.convert_to_vha import ConvertPlan
+    from paddle_vha.transform.import_fleet import ImportPlan
+    from paddle_vha.transform.fold import FoldPlan
 
     base = {f.name for f in dataclasses.fields(TransformPlan)}
     assert {"source", "out_dir", "out_config", "entries", "shards", "out_code", "copy_files", "force"} <= base

@@ -21,7 +21,7 @@ NEW = 12
 def export_folded(root, **over):
     """A Qwen3-VHA checkpoint with a 256-token (byte) vocabulary, folded by the library, exported."""
     from paddle_vha.export.onnx_export import export_onnx
-    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
 
     paddle.seed(31)
     cfg = tiny_config(vocab_size=256, vha_q_head_dim=12, vha_postmix_v_init_std=0.3, **over)

@@ -1,4 +1,4 @@
-"""tools/convert_to_vha.py and paddle_vha.vha.convert: stock Qwen3 -> Qwen3-VHA.
+"""tools/convert_to_vha.py and paddle_vha.transform.convert_to_vha: stock Qwen3 -> Qwen3-VHA.
 
 Exactness where the model allows it (a folded VHA converts back to the same function; unmerged KV heads, or one group
 of full-width physical heads, lose nothing on their side), the fits' optimality checked against numpy written from the math, the
@@ -18,7 +18,7 @@ from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
 from _utils import tiny_config, validate_vha_checkpoint
 from paddle_vha import Qwen3VHAForCausalLM
 from paddle_vha.cli import convert_to_vha
-from paddle_vha.vha.convert import factor_queries, merge_kv
+from paddle_vha.transform.convert_to_vha import factor_queries, merge_kv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "convert_to_vha.py")
@@ -139,7 +139,7 @@ def test_value_fit_and_key_mean():
 def test_fold_then_convert_reproduces_the_vha_model(tmp_path, method):
     """A Qwen3-VHA (r < d, non-trivial Premix and Postmix) folded to stock Qwen3 and converted back with the same N
     and r is the same function: logits agree to float32 rounding (both folders store float32); the tool's KL says ~0."""
-    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
 
     paddle.seed(3)
     cfg = tiny_config(num_attention_heads=6, num_key_value_heads=2, head_dim=16, vha_q_head_dim=8,

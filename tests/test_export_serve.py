@@ -192,7 +192,7 @@ def test_folded_vha_serves_like_paddleformers_generate(tmp_path):
     from _utils import tiny_config
 
     from paddle_vha import Qwen3VHAForCausalLM
-    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
     from paddle_vha.checkpoint.fsutil import linked_view
 
     paddle.seed(21)
@@ -324,7 +324,7 @@ def test_buffer_flavour_left_padding_and_refusals(tmp_path):
 
     from paddle_vha import Qwen3VHAForCausalLM
     from paddle_vha.export.onnx_export import ExportError
-    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
 
     cfg, model, _, _ = _buffer_case(tmp_path, "stock")
     sess = OrtDecoder.from_dir(str(tmp_path / "buffer"))

@@ -21,7 +21,7 @@ import oracle
 from _utils import config_dict, rel_err, tiny_config, to_numpy
 from paddle_vha import Qwen3VHAForCausalLM
 from paddle_vha.checkpoint.contract import CheckpointError
-from paddle_vha.vha.fold import fold_checkpoint, fold_state_dict, plan_fold
+from paddle_vha.transform.fold import fold_checkpoint, fold_state_dict, plan_fold
 from paddle_vha.checkpoint.safetensors_io import read_header, read_tensor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -156,7 +156,7 @@ def test_state_dict_api_matches_checkpoint_fold(tmp_path):
 
 def test_fold_math_blocks_by_hand():
     """Block j = g*H_p + i of q_proj is P[g]^T W_Q^(i); o_proj block k is sum_j M[j,k] W_O[:, j]; q bias b^(i) P[g]."""
-    from paddle_vha.vha.fold import fold_o_proj, fold_q_bias, fold_q_proj
+    from paddle_vha.transform.fold import fold_o_proj, fold_q_bias, fold_q_proj
 
     rng = np.random.default_rng(0)
     Hkv, Hp, r, d, h, R = 2, 3, 4, 5, 7, 2

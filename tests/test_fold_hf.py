@@ -15,7 +15,7 @@ import pytest
 import oracle
 from _utils import config_dict, rel_err, to_numpy
 from paddle_vha import Qwen3VHAForCausalLM
-from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+from paddle_vha.transform.fold import fold_checkpoint, plan_fold
 from test_fold import make_vha, read_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

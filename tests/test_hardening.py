@@ -170,7 +170,7 @@ def fake_shards(path):
     """A tensor-parallel sharded save of a tiny Qwen3-VHA model, as save_tp_checkpoint writes it (t = 2)."""
     from paddle_vha import Qwen3VHAForCausalLM
     from paddle_vha.checkpoint import safetensors_io as st
-    from paddle_vha.checkpoint.tp_shards import FORMAT, PLAN_FILE
+    from paddle_vha.parallel.tp_shards import FORMAT, PLAN_FILE
 
     paddle.seed(5)
     model = Qwen3VHAForCausalLM(tiny_config())
@@ -245,7 +245,7 @@ def test_stale_temporary_of_a_dead_run_is_removed(tmp_path, capsys):
 
 def test_concurrent_writer_loses_with_one_line(tmp_path):
     """Two runs into one new OUT: the one that finishes second fails and replaces nothing."""
-    from paddle_vha.vha.fold import FoldError, fold_checkpoint, plan_fold
+    from paddle_vha.transform.fold import FoldError, fold_checkpoint, plan_fold
 
     src = save_vha(tmp_path / "in")
     out = tmp_path / "out"
@@ -265,7 +265,7 @@ def test_concurrent_writer_loses_with_one_line(tmp_path):
 
 def test_ctrl_c_exits_130_with_one_line(tmp_path, capsys, monkeypatch):
     from paddle_vha.cli import fold as fold_cli
-    from paddle_vha.vha import fold
+    from paddle_vha.transform import fold
 
     src = save_vha(tmp_path / "in")
     before = tree(tmp_path)
@@ -280,7 +280,7 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path, capsys, monkeypatch):
 
 def test_fold_verify_fails_on_non_finite_logits(tmp_path, capsys, monkeypatch):
     from paddle_vha.cli.fold import main
-    from paddle_vha.vha import fold
+    from paddle_vha.transform import fold
 
     src = save_vha(tmp_path / "in")
     monkeypatch.setattr(fold, "verify_fold", lambda *a, **k: {"max_abs": math.nan, "max_rel": math.nan,
@@ -304,7 +304,7 @@ def test_compare_logits_reports_non_finite():
 
 def test_compress_refuses_nan_and_writes_nothing_when_its_check_fails(tmp_path, capsys, monkeypatch):
     from paddle_vha.cli import compress_kv
-    from paddle_vha.mea import compress
+    from paddle_vha.transform import compress_kv as compress
 
     src = save_stock(tmp_path / "in")
     _rewrite_tensors(src, set_tensor("model.layers.1.self_attn.k_proj.weight", nan_at))

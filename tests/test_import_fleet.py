@@ -321,7 +321,7 @@ def test_premix_order_is_group_major_like_upstream(tmp_path):
 def test_import_fork_checkpoint_fused_and_tied(tmp_path, qkv_layout, up_gate_order):
     """The research fork: fused qkv_proj (grouped per KV group, or all-Q|K|V) and up_gate_proj, Premix d x d over
     physical num_attention_heads, tied embeddings; its Premix einsum 'bthd,kde->btkhe'. Then fold the import."""
-    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
 
     raw, t = make_fork(tmp_path / "fork", qkv_layout=qkv_layout, up_gate_order=up_gate_order)
     r = run_tool(tmp_path / "fork", tmp_path / "ours", "--qkv-layout", qkv_layout, "--up-gate-order", up_gate_order,

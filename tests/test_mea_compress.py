@@ -1,4 +1,4 @@
-"""tools/compress_kv.py and paddle_vha.mea.compress: stock Qwen3 -> Qwen3-MEA by SVD, on a small real-shaped model."""
+"""tools/compress_kv.py and paddle_vha.transform.compress_kv: stock Qwen3 -> Qwen3-MEA by SVD, on a small real-shaped model."""
 import glob
 import hashlib
 import json
@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 import mea_oracle
 from _utils import rel_err, to_numpy
 from paddle_vha.checkpoint.fsutil import MARKER
-from paddle_vha.mea.compress import svd_compress
+from paddle_vha.transform.compress_kv import svd_compress
 from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,7 +116,7 @@ def test_compressed_model_matches_mea_oracle_and_errors(tmp_path, stock):
     """n_p = 2 of 4 on layers 1-3: the written tensors are the oracle SVD; the model equals the MEA oracle on them."""
     path, cfg = stock
     out = str(tmp_path / "mea2")
-    from paddle_vha.mea.compress import compress_checkpoint, plan_compress
+    from paddle_vha.transform.compress_kv import compress_checkpoint, plan_compress
 
     plan = plan_compress(path, out, 2, layers="1-3")
     compress_checkpoint(plan, progress=False)

@@ -204,7 +204,7 @@ def test_tp_sharded_save_merge_fold(tp_run):
 
     from _utils import TINY
     from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM
-    from paddle_vha.vha import fold
+    from paddle_vha.transform import fold
     from _utils import validate_vha_checkpoint
     from _utils import validate_mea_checkpoint
     from paddle_vha.mea.config import Qwen3MEAConfig

@@ -238,7 +238,7 @@ def test_fold_says_it_is_not_stock_and_is_exact(folded):
     fam = family_of(str(root / "folded"))
     assert fam.model_type == "qwen3_shared_kv"
     fam.validate(str(root / "folded"))
-    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
 
     # the fold's own exactness: float64 output, so the only rounding left is float64's
     fold_checkpoint(plan_fold(str(root / "vha"), str(root / "folded64"), dtype="float64"), progress=False)

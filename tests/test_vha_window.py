@@ -173,7 +173,7 @@ def test_refusals():
 
 
 def test_fold_keeps_the_windows_and_refuses_own_sizes(tmp_path):
-    from paddle_vha.vha.fold import FoldError, fold_checkpoint, plan_fold
+    from paddle_vha.transform.fold import FoldError, fold_checkpoint, plan_fold
 
     cfg, model = make_model("own-r-R-odd-heads")
     model.save_pretrained(str(tmp_path / "vha"))
@@ -251,7 +251,7 @@ def exported(request, tmp_path_factory):
     """A windowed VHA checkpoint folded (stock Qwen3, or Qwen3 shared-KV) and exported; the export validates itself
     over a decode that crosses the window."""
     from paddle_vha.export.onnx_export import export_onnx
-    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
 
     root = tmp_path_factory.mktemp("win-" + request.param)
     paddle.seed(5)

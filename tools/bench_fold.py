@@ -29,7 +29,7 @@ CHILD = r"""
 import json, os, sys, time
 from paddle_vha.cli import quiet
 quiet()
-from paddle_vha.vha.fold import fold_checkpoint, plan_fold  # imports PaddleFormers' config classes before timing, as tools/fold.py does
+from paddle_vha.transform.fold import fold_checkpoint, plan_fold  # imports PaddleFormers' config classes before timing, as tools/fold.py does
 
 def status_mb(key):  # VmRSS (current) or VmHWM (peak so far) from /proc, in MB
     with open("/proc/self/status") as f:

@@ -35,7 +35,7 @@ def parse_args(argv=None):
 
 
 def _plan(args):
-    from paddle_vha.mea.compress import plan_compress
+    from paddle_vha.transform.compress_kv import plan_compress
 
     return plan_compress(args.in_dir, args.out_dir, args.kv_heads, layers=args.layers, k_norm=f"{args.k_norm}_hlc",
                          dtype=args.dtype, force=args.force, max_shard_size=args.max_shard_size)
@@ -43,7 +43,7 @@ def _plan(args):
 
 def _write(args, plan) -> dict:
     """Compress and write; returns the logit KL (empty with --eval-batches 0)."""
-    from paddle_vha.mea import compress
+    from paddle_vha.transform import compress_kv as compress
 
     kl = {}
 

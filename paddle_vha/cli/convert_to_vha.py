@@ -57,7 +57,7 @@ def _errors_line(errors) -> str:
 
 
 def _plan(args):
-    from paddle_vha.vha.convert import plan_convert
+    from paddle_vha.transform.convert_to_vha import plan_convert
 
     return plan_convert(args.in_dir, args.out_dir, args.kv_heads, q_head_dim=args.q_head_dim,
                         postmix_rank=args.postmix_rank, method=args.method, dtype=args.dtype, force=args.force,
@@ -82,7 +82,7 @@ def _reference(args, plan):
 def _write(args, plan) -> None:
     """Every other method converted into a scratch folder and its KL printed (unless --no-compare), then the chosen
     one written to OUT_DIR, its KL printed on the complete folder before it becomes OUT_DIR."""
-    from paddle_vha.vha import convert as cv
+    from paddle_vha.transform import convert_to_vha as cv
 
     methods = [args.method] if args.no_compare else [m for m in cv.METHODS if m != args.method] + [args.method]
     moments = None

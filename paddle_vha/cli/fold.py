@@ -30,21 +30,21 @@ def parse_args(argv=None):
 
 
 def _plan(args):
-    from paddle_vha.vha import fold
+    from paddle_vha.transform import fold
 
     return fold.plan_fold(args.in_dir, args.out_dir, dtype=args.dtype, force=args.force,
                           max_shard_size=args.max_shard_size)
 
 
 def _write(args, plan):
-    from paddle_vha.vha import fold
+    from paddle_vha.transform import fold
 
     fold.fold_checkpoint(plan, progress=not args.no_progress)
 
 
 def _done(args, plan, seconds: float, written) -> int:
     from paddle_vha.checkpoint.safetensors_io import dtype_name
-    from paddle_vha.vha import fold
+    from paddle_vha.transform import fold
 
     print(f"wrote {plan.out_dir}: {plan.bytes_out / 1e6:.3f} MB in {seconds:.2f} s "
           f"({(plan.bytes_in + plan.bytes_out) / 1e9 / max(seconds, 1e-9):.2f} GB/s read+written)")

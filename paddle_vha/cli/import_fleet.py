@@ -11,7 +11,7 @@ IN_DIR is never modified; OUT_DIR appears only when complete.
     bash tools/env.sh python tools/import_fleet.py FORK_CKPT OUT --qkv-layout concat --up-gate-order up-gate
 
 --verify runs upstream's forward pass (float64 numpy on IN_DIR's own tensors, upstream's einsum and layouts,
-paddle_vha/vha/fleet_reference.py) and the imported model (Paddle float32) on random tokens and compares logits.
+paddle_vha/transform/fleet_reference.py) and the imported model (Paddle float32) on random tokens and compares logits.
 Exit status: 0 done, 2 refused (one line on stderr says why), 1 --verify above tolerance.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def parse_args(argv=None):
 
 
 def _plan(args):
-    from paddle_vha.vha.fleet_import import plan_import
+    from paddle_vha.transform.import_fleet import plan_import
 
     return plan_import(args.in_dir, args.out_dir, layout=args.layout, qkv_layout=args.qkv_layout,
                        up_gate_order=args.up_gate_order, dtype=args.dtype, force=args.force,
@@ -48,13 +48,13 @@ def _plan(args):
 
 
 def _write(args, plan):
-    from paddle_vha.vha.fleet_import import import_checkpoint
+    from paddle_vha.transform.import_fleet import import_checkpoint
 
     import_checkpoint(plan, progress=not args.no_progress)
 
 
 def _done(args, plan, seconds: float, written) -> int:
-    from paddle_vha.vha.fleet_import import verify_import
+    from paddle_vha.transform.import_fleet import verify_import
 
     print(f"wrote {plan.out_dir}: {plan.bytes_out / 1e6:.3f} MB in {seconds:.2f} s")
     return verify_step(args, lambda: verify_import(plan, num_sequences=args.verify, seq_len=args.verify_len),

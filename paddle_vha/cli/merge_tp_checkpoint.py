@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
-    from paddle_vha.checkpoint.tp_shards import merge_tp_checkpoint
+    from paddle_vha.parallel.tp_shards import merge_tp_checkpoint
 
     t0 = time.perf_counter()
     try:

@@ -8,7 +8,7 @@ apply.py        applies the family's plan (from the registry) to a built model i
                 gradients; exact global grad norm
 collectives.py  PyLayers on plain dist.all_reduce / all_gather (gloo on CPU, NCCL on GPU, same code)
 
-The sharded save and its merge into the single-device checkpoint format are in paddle_vha/checkpoint/tp_shards.py.
+The sharded save and its merge into the single-device checkpoint format are in paddle_vha/parallel/tp_shards.py.
 """
 import importlib
 
@@ -21,8 +21,8 @@ _EXPORTS = {
     "replica_divergence": "paddle_vha.parallel.apply",
     "tp_state": "paddle_vha.parallel.apply",
     "TPPlanError": "paddle_vha.spec.sharding",
-    "save_tp_checkpoint": "paddle_vha.checkpoint.tp_shards",
-    "merge_tp_checkpoint": "paddle_vha.checkpoint.tp_shards",
+    "save_tp_checkpoint": "paddle_vha.parallel.tp_shards",
+    "merge_tp_checkpoint": "paddle_vha.parallel.tp_shards",
 }
 
 __all__ = list(_EXPORTS)

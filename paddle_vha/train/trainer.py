@@ -372,7 +372,7 @@ def _save_plan_parallel(model, output_dir: str, dest: str) -> None:
     """Every rank writes its slices; rank 0 merges them into the single-device format (validated) at `dest`."""
     import paddle.distributed as dist
 
-    from ..checkpoint.tp_shards import merge_tp_checkpoint, save_tp_checkpoint
+    from ..parallel.tp_shards import merge_tp_checkpoint, save_tp_checkpoint
 
     shards = os.path.join(output_dir, "model-tp-shards")
     save_tp_checkpoint(model, shards)

@@ -1,7 +1,8 @@
 """The checkpoint-transform pipeline: open the source -> plan -> describe -> write atomically -> verify.
 
-fold (vha/fold.py), convert (vha/convert.py), compress (mea/compress.py) and import (vha/fleet_import.py) are its four
-instances. Each keeps its own math and its own planning; what they share lives here, once:
+Its four instances live here too: fold.py (Qwen3-VHA -> stock Qwen3 / shared-KV), convert_to_vha.py (stock Qwen3 ->
+Qwen3-VHA), compress_kv.py (stock Qwen3 -> Qwen3-MEA) and import_fleet.py (+ fleet_reference.py: upstream PaddleFleet
+checkpoints -> Qwen3-VHA). Each keeps its own math and its own planning; what they share lives here, once:
 
     plan.py      TransformPlan (source folder, OUT_DIR, the output tensors as Entry rows, their shard layout, side
                  files, the config to write, --force) and the helpers every planner runs (output folder, dtype, shards)
@@ -12,7 +13,7 @@ instances. Each keeps its own math and its own planning; what they share lives h
 
 A new transform is a subclass of TransformPlan (its `tool`, `verb`, `error` and `describe()`), a planner that fills
 it, and a `make(entry)` for the tensors it computes; its command line runs paddle_vha.cli.run_transform.
-Nothing here imports a model family or Paddle at module level.
+The shared modules import no model family, and nothing here imports Paddle at module level.
 """
 from .describe import Description, Table, format_plan, layer_pattern
 from .dtype import DTYPE_CHOICES, check_dtype, output_code

@@ -154,7 +154,7 @@ def _changed_classes(ref, tp) -> str:
 
 def run_case(name, overrides, out_dir, rank, t):
     from paddle_vha.parallel import full_state, global_grad_norm, parallelize_model, replica_divergence
-    from paddle_vha.checkpoint.tp_shards import save_tp_checkpoint
+    from paddle_vha.parallel.tp_shards import save_tp_checkpoint
     from paddleformers.transformers.cache_utils import DynamicCache
 
     res = {}

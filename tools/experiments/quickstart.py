@@ -160,7 +160,7 @@ def demo(args, demo_dir: str = DEMO_DIR):
     from paddle_vha.serve.generate import generate
     from paddle_vha.serve.ort_session import OrtDecoder
     from paddle_vha.train.corpus import decode, encode
-    from paddle_vha.vha.fold import fold_checkpoint, plan_fold
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
 
     if not os.path.isdir(demo_dir):
         print(f"\ndemo: {demo_dir} not found (it ships in the repository's assets/); skipped")
@@ -188,7 +188,7 @@ def deploy(vha_dir, args):
     """fold -> verify -> export (self-validating) -> generate with onnxruntime."""
     from paddle_vha.train.corpus import decode, encode
     from paddle_vha.export.onnx_export import export_onnx
-    from paddle_vha.vha.fold import fold_checkpoint, plan_fold, verify_fold
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold, verify_fold
     from paddle_vha.serve.generate import generate
     from paddle_vha.serve.ort_session import OrtDecoder
 

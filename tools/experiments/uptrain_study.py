@@ -146,7 +146,7 @@ def mean_pooled(args, base_dir):
     import paddle
     from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from paddle_vha.vha.convert import pool_kv_heads_state
+    from paddle_vha.transform.convert_to_vha import pool_kv_heads_state
 
     state = {k: v.numpy() for k, v in load(Qwen3ForCausalLM, base_dir).state_dict().items()}
     on_disk = {k: a.T for k, a in state.items() if k.endswith(KV_PROJ)}  # Paddle [h, H_kv*d] -> on-disk [H_kv*d, h]
@@ -163,9 +163,9 @@ def start_model(name, args, base_dir, seed, scratch_dir, moments):
     from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
 
     from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM
-    from paddle_vha.mea import compress as mea
+    from paddle_vha.transform import compress_kv as mea
     from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
-    from paddle_vha.vha import convert as cv
+    from paddle_vha.transform import convert_to_vha as cv
 
     out = os.path.join(scratch_dir, f"{name.replace(' ', '_')}-{seed}")
     if name == "GQA-2 mean-pool":
@@ -368,7 +368,7 @@ def main(argv=None):
     args = parse_args(argv)
     quiet()
     from paddle_vha.train.corpus import load_stdlib_corpus
-    from paddle_vha.vha import convert as cv
+    from paddle_vha.transform import convert_to_vha as cv
 
     t0 = time.time()
     try:

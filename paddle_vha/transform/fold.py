@@ -38,8 +38,8 @@ from ..transform.describe import files_line, group, skipped_lines
 from ..transform.plan import open_output
 from ..transform.verify import left_unchanged, model_logits, random_tokens
 from ..units import fmt_bytes
-from .config import Qwen3VHAConfig
-from .spec import VHA_ONLY
+from ..vha.config import Qwen3VHAConfig
+from ..vha.spec import VHA_ONLY
 
 __all__ = [
     "FoldError",
@@ -272,7 +272,7 @@ def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int 
     Neither folder is modified: both load through symlink views in a temporary folder, and the folders'
     listings (names, sizes, mtimes) are checked afterwards.
     """
-    from .modeling import Qwen3VHAForCausalLM
+    from ..vha.modeling import Qwen3VHAForCausalLM
 
     with left_unchanged(in_dir, out_dir):
         ids = random_tokens(CheckpointFolder.open(in_dir).config["vocab_size"], num_sequences, seq_len, seed)

@@ -38,9 +38,9 @@ from ..transform.describe import files_line, group, skipped_lines
 from ..transform.plan import open_output
 from ..transform.verify import left_unchanged, model_logits, random_tokens
 from ..units import fmt_bytes
-from .config import Qwen3VHAConfig, VHAConfigError
-from .spec import tensor_shapes
-from .fleet_config import QKV_LAYOUTS, UP_GATE_ORDERS, UPSTREAM_KEYS
+from ..vha.config import Qwen3VHAConfig, VHAConfigError
+from ..vha.spec import tensor_shapes
+from ..vha.fleet_config import QKV_LAYOUTS, UP_GATE_ORDERS, UPSTREAM_KEYS
 
 __all__ = ["FleetImportError", "ImportPlan", "plan_import", "import_checkpoint", "verify_import", "QKV_LAYOUTS",
            "UP_GATE_ORDERS"]
@@ -137,9 +137,9 @@ def _qkv_rows(cfg, layer: int, layout: str) -> Tuple[np.ndarray, np.ndarray, np.
 
 def _config_of(folder: CheckpointFolder) -> Tuple[Qwen3VHAConfig, str, dict]:
     raw = folder.config
-    if raw.get("model_type") == "qwen3_vha" and not any(k in raw for k in UPSTREAM_KEYS):
-        raise FleetImportError(f"{folder.path}: already a Qwen3-VHA checkpoint of this project (model_type qwen3_vha); "
-                               "nothing to import")
+    if raw.get("model_type") == Qwen3VHAConfig.model_type and not any(k in raw for k in UPSTREAM_KEYS):
+        raise FleetImportError(f"{folder.path}: already a Qwen3-VHA checkpoint of this project (model_type "
+                               f"{Qwen3VHAConfig.model_type}); nothing to import")
     if raw.get("use_vha_attention") is None and raw.get("attn_type") is None:
         raise FleetImportError(f"{folder.path}: config.json has neither use_vha_attention (PaddleFleet) nor attn_type "
                                "'vha' (the research fork): not an upstream VHA config")
@@ -152,7 +152,7 @@ def _config_of(folder: CheckpointFolder) -> Tuple[Qwen3VHAConfig, str, dict]:
     dialect = "fork" if "attn_type" in raw else "paddlefleet"
     out = cfg.to_dict()
     out["architectures"] = ["Qwen3VHAForCausalLM"]
-    out["model_type"] = "qwen3_vha"
+    out["model_type"] = Qwen3VHAConfig.model_type
     for k in ("transformers_version", "dtype", "torch_dtype"):
         out.pop(k, None)
     return cfg, dialect, out
@@ -286,11 +286,11 @@ def reference_names(folder: CheckpointFolder) -> Dict[str, str]:
 
 
 def verify_import(plan: ImportPlan, num_sequences: int = 2, seq_len: int = 16, seed: int = 0) -> Dict[str, float]:
-    """Upstream's forward on the INPUT tensors (paddle_vha/vha/fleet_reference.py, float64 numpy, upstream's einsum
+    """Upstream's forward on the INPUT tensors (paddle_vha/transform/fleet_reference.py, float64 numpy, upstream's einsum
     and layouts, read as the plan read them) vs this project's Qwen3VHAForCausalLM loaded from the OUTPUT (Paddle
     float32), on random tokens: max_abs, max_rel, mean_kl, nonfinite (paddle_vha.evaluate.compare_logits)."""
     from .fleet_reference import reference_logits
-    from .modeling import Qwen3VHAForCausalLM
+    from ..vha.modeling import Qwen3VHAForCausalLM
 
     folder = plan.source
     with left_unchanged(plan.in_dir, plan.out_dir):

@@ -41,8 +41,8 @@ from ..transform import Description, Entry, TransformPlan, check_dtype, output_c
 from ..transform.describe import kv_cache_line, output_line
 from ..transform.plan import open_output
 from ..transform.verify import kl_on_text, text_windows
-from .config import Qwen3VHAConfig
-from .spec import tensor_shapes as vha_tensor_shapes
+from ..vha.config import Qwen3VHAConfig
+from ..vha.spec import tensor_shapes as vha_tensor_shapes
 
 __all__ = ["ConvertError", "ConvertPlan", "METHODS", "factor_queries", "merge_kv", "plan_convert", "convert_state",
            "calibration_moments", "convert_checkpoint", "write_candidate", "logit_kl", "pool_kv_heads_state"]

@@ -23,9 +23,9 @@ import numpy as np
 
 from ..families import family_of
 from . import safetensors_io as st
-from .contract import INDEX_FILE, SINGLE_FILE, CheckpointError, is_linear_weight, read_json_object
-from .folder import tensor_refs
-from .fsutil import atomic_dir, check_output_dir
+from ..checkpoint.contract import INDEX_FILE, SINGLE_FILE, CheckpointError, is_linear_weight, read_json_object
+from ..checkpoint.folder import tensor_refs
+from ..checkpoint.fsutil import atomic_dir, check_output_dir
 
 __all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "read_tp_plan"]
 

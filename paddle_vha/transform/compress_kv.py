@@ -33,9 +33,9 @@ from ..transform import Description, Entry, TransformPlan, check_dtype, output_c
 from ..transform.describe import kv_cache_line, output_line
 from ..transform.plan import open_output
 from ..transform.verify import kl_on_text, model_logits, text_windows
-from .config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig
-from .spec import tensor_shapes as mea_tensor_shapes
-from .layers import parse_layer_spec
+from ..mea.config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig
+from ..mea.spec import tensor_shapes as mea_tensor_shapes
+from ..mea.layers import parse_layer_spec
 
 __all__ = ["CompressError", "CompressPlan", "svd_compress", "plan_compress", "compress_checkpoint", "logit_kl"]
 
@@ -193,7 +193,7 @@ def logit_kl(in_dir: str, out_dir: str, batches: int = 4, seq_len: int = 128, ba
     """
     from paddleformers.transformers import Qwen3ForCausalLM
 
-    from .modeling import Qwen3MEAForCausalLM
+    from ..mea.modeling import Qwen3MEAForCausalLM
 
     windows = text_windows(batches, seq_len, batch_size, corpus_mb)
     ref = model_logits(in_dir, [x for x, _ in windows], Qwen3ForCausalLM)
