@@ -19,7 +19,7 @@ __all__ = ["tensor_shapes", "MEA_LAYER", "MEA_STOCK_LAYER", "QWEN3_MEA", "mea_si
 
 def mea_sizes(cfg, layer_idx: int):
     s = stock_sizes(cfg, layer_idx)  # kv_heads = num_key_value_heads = n_p
-    s.virtual, s.group_norm = cfg.mea_kv_heads, bool(cfg.mea_group_norm)
+    s.virtual, s.group_norm = cfg.mea_kv_heads, bool(getattr(cfg, "mea_group_norm", True))  # Qwen3MEAConfig's default
     return s
 
 

@@ -22,7 +22,7 @@ from typing import Dict, List
 import numpy as np
 
 from ..families import family_of
-from . import safetensors_io as st
+from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import INDEX_FILE, SINGLE_FILE, CheckpointError, is_linear_weight, read_json_object
 from ..checkpoint.folder import tensor_refs
 from ..checkpoint.fsutil import atomic_dir, check_output_dir

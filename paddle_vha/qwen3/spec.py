@@ -15,10 +15,13 @@ __all__ = ["tensor_shapes", "QWEN3_LAYER", "QWEN3", "TOP", "stock_sizes", "top_s
 
 
 def stock_sizes(cfg, layer_idx: int, kv_heads: int = None) -> SimpleNamespace:
-    """A stock layer's sizes: h, MLP width, H query heads and H_kv KV heads of width d, the bias flag."""
-    return SimpleNamespace(h=cfg.hidden_size, inter=cfg.intermediate_size, heads=cfg.num_attention_heads,
-                           kv_heads=cfg.num_key_value_heads if kv_heads is None else kv_heads, head_dim=cfg.head_dim,
-                           bias=bool(cfg.attention_bias))
+    """A stock layer's sizes: h, MLP width, H query heads and H_kv KV heads of width d, the bias flag. The widths are
+    read only if the config has them (a plan's shards need the head counts and flags alone: the TP plans take any
+    object with the fields they read; a shape computed from a missing width is None and fails any shape check)."""
+    return SimpleNamespace(h=getattr(cfg, "hidden_size", None), inter=getattr(cfg, "intermediate_size", None),
+                           heads=cfg.num_attention_heads, head_dim=getattr(cfg, "head_dim", None),
+                           kv_heads=cfg.num_key_value_heads if kv_heads is None else kv_heads,
+                           bias=bool(getattr(cfg, "attention_bias", False)))
 
 
 def top_sizes(cfg) -> SimpleNamespace:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from ..qwen3.spec import QWEN3_LAYER, TOP, top_sizes
 from ..spec.params import COLUMN, ModelSpec, linear, split_kv
 
-__all__ = ["tensor_shapes", "SHARED_KV_LAYER", "QWEN3_SHARED_KV"]
+__all__ = ["tensor_shapes", "SHARED_KV_LAYER", "QWEN3_SHARED_KV", "KV_PROJECTIONS"]
+
+KV_PROJECTIONS = ("shared_kv_proj",)  # the Linear (relative to self_attn) that emits the cached heads
 
 SHARED_KV_LAYER = QWEN3_LAYER.replace(
     "qwen3_shared_kv",

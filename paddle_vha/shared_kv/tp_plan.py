@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ..qwen3.tp_plan import GQAPlan
 from ..spec.sharding import TPPlanError
-from .spec import QWEN3_SHARED_KV
+from .spec import KV_PROJECTIONS, QWEN3_SHARED_KV
 
 __all__ = ["check", "layer_plan", "TPPlanError"]
 
-_PLAN = GQAPlan(QWEN3_SHARED_KV, kv_projections=("shared_kv_proj",))
+_PLAN = GQAPlan(QWEN3_SHARED_KV, kv_projections=KV_PROJECTIONS)
 check, layer_plan = _PLAN.check, _PLAN.layer_plan

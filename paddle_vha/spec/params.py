@@ -2,7 +2,7 @@
 
 A variant lists the tensors of its decoder layer as `Param`s, in the spirit of Hugging Face's `base_model_tp_plan`:
 
-    Param("self_attn.vha_postmix_U", shape=lambda s: (s.num_heads, s.postmix_rank), shard=TensorShard(0), fold="o_proj")
+    Param("self_attn.q_norm.weight", shape=lambda s: (s.head_dim,), shard=SUMMED)   # whole, gradient summed
 
 Each Param says, in one place:
 

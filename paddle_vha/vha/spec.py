@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from ..qwen3.spec import QWEN3_LAYER, TOP, top_sizes
 from ..spec.params import COLUMN, ROW, SUMMED, ModelSpec, Param, TensorShard, linear, split_kv
 
-__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "VHA_ONLY"]
+__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "VHA_ONLY", "kv_projections"]
 
 
 def vha_sizes(cfg, layer_idx: int) -> SimpleNamespace:
@@ -55,3 +55,8 @@ tensor_shapes = QWEN3_VHA.tensor_shapes  # the on-disk contract: name -> HF-layo
 
 # Tensors only a Qwen3-VHA attention has (their leaf names); fold absorbs them into q_proj / o_proj.
 VHA_ONLY = tuple(p.name.rsplit(".", 1)[-1] for p in VHA_LAYER.params if p.fold)
+
+
+def kv_projections(cfg) -> tuple:
+    """The Linears (relative to self_attn) that emit the cached heads: k_proj and v_proj, or the shared projection."""
+    return ("shared_kv_proj",) if cfg.vha_shared_kv else ("k_proj", "v_proj")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..spec.sharding import LayerPlan, TPPlanError, check_head_split, check_mlp_split, check_size, gqa_layout
-from .spec import QWEN3_VHA
+from .spec import QWEN3_VHA, kv_projections
 
 __all__ = ["AttentionLayout", "attention_layout", "check", "layer_plan", "TPPlanError"]
 
@@ -104,7 +104,7 @@ def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
     if not lay.kv_sharded:
         # K/V and Premix stay whole; this rank computes its KV head and its physical heads only.
         (g0, g1), (p0, p1) = lay.groups, lay.physical
-        kv = ("shared_kv_proj",) if cfg.vha_shared_kv else ("k_proj", "v_proj")
+        kv = kv_projections(cfg)
         columns = {"self_attn.q_proj": (p0 * r, p1 * r), **{f"self_attn.{n}": (g0 * d, g1 * d) for n in kv}}
         attrs["premix_groups"] = lay.groups
     return LayerPlan(params=QWEN3_VHA.layer_shards(cfg, layer_idx, lay), column_slices=columns, attributes={"self_attn": attrs},
