@@ -1,0 +1,45 @@
+"""Hostile but realistic input, compress_kv on non-finite weights and a failing check. Each case asserts the exit code,
+one line on stderr naming the problem, nothing written, and the inputs byte-identical (helpers: tests/hostile.py).
+Tools run in-process through their command lines (paddle_vha/cli/*.py), which is what tools/*.py and the installed
+paddle-vha-* scripts run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from _utils import TINY, tiny_config
+from paddle_vha.checkpoint.fsutil import MARKER
+from test_checkpoint import _rewrite_tensors
+from hostile import ROOT, edit_config, edit_index, nan_at, refused, save_stock, save_vha, set_tensor, tree
+
+
+def test_compress_refuses_nan_and_writes_nothing_when_its_check_fails(tmp_path, capsys, monkeypatch):
+    from paddle_vha.cli import compress_kv
+    from paddle_vha.transform import compress_kv as compress
+
+    src = save_stock(tmp_path / "in")
+    _rewrite_tensors(src, set_tensor("model.layers.1.self_attn.k_proj.weight", nan_at))
+    before = tree(tmp_path)
+    refused(compress_kv.main, [src, str(tmp_path / "out"), "--kv-heads", "1", "--no-progress"], capsys,
+            "model.layers.1.self_attn.k_proj.weight: 1 non-finite value(s)")
+    assert tree(tmp_path) == before
+    src2 = save_stock(tmp_path / "in2")
+    before = tree(tmp_path)
+
+    def kl_fails(*a, **k):
+        raise compress.CompressError("logit KL: the compressed model's logits are not finite (NaN or Inf)")
+
+    monkeypatch.setattr(compress, "logit_kl", kl_fails)
+    refused(compress_kv.main, [src2, str(tmp_path / "out"), "--kv-heads", "1", "--no-progress", "--eval-batches", "1"],
+            capsys, "logits are not finite")
+    assert tree(tmp_path) == before, "OUT appears only after the KL check passed"

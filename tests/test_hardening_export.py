@@ -1,0 +1,76 @@
+"""Hostile but realistic input, export_onnx on damaged checkpoints, bad options and converter failures. Each case
+asserts the exit code, one line on stderr naming the problem, nothing written, and the inputs byte-identical
+(helpers: tests/hostile.py). Tools run in-process through their command lines (paddle_vha/cli/*.py), which is what
+tools/*.py and the installed paddle-vha-* scripts run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from _utils import TINY, tiny_config
+from paddle_vha.checkpoint.fsutil import MARKER
+from test_checkpoint import _rewrite_tensors
+from hostile import ROOT, edit_config, edit_index, nan_at, refused, save_stock, save_vha, set_tensor, tree
+
+
+EXPORT_CASES = {
+    "nan-embedding-row": (lambda p: _rewrite_tensors(p, set_tensor("model.embed_tokens.weight", nan_at)), [],
+                          "model.embed_tokens.weight holds 1 non-finite value(s)"),
+    "opset-22": (lambda p: None, ["--opset", "22"], "converts to opsets 14..21"),
+    "nan-eps": (lambda p: edit_config(p, rms_norm_eps=float("nan")), [], "rms_norm_eps"),
+    "window-without-size": (lambda p: edit_config(p, sliding_window=None, use_sliding_window=False,
+                                                  layer_types=["full_attention", "sliding_attention"]), [],
+                            "layer_types names sliding_attention layers but sliding_window is None"),
+    "vha": (lambda p: edit_config(p, model_type="qwen3_vha"), [], "fold it first"),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPORT_CASES))
+def test_export_refuses_hostile_input(tmp_path, capsys, case):
+    from paddle_vha.cli.export_onnx import main
+
+    src = save_stock(tmp_path / "in")
+    damage, extra, needle = EXPORT_CASES[case]
+    damage(src)
+    before = tree(tmp_path)
+    refused(main, [src, str(tmp_path / "out"), *extra], capsys, needle)
+    assert tree(tmp_path) == before
+
+
+def test_paddle2onnx_failure_reaches_the_user(tmp_path):
+    """The converter runs in a child process: its abort or error becomes one line with its own last words."""
+    from paddle_vha.export.onnx_export import ExportError, _run_paddle2onnx
+
+    (tmp_path / "model.json").write_text("{not a program")
+    (tmp_path / "model.pdiparams").write_bytes(b"")
+    with pytest.raises(ExportError) as e:
+        _run_paddle2onnx(str(tmp_path / "model.json"), str(tmp_path / "model.pdiparams"), str(tmp_path / "m.onnx"), 17, "")
+    print(e.value)
+    assert str(e.value).startswith("paddle2onnx failed (") and "\n" not in str(e.value)
+
+
+def test_tied_embeddings_are_exported_once(tmp_path):
+    import onnx
+
+    from paddle_vha.export.onnx_export import export_onnx
+
+    src = save_stock(tmp_path / "in", tie_word_embeddings=True, vocab_size=512)
+    export_onnx(src, str(tmp_path / "out"), decode_steps=1, log=lambda m: None)
+    model = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    stored = sum(onnx.numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+    from paddle_vha.checkpoint.folder import CheckpointFolder
+
+    weights = sum(a.nbytes for a in CheckpointFolder(src).read_all().values())
+    embedding = 512 * TINY["hidden_size"] * 4
+    print(f"initializers {stored} B, checkpoint {weights} B, embedding {embedding} B")
+    assert stored < weights + embedding // 2, "the tied embedding is stored once"

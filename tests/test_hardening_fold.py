@@ -1,0 +1,87 @@
+"""Hostile but realistic input, fold's command line on damaged checkpoints and bad options, and its --verify on non-
+finite logits. Each case asserts the exit code, one line on stderr naming the problem, nothing written, and the
+inputs byte-identical (helpers: tests/hostile.py). Tools run in-process through their command lines
+(paddle_vha/cli/*.py), which is what tools/*.py and the installed paddle-vha-* scripts run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from _utils import TINY, tiny_config
+from paddle_vha.checkpoint.fsutil import MARKER
+from test_checkpoint import _rewrite_tensors
+from hostile import ROOT, edit_config, edit_index, nan_at, refused, save_stock, save_vha, set_tensor, tree
+
+
+FOLD_CASES = {
+    # input damaged in ways the safetensors library or a shallow check lets through
+    "nan-in-folded-tensor": (lambda p: _rewrite_tensors(p, set_tensor("model.layers.0.self_attn.q_proj.weight", nan_at)),
+                             [], "model.layers.0.self_attn.q_proj.weight: 1 non-finite value(s)"),
+    "inf-in-copied-tensor": (lambda p: _rewrite_tensors(p, set_tensor("model.embed_tokens.weight",
+                                                                       lambda a: a + np.float32(np.inf))),
+                             [], "model.embed_tokens.weight"),
+    "fp16-overflow": (lambda p: _rewrite_tensors(p, set_tensor("model.layers.1.mlp.up_proj.weight", lambda a: a * 1e9)),
+                      ["--dtype", "float16"], "overflow float16"),
+    "index-not-object": (lambda p: edit_index(p, lambda d: d.update(weight_map=[1, 2])), [], "no \"weight_map\" object"),
+    "shard-not-string": (lambda p: edit_index(p, lambda d: d["weight_map"].update({"model.norm.weight": 7})), [],
+                         "not a file name"),
+    "shard-outside": (lambda p: edit_index(p, lambda d: d["weight_map"].update({"model.norm.weight": "../x.safetensors"})),
+                      [], "not a file name inside the folder"),
+    "index-not-utf8": (lambda p: edit_index(p, lambda d: b"\xff\xfe{}"), [], "malformed index"),
+    "tensor-named-twice": (lambda p: edit_index(p, lambda d: (
+        '{"metadata": {}, "weight_map": {"model.norm.weight": "a", "model.norm.weight": "b"}}').encode()), [],
+        "names a tensor twice: model.norm.weight"),
+    "fifo-side-file": (lambda p: os.mkfifo(os.path.join(p, "tokenizer.json")), [], "not a regular file or folder"),
+    "layers-float": (lambda p: edit_config(p, num_hidden_layers=2.0), [], "num_hidden_layers"),
+    "null-size": (lambda p: edit_config(p, intermediate_size=None), [], "intermediate_size must be a positive int"),
+    "string-heads": (lambda p: edit_config(p, num_attention_heads="4"), [], "num_attention_heads"),
+    "rope-theta-zero": (lambda p: edit_config(p, rope_theta=0, rope_parameters={"rope_type": "default", "rope_theta": 0}),
+                        [], "rope_theta must be a positive finite number"),
+    "negative-eps": (lambda p: edit_config(p, rms_norm_eps=-1e-6), [], "rms_norm_eps must be a positive finite number"),
+    "nan-eps": (lambda p: edit_config(p, rms_norm_eps=float("nan")), [], "rms_norm_eps"),
+    "huge-shard-size": (lambda p: None, ["--max-shard-size", "1e400GB"], "too large"),
+}
+
+
+@pytest.mark.parametrize("case", list(FOLD_CASES))
+def test_fold_refuses_hostile_input(tmp_path, capsys, case):
+    from paddle_vha.cli.fold import main
+
+    src = save_vha(tmp_path / "in")
+    damage, extra, needle = FOLD_CASES[case]
+    damage(src)
+    before = tree(tmp_path)
+    refused(main, [src, str(tmp_path / "out"), "--no-progress", *extra], capsys, needle)
+    assert tree(tmp_path) == before, "nothing written, input untouched"
+
+
+def test_fold_verify_fails_on_non_finite_logits(tmp_path, capsys, monkeypatch):
+    from paddle_vha.cli.fold import main
+    from paddle_vha.transform import fold
+
+    src = save_vha(tmp_path / "in")
+    monkeypatch.setattr(fold, "verify_fold", lambda *a, **k: {"max_abs": math.nan, "max_rel": math.nan,
+                                                               "mean_kl": math.nan, "nonfinite": "compared"})
+    refused(main, [src, str(tmp_path / "out"), "--no-progress", "--verify", "1"], capsys,
+            "the folded model's logits are not finite", code=1)
+
+
+def test_compare_logits_reports_non_finite():
+    from paddle_vha.evaluate import compare_logits
+
+    a = np.zeros((1, 2, 5))
+    b = a.copy()
+    b[0, 1, 2] = np.nan
+    assert compare_logits(a, a)["nonfinite"] == "" and compare_logits(a, a)["max_abs"] == 0.0
+    r = compare_logits(a, b)
+    assert r["nonfinite"] == "compared" and math.isnan(r["max_rel"])

@@ -1,0 +1,80 @@
+"""Hostile but realistic input, generate on broken exports, long prompts and non-finite logits. Each case asserts the
+exit code, one line on stderr naming the problem, nothing written, and the inputs byte-identical (helpers:
+tests/hostile.py). Tools run in-process through their command lines (paddle_vha/cli/*.py), which is what tools/*.py
+and the installed paddle-vha-* scripts run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from _utils import TINY, tiny_config
+from paddle_vha.checkpoint.fsutil import MARKER
+from test_checkpoint import _rewrite_tensors
+from hostile import ROOT, edit_config, edit_index, nan_at, refused, save_stock, save_vha, set_tensor, tree
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    from paddle_vha.export.onnx_export import export_onnx
+
+    root = tmp_path_factory.mktemp("gen")
+    src = save_stock(root / "in", max_position_embeddings=32)
+    export_onnx(src, str(root / "out"), decode_steps=1, log=lambda m: None)
+    return str(root / "out")
+
+
+GENERATE_CASES = {
+    "no-info": (lambda d: os.remove(os.path.join(d, "export_info.json")), "no export_info.json"),
+    "broken-info": (lambda d: open(os.path.join(d, "export_info.json"), "w").write("{"), "not valid JSON"),
+    "info-not-object": (lambda d: open(os.path.join(d, "export_info.json"), "w").write("[]"), "expected a JSON object"),
+    "no-model": (lambda d: os.remove(os.path.join(d, "model.onnx")), "missing or empty"),
+    "empty-model": (lambda d: open(os.path.join(d, "model.onnx"), "w").close(), "missing or empty"),
+    "truncated-model": (lambda d: open(os.path.join(d, "model.onnx"), "r+b").truncate(300), "onnxruntime cannot load it"),
+}
+
+
+@pytest.mark.parametrize("case", list(GENERATE_CASES))
+def test_generate_refuses_broken_exports(tmp_path, capsys, export_dir, case):
+    import shutil
+
+    from paddle_vha.cli.generate import main
+
+    d = str(tmp_path / "e")
+    shutil.copytree(export_dir, d)
+    damage, needle = GENERATE_CASES[case]
+    damage(d)
+    before = tree(tmp_path)
+    refused(main, [d, "--prompt-ids", "1,2,3", "--max-new-tokens", "2"], capsys, needle)
+    assert tree(tmp_path) == before
+
+
+def test_generate_warns_past_max_position_embeddings(capsys, export_dir):
+    from paddle_vha.cli.generate import main
+
+    assert main([export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", "40"]) == 0
+    err = capsys.readouterr().err
+    warnings = [ln for ln in err.splitlines() if ln.startswith("warning:")]
+    assert warnings == ["warning: prompt (3 tokens) + 40 new tokens pass max_position_embeddings=32; the model was not "
+                        "trained on positions beyond it"]
+
+
+def test_generation_stops_on_non_finite_logits():
+    from paddle_vha.serve.generate import generate
+    from paddle_vha.serve.session import ServeError
+
+    class NaNSession:
+        def prefill(self, ids, mask):
+            return np.full((ids.shape[0], ids.shape[1], 7), np.nan, np.float32), None
+
+    with pytest.raises(ServeError, match="not finite .* at generation step 1"):
+        generate(NaNSession(), np.ones((1, 3), np.int64), 4)

@@ -1,0 +1,160 @@
+"""Hostile but realistic input, the output-folder rules every writing tool shares: never over an input or a foreign
+folder, temporaries of dead runs only, one winner among concurrent writers, Ctrl-C, and merge's checked rank-file
+reader. Each case asserts the exit code, one line on stderr naming the problem, nothing written, and the inputs
+byte-identical (helpers: tests/hostile.py). Tools run in-process through their command lines (paddle_vha/cli/*.py),
+which is what tools/*.py and the installed paddle-vha-* scripts run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from _utils import TINY, tiny_config
+from paddle_vha.checkpoint.fsutil import MARKER
+from test_checkpoint import _rewrite_tensors
+from hostile import ROOT, edit_config, edit_index, nan_at, refused, save_stock, save_vha, set_tensor, tree
+
+
+@pytest.mark.parametrize("where", ["same", "parent", "cwd", "foreign"])
+def test_outputs_never_overwrite_inputs_or_foreign_folders(tmp_path, capsys, monkeypatch, where):
+    """fold, compress_kv, export and merge share one output rule: OUT is not an input, does not contain one, is not the
+    current folder, and --force replaces only a folder this project wrote."""
+    from paddle_vha.cli import compress_kv, export_onnx, fold, merge_tp_checkpoint
+
+    work = tmp_path / "work"
+    (work / "here").mkdir(parents=True)
+    (work / "here" / "notes.txt").write_text("unrelated")
+    vha, stock = save_vha(work / "vha"), save_stock(work / "stock")
+    shards = fake_shards(work / "shards")
+    (work / "foreign").mkdir()
+    (work / "foreign" / "keep.txt").write_text("keep")
+    monkeypatch.chdir(work / "here")
+    before = tree(tmp_path)
+    needle = {"same": "must be a different folder", "parent": "must be a different folder", "cwd": "current folder",
+              "foreign": "was not written by paddle-vha"}[where]
+    for tool, src, argv in ((fold, vha, []), (compress_kv, stock, ["--kv-heads", "1"]), (export_onnx, stock, []),
+                            (merge_tp_checkpoint, shards, [])):
+        out = {"same": src, "parent": str(work), "cwd": ".", "foreign": str(work / "foreign")}[where]
+        refused(tool.main, [src, out, "--force", *argv], capsys, needle)
+        assert tree(tmp_path) == before, f"{tool.__name__}: nothing may change"
+
+
+def fake_shards(path):
+    """A tensor-parallel sharded save of a tiny Qwen3-VHA model, as save_tp_checkpoint writes it (t = 2)."""
+    from paddle_vha import Qwen3VHAForCausalLM
+    from paddle_vha.checkpoint import safetensors_io as st
+    from paddle_vha.parallel.tp_shards import FORMAT, PLAN_FILE
+
+    paddle.seed(5)
+    model = Qwen3VHAForCausalLM(tiny_config())
+    os.makedirs(path)
+    model.config.save_pretrained(str(path))
+    state = {n: p.numpy() for n, p in model.named_parameters()}
+    tensors, parts = {}, [{}, {}]
+    for n, a in state.items():
+        if n.endswith("_proj.weight"):
+            a = np.ascontiguousarray(a.T)
+        axis = 0 if n.endswith("mlp.down_proj.weight") else None
+        tensors[n] = {"shape": list(a.shape), "dtype": "F32", "axis": axis}
+        if axis is None:
+            parts[0][n] = a
+        else:
+            for k, piece in enumerate(np.split(a, 2, axis=axis)):
+                parts[k][n] = np.ascontiguousarray(piece)
+    files = [f"tp-rank-{k:02d}-of-02.safetensors" for k in range(2)]
+    for f, part in zip(files, parts):
+        w = st.ShardWriter(os.path.join(path, f), [(n, "F32", a.shape) for n, a in part.items()])
+        for n, a in part.items():
+            w.write(n, a)
+        w.close()
+    with open(os.path.join(path, PLAN_FILE), "w") as fh:
+        json.dump({"format": FORMAT, "tensor_parallel_size": 2, "files": files, "tensors": tensors}, fh)
+    return str(path)
+
+
+def test_merge_reads_rank_files_with_the_checked_reader(tmp_path, capsys):
+    """A rank file whose tensors overlap (a norm weight holding another tensor's bytes) is refused, not merged."""
+    from paddle_vha.cli.merge_tp_checkpoint import main
+
+    shards = fake_shards(tmp_path / "shards")
+    assert main([shards, str(tmp_path / "ok")]) == 0  # the well-formed save merges and validates
+    capsys.readouterr()
+    rank0 = os.path.join(shards, "tp-rank-00-of-02.safetensors")
+    n = int.from_bytes(open(rank0, "rb").read(8), "little")
+    header = json.loads(open(rank0, "rb").read(8 + n)[8:])
+    a, b = [k for k in header if k.endswith("norm.weight")][:2]
+    header[b]["data_offsets"] = header[a]["data_offsets"]  # b now reads a's bytes
+    raw = json.dumps(header).encode()
+    data = open(rank0, "rb").read()[8 + n:]
+    with open(rank0, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw + data)
+    before = tree(tmp_path)
+    refused(main, [shards, str(tmp_path / "merged")], capsys, "unreadable safetensors file")
+    assert tree(tmp_path) == before
+
+
+def test_stale_temporary_of_a_dead_run_is_removed(tmp_path, capsys):
+    """kill -9 during a write leaves .OUT.tmp-*; the next run into OUT removes it, says so in one line, and writes."""
+    from paddle_vha.cli.fold import main
+
+    src = save_vha(tmp_path / "in")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stale = tmp_path / ".out.tmp-dead"
+    stale.mkdir()
+    (stale / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 4096)
+    (stale / MARKER).write_text(json.dumps({"tool": "fold", "pid": child.pid, "start": None}))
+    live = tmp_path / ".out.tmp-live"  # a run still writing: left alone
+    live.mkdir()
+    (live / MARKER).write_text(json.dumps({"tool": "fold", "pid": os.getpid(), "start": None}))
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert main([src, str(tmp_path / "out"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    print(err)
+    assert not stale.exists() and live.exists()
+    assert [ln for ln in err.splitlines() if "interrupted earlier run" in ln] == [
+        f"note: removed {stale}, left by an interrupted earlier run (its process is gone)"]
+
+
+def test_concurrent_writer_loses_with_one_line(tmp_path):
+    """Two runs into one new OUT: the one that finishes second fails and replaces nothing."""
+    from paddle_vha.transform.fold import FoldError, fold_checkpoint, plan_fold
+
+    src = save_vha(tmp_path / "in")
+    out = tmp_path / "out"
+    plan = plan_fold(src, str(out))
+    first = {}
+
+    def other_run_finishes_first(entry):
+        if not first:
+            first["done"] = True
+            fold_checkpoint(plan_fold(src, str(out)), progress=False)
+
+    with pytest.raises(FoldError, match="appeared while this run was writing it"):
+        fold_checkpoint(plan, progress=False, on_tensor=other_run_finishes_first)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]  # the winner's folder, no temporaries
+    assert os.path.isfile(out / MARKER)
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path, capsys, monkeypatch):
+    from paddle_vha.cli import fold as fold_cli
+    from paddle_vha.transform import fold
+
+    src = save_vha(tmp_path / "in")
+    before = tree(tmp_path)
+
+    def interrupted(plan, progress=True, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fold, "fold_checkpoint", interrupted)
+    refused(fold_cli.main, [src, str(tmp_path / "out"), "--no-progress"], capsys, "interrupted", code=130)
+    assert tree(tmp_path) == before

@@ -1,0 +1,92 @@
+"""Hostile but realistic input, train on bad arguments, a non-finite loss and a truncated checkpoint. Each case asserts
+the exit code, one line on stderr naming the problem, nothing written, and the inputs byte-identical (helpers:
+tests/hostile.py). Tools run in-process through their command lines (paddle_vha/cli/*.py), which is what tools/*.py
+and the installed paddle-vha-* scripts run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from _utils import TINY, tiny_config
+from paddle_vha.checkpoint.fsutil import MARKER
+from test_checkpoint import _rewrite_tensors
+from hostile import ROOT, edit_config, edit_index, nan_at, refused, save_stock, save_vha, set_tensor, tree
+
+
+TRAIN_CASES = {
+    "nan-learning-rate": (["--learning_rate", "nan"], "learning_rate must be a finite number"),
+    "negative-max-steps": (["--max_steps", "-5"], "max_steps must be > 0, or -1"),
+    "zero-batch": (["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be >= 1"),
+    "output-is-a-file": (["--output_dir", "FILE"], "exists and is not a folder"),
+    "output-is-the-input": (["--model_name_or_path", "VHA", "--output_dir", "VHA"], "must be a different folder"),
+    "output-is-cwd": (["--output_dir", "."], "current folder"),
+    "foreign-model-dir": (["--output_dir", "RUN"], "was not written by paddle-vha"),
+    "layers-float": (["--model_config", json.dumps(dict(TINY, vocab_size=256, num_hidden_layers=2.0))],
+                     "num_hidden_layers must be a positive int, got 2.0"),
+}
+
+
+@pytest.mark.parametrize("case", list(TRAIN_CASES))
+def test_train_refuses_bad_arguments(tmp_path, capsys, monkeypatch, case):
+    from paddle_vha.cli import train
+
+    (tmp_path / "FILE").write_text("x")
+    save_vha(tmp_path / "VHA")
+    (tmp_path / "RUN" / "model").mkdir(parents=True)
+    (tmp_path / "RUN" / "model" / "mine.txt").write_text("a model of the user's")
+    monkeypatch.chdir(tmp_path)
+    extra, needle = TRAIN_CASES[case]
+    before = tree(tmp_path)
+    argv = [os.path.join(ROOT, "configs", "tiny-vha.json"), "--output_dir", "out", "--max_steps", "2", *extra]
+    refused(train.main, argv, capsys, needle)
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_train_stops_on_a_non_finite_loss(tmp_path):
+    """A learning rate that blows the weights up: the run stops with one line at the first non-finite loss, saves no
+    model, and train_log.jsonl stays strict JSON."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "configs/tiny-vha.json",
+                        "--output_dir", str(out), "--max_steps", "8", "--learning_rate", "1e12", "--logging_steps", "1",
+                        "--warmup_steps", "0", "--max_grad_norm", "0", "--save_steps", "100", "--do_eval", "false"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    print(r.stdout[-1500:], r.stderr[-1500:])
+    assert r.returncode == 2 and len(err) == 1 and "training stopped" in err[0] and "nothing saved" in err[0], err
+    assert not (out / "model").exists()
+    for line in (out / "train_log.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c} in train_log.jsonl"))
+
+
+@pytest.mark.slow
+def test_train_resume_from_a_truncated_checkpoint_says_why(tmp_path):
+    """A checkpoint-N the Trainer cannot read: one line naming it and what to do; the run folder is left as it was."""
+    import glob
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "train.py"), "configs/tiny-vha.json", "--output_dir", str(out),
+           "--save_steps", "2", "--do_eval", "false"]
+    r = subprocess.run(cmd + ["--max_steps", "2"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert os.path.isfile(out / "model" / MARKER)
+    (state,) = glob.glob(str(out / "checkpoint-2" / "model_state" / "*.distcp"))
+    with open(state, "r+b") as f:
+        f.truncate(100)
+    before = tree(tmp_path)
+    r = subprocess.run(cmd + ["--max_steps", "4"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    print(r.stderr[-1500:])
+    assert r.returncode == 2 and len(err) == 1, r.stderr[-2000:]
+    assert f"resuming from {out / 'checkpoint-2'} failed" in err[0] and "remove that checkpoint folder" in err[0]
+    assert tree(tmp_path) == before
