@@ -9,16 +9,9 @@ import types
 
 import numpy as np
 import pytest
+from strict_json import strict_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def strict_json(path):
-    """Parse refusing NaN / Infinity (a diverged run must be null, never a number)."""
-    def bad(x):
-        raise AssertionError(f"non-strict JSON constant {x} in {path}")
-    with open(path) as f:
-        return json.load(f, parse_constant=bad)
 
 
 # --- the power-law fit and the spike detector ----------------------------------------------------------------------
