@@ -97,9 +97,7 @@ class MLACost(AttentionCost):
 
 
 MLA = MLACost()
-for _fam in FAMILIES.values():  # each family's kinds register themselves when its cost module is imported
-    _fam.cost
-KINDS = AttentionCost.kinds()
+KINDS = AttentionCost.kinds()  # the families' kinds registered when the registry imported their cost modules, and MLA
 
 
 # Qwen3's published shapes (the VHA paper trains these, docs/calculators.md). head_dim 128, vocab 151936,
