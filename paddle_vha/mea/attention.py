@@ -27,15 +27,13 @@ from paddleformers.transformers.qwen3.modeling import (
     rotate_half,
 )
 
-from ..qwen3.modeling import attention_core, single_device_linear
+from ..modeling.parameters import build_declared
+from ..qwen3.modeling import attention_core
 from .config import MEAConfigError, Qwen3MEAConfig
 from .functional import head_rms_norm, hlc, multiquery_attention
+from .spec import MEA_LAYER, MEA_STOCK_LAYER
 
 __all__ = ["Qwen3MEAAttention", "Qwen3StockKVAttention", "use_multiquery_form"]
-
-
-def _kv_linear(config, n_heads: int, head_dim: int):
-    return single_device_linear(config.hidden_size, n_heads * head_dim, config.attention_bias)
 
 
 class Qwen3StockKVAttention(Qwen3Attention):
@@ -48,8 +46,7 @@ class Qwen3StockKVAttention(Qwen3Attention):
             self.num_key_value_heads = n_s
             self.num_key_value_groups = config.num_attention_heads // n_s
             self.gqa_or_mqa = config.num_attention_heads != n_s
-            self.k_proj = _kv_linear(config, n_s, self.head_dim)
-            self.v_proj = _kv_linear(config, n_s, self.head_dim)
+        build_declared(self, MEA_STOCK_LAYER, config, layer_idx, "self_attn.")  # k_proj / v_proj of n_s heads
 
 
 class Qwen3MEAAttention(Qwen3Attention):
@@ -58,25 +55,16 @@ class Qwen3MEAAttention(Qwen3Attention):
     def __init__(self, config: Qwen3MEAConfig, layer_idx: int = 0):
         config.check_runtime_support()
         super().__init__(config, layer_idx)
-        n_p, n_v, d = config.num_key_value_heads, config.mea_kv_heads, self.head_dim
+        n_p, n_v = config.num_key_value_heads, config.mea_kv_heads
         self.num_physical_heads = n_p  # what k_proj / v_proj emit and the cache stores
         self.num_virtual_heads = n_v
         self.k_norm_after_hlc = config.mea_k_norm_position == "after_hlc"
         # MEA: the attention core sees n_v (virtual) KV heads, so GQA groups are H / n_v.
         self.num_key_value_groups = config.num_attention_heads // n_v
         self.gqa_or_mqa = config.num_attention_heads != n_v
-        # MEA: HLC coefficients [n_p, n_v]. Init: virtual head j copies physical head j % n_p (GQA with n_p KV
-        # heads) plus N(0, 0.02) so the virtual heads start apart.
-        tile = paddle.to_tensor([[1.0 if j % n_p == p else 0.0 for j in range(n_v)] for p in range(n_p)], dtype="float32")
-        for name in ("mea_k_lc", "mea_v_lc"):
-            init = tile + 0.02 * paddle.randn([n_p, n_v], dtype="float32")
-            setattr(self, name, self.create_parameter(
-                shape=[n_p, n_v], default_initializer=nn.initializer.Assign(init.astype(paddle.get_default_dtype()))))
-        # MEA: head-level norm before o_proj, one weight per output channel (GroupNorm-style affine).
-        if config.mea_group_norm:
-            self.mea_norm = nn.Layer()
-            self.mea_norm.weight = self.mea_norm.create_parameter(
-                shape=[config.num_attention_heads * d], default_initializer=nn.initializer.Constant(1.0))
+        # MEA: the tensors paddle_vha/mea/spec.py declares: the HLC coefficients mea_k_lc, mea_v_lc [n_p, n_v] (virtual
+        # head j starts as physical head j % n_p plus noise) and, with mea_group_norm, the head norm's weight [H*d].
+        build_declared(self, MEA_LAYER, config, layer_idx, "self_attn.")
         if self.k_norm_after_hlc:
             # MEA: k_norm/RoPE run on cached keys too, so the layer needs angles for every cached position.
             # Held outside the sublayer tree: it has no parameters and nothing to save.

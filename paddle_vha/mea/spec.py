@@ -23,6 +23,21 @@ def mea_sizes(cfg, layer_idx: int):
     return s
 
 
+def _lc_init(s, cfg):
+    """Virtual head j copies physical head j % n_p (GQA with n_p KV heads), plus N(0, 0.02) so the heads start apart."""
+    import paddle
+    from paddle import nn
+    n_p, n_v = s.kv_heads, s.virtual
+    tile = paddle.to_tensor([[1.0 if j % n_p == p else 0.0 for j in range(n_v)] for p in range(n_p)], dtype="float32")
+    init = tile + 0.02 * paddle.randn([n_p, n_v], dtype="float32")
+    return nn.initializer.Assign(init.astype(paddle.get_default_dtype()))
+
+
+def _ones(s, cfg):
+    from paddle import nn
+    return nn.initializer.Constant(1.0)
+
+
 _kv = lambda s: s.kv_heads * s.head_dim  # noqa: E731
 _lc = lambda s: (s.kv_heads, s.virtual)  # noqa: E731
 
@@ -32,10 +47,10 @@ MEA_LAYER = QWEN3_LAYER.replace(
     add=(
         *linear("self_attn.k_proj", _kv, lambda s: s.h, SUMMED),  # all n_p physical heads on every rank
         *linear("self_attn.v_proj", _kv, lambda s: s.h, SUMMED),
-        Param("self_attn.mea_k_lc", _lc, split_kv(TensorShard(1))),  # columns = virtual heads
-        Param("self_attn.mea_v_lc", _lc, split_kv(TensorShard(1))),
+        Param("self_attn.mea_k_lc", _lc, split_kv(TensorShard(1)), init=_lc_init),  # columns = virtual heads
+        Param("self_attn.mea_v_lc", _lc, split_kv(TensorShard(1)), init=_lc_init),
         Param("self_attn.mea_norm.weight", lambda s: (s.heads * s.head_dim,), TensorShard(0),  # by query head
-              when=lambda s: s.group_norm),
+              when=lambda s: s.group_norm, init=_ones),  # the head norm's affine weight
     ),
 )
 

@@ -15,8 +15,10 @@ import paddle
 from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rotary_pos_emb
 
 from ..qwen3.functional import inverse_rope
-from ..qwen3.modeling import attention_core, single_device_linear, update_shared_kv_cache
+from ..modeling.parameters import build_declared
+from ..qwen3.modeling import attention_core, update_shared_kv_cache
 from .config import Qwen3SharedKVConfig
+from .spec import SHARED_KV_LAYER
 
 __all__ = ["Qwen3SharedKVAttention"]
 
@@ -27,9 +29,7 @@ class Qwen3SharedKVAttention(Qwen3Attention):
     def __init__(self, config: Qwen3SharedKVConfig, layer_idx: int = 0):
         config.check_runtime_support()
         super().__init__(config, layer_idx)
-        del self.k_proj, self.v_proj  # SKV: one projection replaces both
-        self.shared_kv_proj = single_device_linear(config.hidden_size, self.num_key_value_heads * self.head_dim,
-                                                   config.attention_bias)
+        build_declared(self, SHARED_KV_LAYER, config, layer_idx, "self_attn.")  # SKV: shared_kv_proj for k_proj, v_proj
 
     def forward(
         self,

@@ -12,7 +12,9 @@ Each Param says, in one place:
   split when the KV heads are split and whole otherwise);
 * `linear` - a Linear weight: [out, in] on disk, [in, out] in memory (flex-checkpoint needs a transpose rule);
 * `fold` - where fold puts it: None (copied as it is) or the tensor it is absorbed into;
-* `when(sizes)` - whether this layer has it at all (a bias with attention_bias, the gate with gated attention, ...).
+* `when(sizes)` - whether this layer has it at all (a bias with attention_bias, the gate with gated attention, ...);
+* `init(sizes, config)` - the initializer of a tensor that is not a Linear's (Premix, Postmix, HLC ...): called when the
+  layer is built (paddle_vha/modeling/parameters.py), so it may import Paddle; Linears get Paddle's default.
 
 `linear(...)` declares a Linear's weight and bias together: the bias follows the weight's split (a column-parallel
 weight has a split bias, a row-parallel one a whole bias added after the all-reduce, a replicated one a replicated
@@ -56,6 +58,7 @@ class Param:
     linear: bool = False
     fold: Optional[str] = None
     when: Callable[[Sizes], bool] = _always
+    init: Optional[Callable[[Sizes, Any], Any]] = None
 
     def shard_for(self, layout) -> TensorShard:
         return self.shard(layout) if callable(self.shard) else self.shard

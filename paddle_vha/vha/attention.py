@@ -18,7 +18,6 @@ Every deviation from PaddleFormers' Qwen3Attention is marked `# VHA:`.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import paddle
@@ -26,29 +25,14 @@ from paddle import nn
 from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rotary_pos_emb
 
 from ..qwen3.functional import inverse_rope
-from ..qwen3.modeling import RoPETables, attention_core, single_device_linear, update_shared_kv_cache
+from ..modeling.parameters import build_declared
+from ..qwen3.modeling import RoPETables, attention_core, update_shared_kv_cache
 from .config import Qwen3VHAConfig
+from .spec import VHA_LAYER
 from ..kernels.dispatch import should_use_fused
 from ..kernels.prologue import fused_prologue
 
-__all__ = ["Qwen3VHAAttention", "init_premix", "postmix", "premix"]
-
-
-def init_premix(num_groups: int, r: int, d: int, alpha: float) -> paddle.Tensor:
-    """Premix initial value [H_kv, r, d].
-
-    r == d: I + alpha/sqrt(d) * N(0, 1) per group (close to identity).
-    r <  d: rows of a random orthogonal d x d matrix, scaled by sqrt(d / r) so that
-            E|q W|^2 = (d / r) |q|^2 matches the width growth r -> d.
-    """
-    mats = []
-    for _ in range(num_groups):
-        if r == d:
-            mats.append(paddle.eye(d, dtype="float32") + (alpha / math.sqrt(d)) * paddle.randn([d, d], dtype="float32"))
-        else:
-            q, _ = paddle.linalg.qr(paddle.randn([d, r], dtype="float32"))  # (d, r), orthonormal columns
-            mats.append(q.transpose([1, 0]) * math.sqrt(d / r))  # (r, d), orthogonal rows
-    return paddle.stack(mats).astype(paddle.get_default_dtype())  # (H_kv, r, d)
+__all__ = ["Qwen3VHAAttention", "postmix", "premix"]
 
 
 def premix(q_phys: paddle.Tensor, premix_weight: paddle.Tensor) -> paddle.Tensor:
@@ -78,40 +62,16 @@ class Qwen3VHAAttention(Qwen3Attention):
     def __init__(self, config: Qwen3VHAConfig, layer_idx: int = 0):
         config.check_runtime_support()
         self.dims = config.layer_dims(layer_idx)  # VHA: a sliding-window layer may have its own sizes
-        config = config.for_layer(layer_idx)
+        full_config, config = config, config.for_layer(layer_idx)
         super().__init__(config, layer_idx)
-        h, d = config.hidden_size, self.head_dim
         self.num_physical_heads = config.num_physical_heads  # H_p
         self.q_head_dim = config.vha_q_head_dim  # r
         self.postmix_rank = config.vha_postmix_rank  # R
-
-        # VHA: q_proj emits H_p physical heads of width r, not H_v heads of width d.
-        self.q_proj = single_device_linear(h, self.num_physical_heads * self.q_head_dim, config.attention_bias)
         self.shared_kv = config.vha_shared_kv
-        if self.shared_kv:  # VHA: one projection for K = V replaces the parent's k_proj and v_proj
-            del self.k_proj, self.v_proj
-            self.shared_kv_proj = single_device_linear(h, self.num_key_value_heads * d, config.attention_bias)
-        # VHA: Premix, one (r, d) map per KV group.
-        self.vha_premix_weight = self.create_parameter(
-            shape=[self.num_key_value_heads, self.q_head_dim, d],
-            default_initializer=nn.initializer.Assign(
-                init_premix(self.num_key_value_heads, self.q_head_dim, d, config.vha_premix_init_alpha)
-            ),
-        )
-        # VHA: Postmix M = I + V U^T over the H_v heads; V = 0 makes it the identity at step 0.
-        self.vha_postmix_U = self.create_parameter(
-            shape=[self.num_heads, self.postmix_rank],
-            default_initializer=nn.initializer.Normal(0.0, config.vha_postmix_u_init_std),
-        )
-        self.vha_postmix_V = self.create_parameter(
-            shape=[self.num_heads, self.postmix_rank],
-            default_initializer=nn.initializer.Normal(0.0, config.vha_postmix_v_init_std)
-            if config.vha_postmix_v_init_std > 0
-            else nn.initializer.Constant(0.0),
-        )
-        # VHA: optional sigmoid output gate (per virtual-head channel).
-        if config.vha_gated_attention:
-            self.gate_proj = single_device_linear(h, self.num_heads * d, bias=False)
+        # VHA: the tensors paddle_vha/vha/spec.py declares: q_proj emits H_p physical heads of width r; Premix, one
+        # (r, d) map per KV group; Postmix U, V over the H_v heads (V = 0: the identity at step 0); one shared K = V
+        # projection in place of k_proj and v_proj (vha_shared_kv); the sigmoid output gate (vha_gated_attention).
+        build_declared(self, VHA_LAYER, full_config, layer_idx, "self_attn.")
         # VHA: hooks for tensor parallelism (paddle_vha/vha/tp_plan.py sets them; single-device: unused).
         self.premix_groups = None  # (a, b): this rank reads Premix groups [a, b) of the whole parameter
         self.postmix_reduce = None  # applied to Postmix's Z = U^T Y (the all-reduce of the ranks' parts)

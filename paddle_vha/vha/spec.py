@@ -11,12 +11,13 @@ Fold absorbs Premix into q_proj and Postmix into o_proj.
 """
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 from ..qwen3.spec import QWEN3_LAYER, TOP, top_sizes
 from ..spec.params import COLUMN, ROW, SUMMED, ModelSpec, Param, TensorShard, linear, split_kv
 
-__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "VHA_ONLY", "kv_projections"]
+__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "VHA_ONLY", "kv_projections", "init_premix"]
 
 
 def vha_sizes(cfg, layer_idx: int) -> SimpleNamespace:
@@ -25,6 +26,40 @@ def vha_sizes(cfg, layer_idx: int) -> SimpleNamespace:
                            kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, physical=dims.num_physical_heads,
                            q_head_dim=dims.q_head_dim, postmix_rank=dims.postmix_rank, bias=bool(cfg.attention_bias),
                            shared_kv=bool(cfg.vha_shared_kv), gated=bool(cfg.vha_gated_attention))
+
+
+def init_premix(num_groups: int, r: int, d: int, alpha: float):
+    """Premix initial value [H_kv, r, d].
+
+    r == d: I + alpha/sqrt(d) * N(0, 1) per group (close to identity).
+    r <  d: rows of a random orthogonal d x d matrix, scaled by sqrt(d / r) so that
+            E|q W|^2 = (d / r) |q|^2 matches the width growth r -> d.
+    """
+    import paddle
+
+    mats = []
+    for _ in range(num_groups):
+        if r == d:
+            mats.append(paddle.eye(d, dtype="float32") + (alpha / math.sqrt(d)) * paddle.randn([d, d], dtype="float32"))
+        else:
+            q, _ = paddle.linalg.qr(paddle.randn([d, r], dtype="float32"))  # (d, r), orthonormal columns
+            mats.append(q.transpose([1, 0]) * math.sqrt(d / r))  # (r, d), orthogonal rows
+    return paddle.stack(mats).astype(paddle.get_default_dtype())  # (H_kv, r, d)
+
+
+def _premix_init(s, cfg):
+    from paddle import nn
+
+    return nn.initializer.Assign(init_premix(s.kv_heads, s.q_head_dim, s.head_dim, cfg.vha_premix_init_alpha))
+
+
+def _normal_or_zero(field: str):
+    """N(0, std) with std = config.<field>, or 0 for std 0 (Postmix V = 0: M is the identity at step 0)."""
+    def init(s, cfg):
+        from paddle import nn
+        std = getattr(cfg, field)
+        return nn.initializer.Normal(0.0, std) if std > 0 else nn.initializer.Constant(0.0)
+    return init
 
 
 _kv = lambda s: s.kv_heads * s.head_dim  # noqa: E731
@@ -42,9 +77,11 @@ VHA_LAYER = QWEN3_LAYER.replace(
         # one projection that is both keys and values (vha_shared_kv), split as the keys are
         *linear("self_attn.shared_kv_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=lambda s: s.shared_kv),
         Param("self_attn.vha_premix_weight", lambda s: (s.kv_heads, s.q_head_dim, s.head_dim),
-              split_kv(TensorShard(0)), fold="self_attn.q_proj"),
-        Param("self_attn.vha_postmix_U", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold="self_attn.o_proj"),
-        Param("self_attn.vha_postmix_V", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold="self_attn.o_proj"),
+              split_kv(TensorShard(0)), fold="self_attn.q_proj", init=_premix_init),
+        Param("self_attn.vha_postmix_U", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold="self_attn.o_proj",
+              init=_normal_or_zero("vha_postmix_u_init_std")),
+        Param("self_attn.vha_postmix_V", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold="self_attn.o_proj",
+              init=_normal_or_zero("vha_postmix_v_init_std")),
         *linear("self_attn.gate_proj", lambda s: s.heads * s.head_dim, lambda s: s.h, COLUMN, bias=None,
                 when=lambda s: s.gated),
     ),
