@@ -3,8 +3,8 @@
 A demonstration variant, not shipped: Qwen3 with a learned per-head output scale (`self_attn.head_scale`, one number
 per query head, applied to the attention output before o_proj). Everything it needs is in this file:
 
-    its spec      one Param added to the stock layer's (HEAD_SCALE below)
-    its math      HeadScaleAttention.forward (the only code with equations)
+    its spec      one Param added to the stock layer's (HEAD_SCALE below), its initializer included
+    its math      HeadScaleAttention.forward (the only code with equations; __init__ builds what the spec declares)
     its config    a Qwen3Config subclass naming its model_type
     the registry  one line: FAMILIES[model_type] = Family(...)
 
@@ -26,6 +26,7 @@ from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rota
 from paddle_vha.checkpoint import CheckpointError
 from paddle_vha.families import FAMILIES, Family, family_of
 from paddle_vha.modeling.factory import Variant, build_family
+from paddle_vha.modeling.parameters import build_declared
 from paddle_vha.qwen3.base import QWEN3_BASE
 from paddle_vha.qwen3.modeling import attention_core
 from paddle_vha.qwen3.spec import QWEN3, QWEN3_LAYER, TOP, top_sizes
@@ -39,9 +40,10 @@ SIZES = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_lay
 
 # --- the demonstration variant: spec, math, config, registry line ---------------------------------------------------
 
-HEAD_SCALE = ModelSpec(top=TOP, top_sizes=top_sizes, layer=lambda cfg, i: QWEN3_LAYER.replace(
-    "qwen3_head_scale_demo",
-    add=[Param("self_attn.head_scale", lambda s: (s.heads,), TensorShard(0))]))  # split by query head, as q_proj
+HEAD_SCALE_LAYER = QWEN3_LAYER.replace("qwen3_head_scale_demo", add=[Param(
+    "self_attn.head_scale", lambda s: (s.heads,), TensorShard(0),  # split by query head, as q_proj
+    init=lambda s, cfg: nn.initializer.Constant(1.0))])
+HEAD_SCALE = ModelSpec(top=TOP, top_sizes=top_sizes, layer=lambda cfg, i: HEAD_SCALE_LAYER)
 
 
 class HeadScaleConfig(Qwen3Config):
@@ -53,8 +55,7 @@ class HeadScaleAttention(Qwen3Attention):
 
     def __init__(self, config, layer_idx=0):
         super().__init__(config, layer_idx)
-        self.head_scale = self.create_parameter([config.num_attention_heads],
-                                                default_initializer=nn.initializer.Constant(1.0))
+        build_declared(self, HEAD_SCALE_LAYER, config, layer_idx, "self_attn.")  # the tensors the spec declares
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
                 use_cache=False, attn_mask_startend_row_indices=None, batch_size=None, **kwargs):
