@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from ..spec.params import COLUMN, ROW, SUMMED, LayerSpec, ModelSpec, Param, linear, split_kv
 
-__all__ = ["tensor_shapes", "QWEN3_LAYER", "QWEN3", "TOP", "stock_sizes", "top_sizes", "BASE_LINEARS"]
+__all__ = ["tensor_shapes", "QWEN3_LAYER", "QWEN3", "TOP", "stock_sizes", "top_sizes"]
 
 
 def stock_sizes(cfg, layer_idx: int, kv_heads: int = None) -> SimpleNamespace:
@@ -57,7 +57,6 @@ QWEN3_LAYER = LayerSpec(
     base_linears=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                   "mlp.up_proj", "mlp.down_proj"),
 )
-BASE_LINEARS = QWEN3_LAYER.base_linears
 
 QWEN3 = ModelSpec(top=TOP, top_sizes=top_sizes, layer=lambda cfg, i: QWEN3_LAYER)
 

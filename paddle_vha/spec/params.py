@@ -23,7 +23,6 @@ bias). What is derived from the declarations (no Paddle needed):
     layer_shapes(spec, cfg, i)      the layer's tensor contract {name: shape}
     layer_shards(spec, cfg, i, lay) its tensor-parallel shards {name: TensorShard} for one rank's layout
     extra_linears(spec, cfg, i)     Linears the base's flex-checkpoint rules do not know (they need a transpose rule)
-    folded_away(spec, cfg)          tensors that fold absorbs into others
 """
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 from .sharding import REPLICATED_SUMMED, TensorShard
 
 __all__ = ["Param", "LayerSpec", "ModelSpec", "TensorShard", "linear", "COLUMN", "ROW", "WHOLE", "SUMMED", "split_kv", "layer_shapes",
-           "layer_shards", "extra_linears", "folded_away", "layer_params"]
+           "layer_shards", "extra_linears", "layer_params"]
 
 Sizes = Any  # the variant's per-layer sizes object (LayerSpec.sizes)
 ShardRule = Union[TensorShard, Callable[[Any], TensorShard]]
@@ -141,11 +140,6 @@ def extra_linears(spec: LayerSpec, cfg, layer_idx: int = 0) -> List[str]:
             if p.linear and p.name[: -len(".weight")] not in spec.base_linears]
 
 
-def folded_away(spec: LayerSpec, cfg, layer_idx: int = 0) -> Tuple[str, ...]:
-    """Names (relative to the layer) of the tensors fold absorbs into others."""
-    return tuple(p.name for p, _ in layer_params(spec, cfg, layer_idx) if p.fold is not None)
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     """A family's tensors: the model-level ones (embedding, final norm, LM head) and the spec of each decoder layer.
@@ -179,6 +173,3 @@ class ModelSpec:
                 for p, _ in layer_params(self.layer(cfg, i), cfg, i) if p.linear}
         base = {n for i in range(cfg.num_hidden_layers) for n in self.layer(cfg, i).base_linears}
         return sorted(base - have)
-
-    def folded_away(self, cfg, layer_idx: int = 0) -> Tuple[str, ...]:
-        return folded_away(self.layer(cfg, layer_idx), cfg, layer_idx)
