@@ -9,8 +9,8 @@
 is compiled with CUDA (`paddle.is_compiled_with_cuda()`); a CPU wheel gets the CPU kernels.
 
 Environment:
-    VHA_OPS_BUILD_DIR     build folder (default: build/ beside this script when that folder is writable, else
-                          $XDG_CACHE_HOME/paddle_vha/ops-build, i.e. ~/.cache/paddle_vha/ops-build)
+    VHA_OPS_BUILD_DIR     build folder (default: $XDG_CACHE_HOME/paddle_vha/ops-build/paddle-<version>-<sources
+                          digest>, i.e. under ~/.cache: nothing is written into the source tree or the package)
     VHA_OPS_MARCH         -march for the CPU translation unit (default on x86-64: x86-64, the portable baseline;
                           the AVX2 and AVX-512 kernels are compiled in regardless and picked at run time by CPUID,
                           so a build folder or wheel runs on any x86-64 CPU. `native` makes the build fit only
@@ -24,6 +24,7 @@ import hashlib
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 OPS_DIR = Path(__file__).resolve().parent
@@ -36,13 +37,19 @@ CUDA_SOURCES = ["cuda/op_cuda.cu"]
 
 
 def build_dir() -> Path:
+    """Where the op is compiled: $VHA_OPS_BUILD_DIR, else a per-user cache folder keyed by Paddle's version and the
+    sources' digest (never the source tree or an installed package: checkouts, worktrees and wheels of different
+    sources each get their own build, and none writes beside its sources)."""
     if os.environ.get("VHA_OPS_BUILD_DIR"):
         return Path(os.environ["VHA_OPS_BUILD_DIR"])
-    local = OPS_DIR / "build"
-    if os.access(local if local.exists() else OPS_DIR, os.W_OK):
-        return local
+    try:
+        from importlib.metadata import version
+
+        paddle_version = version("paddlepaddle")
+    except Exception:  # noqa: BLE001 - a source build of Paddle without metadata
+        paddle_version = "unknown"
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "paddle_vha" / "ops-build"
+    return cache / "paddle_vha" / "ops-build" / f"paddle-{paddle_version}-{sources_digest()[:16]}"
 
 
 def source_files(with_cuda: bool) -> list[Path]:
@@ -120,7 +127,7 @@ def build(verbose: bool = False, force: bool = False):
     with open(bdir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return load(
+            mod = load(
                 name=MODULE_NAME,
                 sources=[str(p) for p in source_files(with_cuda)],
                 extra_cxx_cflags=cflags,
@@ -129,6 +136,12 @@ def build(verbose: bool = False, force: bool = False):
                 build_directory=str(bdir),
                 verbose=verbose,
             )
+            # Paddle's loader writes the op's Python wrapper as <name>_<thread id>.py and removes it only at a clean
+            # interpreter exit: killed processes leave one each. The module is imported by now; drop the file.
+            wrapper = Path(getattr(mod, "__file__", "") or "")
+            if wrapper.name == f"{MODULE_NAME}_{threading.current_thread().ident}.py":
+                wrapper.unlink(missing_ok=True)
+            return mod
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
