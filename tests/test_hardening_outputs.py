@@ -11,8 +11,10 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import paddle
@@ -111,10 +113,12 @@ def test_stale_temporary_of_a_dead_run_is_removed(tmp_path, capsys):
     stale = tmp_path / ".out.tmp-dead"
     stale.mkdir()
     (stale / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 4096)
-    (stale / MARKER).write_text(json.dumps({"tool": "fold", "pid": child.pid, "start": None}))
+    (stale / MARKER).write_text(json.dumps({"tool": "fold", "pid": child.pid, "host": socket.gethostname(),
+                                            "start": None}))
     live = tmp_path / ".out.tmp-live"  # a run still writing: left alone
     live.mkdir()
-    (live / MARKER).write_text(json.dumps({"tool": "fold", "pid": os.getpid(), "start": None}))
+    (live / MARKER).write_text(json.dumps({"tool": "fold", "pid": os.getpid(), "host": socket.gethostname(),
+                                           "start": None}))
     child.send_signal(signal.SIGKILL)
     child.wait()
     assert main([src, str(tmp_path / "out"), "--no-progress"]) == 0
@@ -123,6 +127,32 @@ def test_stale_temporary_of_a_dead_run_is_removed(tmp_path, capsys):
     assert not stale.exists() and live.exists()
     assert [ln for ln in err.splitlines() if "interrupted earlier run" in ln] == [
         f"note: removed {stale}, left by an interrupted earlier run (its process is gone)"]
+
+
+def test_cleanup_removes_only_what_it_can_prove_it_made(tmp_path, capsys):
+    """Folders named like our temporaries but without proof (no marker, a marker of another host or without a host,
+    an unreadable one) are a user's: kept, however old, and the run still writes its output."""
+    from paddle_vha.cli.fold import main
+
+    src = save_vha(tmp_path / "in")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a pid that is gone
+    markers = {"notes": None, "other-host": {"tool": "fold", "pid": child.pid, "host": "elsewhere", "start": None},
+               "old-format": {"tool": "fold", "pid": child.pid, "start": None}, "garbage": "{not json"}
+    kept = []
+    for suffix, marker in markers.items():
+        d = tmp_path / f".out.tmp-{suffix}"
+        d.mkdir()
+        (d / "my-notes.txt").write_text("mine")
+        if marker is not None:
+            (d / MARKER).write_text(marker if isinstance(marker, str) else json.dumps(marker))
+        os.utime(d, (time.time() - 3 * 86400,) * 2)  # three days old
+        kept.append(d)
+    assert main([src, str(tmp_path / "out"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    print(err)
+    assert all((d / "my-notes.txt").read_text() == "mine" for d in kept)
+    assert "interrupted earlier run" not in err
 
 
 def test_concurrent_writer_loses_with_one_line(tmp_path):

@@ -8,13 +8,15 @@ The rule (`check_output_dir`, then `atomic_dir`), shared by fold, compress_kv, e
 * OUT is written in a temporary sibling folder and renamed into place once complete. Without --force the rename
   never replaces anything: of two runs writing one new OUT, the second to finish fails with one line;
 * a temporary folder left by a process that died (kill -9, power loss) is removed by the next run into the same
-  parent, with one line saying so (MARKER records the writer's pid and start time).
+  parent, with one line saying so (MARKER records the writer's pid, host and start time; a folder without a marker
+  proving a dead writer of this host is never removed).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -74,32 +76,35 @@ def _start_time(pid: int) -> Optional[str]:
 
 def _write_marker(folder: str, tool: str) -> None:
     with open(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
-        json.dump({"tool": tool, "pid": os.getpid(), "start": _start_time(os.getpid()),
+        json.dump({"tool": tool, "pid": os.getpid(), "host": socket.gethostname(), "start": _start_time(os.getpid()),
                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
         f.write("\n")
 
 
 def _writer_alive(folder: str) -> bool:
-    """Whether the process that wrote `folder`'s MARKER still runs (True when unsure: never delete a live write)."""
+    """False only when `folder`'s MARKER proves it was made by a process of this host that is gone (its pid not running,
+    or running with another start time); True otherwise. A folder without a readable marker, or with one from another
+    host or an older format without a host, is never treated as ours: cleanup deletes only what it can prove it made."""
     try:
         with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
             info = json.load(f)
-        pid = int(info["pid"])
-    except FileNotFoundError:
-        return os.path.getmtime(folder) > time.time() - 24 * 3600  # no marker yet: a day's grace
-    except (OSError, ValueError, KeyError, TypeError):
+        pid, host = int(info["pid"]), info["host"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return True
+    if host != socket.gethostname() or pid <= 0:
         return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except (PermissionError, OverflowError):
         return True
     return info.get("start") is None or _start_time(pid) == info.get("start")
 
 
 def remove_stale_temporaries(dest: str, log=None) -> list:
-    """Remove the temporary folders of `dest` (beside it) whose writer is dead; returns their paths."""
+    """Remove the temporary folders of `dest` (beside it) whose marker proves a dead writer of this host made them (see
+    _writer_alive); returns their paths."""
     parent, base = os.path.split(os.path.abspath(dest))
     removed = []
     try:
