@@ -40,7 +40,7 @@ from paddle_vha.cli import command, fail, quiet
 
 from .report import write_atomic, write_json
 from .scaling import fit_power_law, spike_report
-from .toy import toy_fields
+from .toy import toy_fields, check_toy_args
 
 VARIANTS = ["Qwen3", "MEA", "MEA no-norm", "VHA"]
 RATES = [1e-4, 5e-4, 1e-3, 3e-3, 1e-2]
@@ -77,6 +77,7 @@ def parse_args(argv=None):
         p.error("--evals must be >= 3 (the power-law fit has 3 parameters)")
     if any(not (r > 0 and math.isfinite(r)) for r in args.rates):
         p.error("--rates must be positive numbers")
+    check_toy_args(p, args)
     return args
 
 

@@ -25,7 +25,7 @@ import time
 from paddle_vha.cli import command, quiet
 
 from .report import write_json
-from .toy import toy_fields
+from .toy import toy_fields, check_toy_args
 
 VARIANTS = {
     "GQA-8": dict(kind="gqa", heads=16, kv=8),
@@ -129,6 +129,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1 or args.seq_len < 2:
         p.error("--steps, --batch-size must be >= 1 and --seq-len >= 2")
+    check_toy_args(p, args)
     return args
 
 

@@ -35,7 +35,7 @@ import time
 from paddle_vha.cli import command, fail, quiet
 
 from .report import write_atomic, write_json
-from .toy import toy_fields
+from .toy import toy_fields, check_toy_args
 
 STARTS = ["GQA-2 mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated"]
 REFERENCES = ["GQA-2 scratch", "VHA scratch"]
@@ -73,6 +73,7 @@ def parse_args(argv=None):
         p.error("steps, --batch-size, --evals, --val-batches must be >= 1 and --seq-len >= 2")
     if args.hidden < 8 or args.head_dim < 2 or args.head_dim % 2:
         p.error("--hidden must be >= 8 and --head-dim even")
+    check_toy_args(p, args)
     return args
 
 
