@@ -50,8 +50,9 @@ def test_outputs_never_overwrite_inputs_or_foreign_folders(tmp_path, capsys, mon
         assert tree(tmp_path) == before, f"{tool.__name__}: nothing may change"
 
 
-def fake_shards(path):
-    """A tensor-parallel sharded save of a tiny Qwen3-VHA model, as save_tp_checkpoint writes it (t = 2)."""
+def fake_shards(path, poison=None):
+    """A tensor-parallel sharded save of a tiny Qwen3-VHA model, as save_tp_checkpoint writes it (t = 2);
+    poison=(rank, value): that rank's first split tensor gets `value` (NaN, Inf) at one element."""
     from paddle_vha import Qwen3VHAForCausalLM
     from paddle_vha.checkpoint import safetensors_io as st
     from paddle_vha.parallel.tp_shards import FORMAT, PLAN_FILE
@@ -72,6 +73,9 @@ def fake_shards(path):
         else:
             for k, piece in enumerate(np.split(a, 2, axis=axis)):
                 parts[k][n] = np.ascontiguousarray(piece)
+    if poison is not None:
+        split = next(n for n in tensors if tensors[n]["axis"] is not None)
+        parts[poison[0]][split].flat[7] = poison[1]
     files = [f"tp-rank-{k:02d}-of-02.safetensors" for k in range(2)]
     for f, part in zip(files, parts):
         w = st.ShardWriter(os.path.join(path, f), [(n, "F32", a.shape) for n, a in part.items()])
@@ -81,6 +85,18 @@ def fake_shards(path):
     with open(os.path.join(path, PLAN_FILE), "w") as fh:
         json.dump({"format": FORMAT, "tensor_parallel_size": 2, "files": files, "tensors": tensors}, fh)
     return str(path)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_merge_refuses_non_finite_shards(tmp_path, capsys, value):
+    """A rank file holding a NaN / Inf is refused naming the rank file (it used to merge with "contract: ok")."""
+    from paddle_vha.cli.merge_tp_checkpoint import main
+
+    shards = fake_shards(tmp_path / "shards", poison=(1, value))
+    before = tree(tmp_path)
+    line = refused(main, [shards, str(tmp_path / "merged")], capsys, "tp-rank-01-of-02.safetensors")
+    assert "non-finite" in line and "refusing to merge" in line
+    assert tree(tmp_path) == before
 
 
 def test_merge_reads_rank_files_with_the_checked_reader(tmp_path, capsys):

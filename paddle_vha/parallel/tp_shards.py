@@ -135,6 +135,16 @@ def read_tp_plan(in_dir: str) -> dict:
     return plan
 
 
+def _finite_part(ref: st.TensorRef, name: str, where: str) -> np.ndarray:
+    """One rank's part of `name`, refused (CheckpointError naming the rank file) if it holds a NaN or Inf."""
+    part = st.read_tensor(ref)
+    try:
+        st.cast_finite(part, ref.dtype, name)
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}; refusing to merge") from None
+    return part
+
+
 def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shard_size="5GB") -> dict:
     """Rebuild the single-device Qwen3-VHA / Qwen3-MEA checkpoint from a sharded save; returns a summary dict.
 
@@ -164,10 +174,9 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
             try:
                 for name, code, shape in shard:
                     info = plan["tensors"][name]
-                    if info["axis"] is None:
-                        a = st.read_tensor(refs[0][name])
-                    else:
-                        a = np.concatenate([st.read_tensor(refs[k][name]) for k in range(t)], axis=info["axis"])
+                    holders = [0] if info["axis"] is None else range(t)
+                    parts = [_finite_part(refs[k][name], name, f"{in_dir}/{plan['files'][k]}") for k in holders]
+                    a = parts[0] if info["axis"] is None else np.concatenate(parts, axis=info["axis"])
                     if tuple(a.shape) != tuple(shape):
                         raise CheckpointError(f"{in_dir}: {name} merges to {list(a.shape)}, plan says {list(shape)}")
                     w.write(name, a.reshape((1,) if a.ndim == 0 else a.shape))
