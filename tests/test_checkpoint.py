@@ -160,10 +160,17 @@ def _raw_safetensors(path, header: dict, data: bytes, header_text: str = None):
         f.write(struct.pack("<Q", len(text)) + text + data)
 
 
-@pytest.mark.parametrize("case", ["overlap", "gap", "trailing", "duplicate"])
+TYPED = {"str-offsets": ("data_offsets", ["0", "8"]), "float-offsets": ("data_offsets", [0.0, 8.0]),
+         "float-shape": ("shape", [2.0]), "half-shape": ("shape", [64.5]), "bool-shape": ("shape", [True, 2]),
+         "one-offset": ("data_offsets", [8]), "entry-list": (None, [0, 8])}
+META = {"meta-list": ["x"], "meta-int": {"k": 1}, "meta-str": "x"}
+
+
+@pytest.mark.parametrize("case", ["overlap", "gap", "trailing", "duplicate", *TYPED, *META])
 def test_header_reader_is_as_strict_as_the_safetensors_library(tmp_path, case):
     """The project's one header reader (every validator, fold, compress, merge) refuses what the safetensors library
-    refuses: overlapping or gapped data offsets, bytes after the data, duplicate tensor names."""
+    refuses: overlapping or gapped data offsets, bytes after the data, duplicate tensor names, shapes and offsets that
+    are not integers (strings, floats, booleans), __metadata__ that is not an object of strings."""
     from safetensors import safe_open
 
     from paddle_vha.checkpoint.safetensors_io import SafetensorsFormatError, read_header
@@ -178,6 +185,13 @@ def test_header_reader_is_as_strict_as_the_safetensors_library(tmp_path, case):
         header = {"a": t(0, 4), "b": t(8, 16)}
     elif case == "trailing":
         data = bytes(20)
+    elif case in TYPED:
+        key, value = TYPED[case]
+        header = {"a": dict(t(0, 8), **{key: value}) if key else value}
+        data = bytes(8)
+    elif case in META:
+        header = {"__metadata__": META[case], "a": t(0, 8)}
+        data = bytes(8)
     else:
         text = '{"a": %s, "a": %s}' % (json.dumps(t(0, 8)), json.dumps(t(8, 16)))
     _raw_safetensors(path, header, data, text)

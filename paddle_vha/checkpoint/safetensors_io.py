@@ -109,6 +109,38 @@ def _no_duplicate_keys(pairs):
     return dict(pairs)
 
 
+def _is_count(x) -> bool:
+    """A JSON integer >= 0 (not a bool, a float such as 64.5 or 64.0, or a string)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _metadata(path: str, meta) -> dict:
+    """__metadata__ as the safetensors library takes it: absent, or an object of string values."""
+    if meta is None:
+        return {}
+    if not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise SafetensorsFormatError(f"{path}: __metadata__ must be an object of strings, got {type(meta).__name__}")
+    return meta
+
+
+def _entry(path: str, name: str, info):
+    """(dtype code, shape, (start, end)) of one header entry: an object with dtype / shape / data_offsets, integer
+    shape and offsets (what the safetensors library accepts); SafetensorsFormatError naming the entry otherwise."""
+    def bad(why):
+        return SafetensorsFormatError(f"{path}: malformed header entry for {name!r} ({why})")
+
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+        raise bad("expected an object with dtype, shape and data_offsets")
+    shape, offsets = info["shape"], info["data_offsets"]
+    if not (isinstance(shape, list) and all(_is_count(s) for s in shape)):
+        raise bad(f"shape {shape!r} is not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+        raise bad(f"data_offsets {offsets!r} is not two non-negative integers")
+    if not isinstance(info["dtype"], str):
+        raise bad(f"dtype {info['dtype']!r} is not a string")
+    return info["dtype"], tuple(shape), tuple(offsets)
+
+
 def read_header(path: str) -> Tuple[dict, Dict[str, TensorRef]]:
     """(metadata, name -> TensorRef) of one safetensors file, checked as the safetensors library checks it: a JSON
     object without duplicate names, a known dtype and a size matching its shape for every tensor, and data offsets
@@ -129,14 +161,11 @@ def read_header(path: str) -> Tuple[dict, Dict[str, TensorRef]]:
             raise SafetensorsFormatError(f"{path}: {e}") from None
     if not isinstance(header, dict):
         raise SafetensorsFormatError(f"{path}: header is not a JSON object")
-    meta = header.pop("__metadata__", None) or {}
+    meta = _metadata(path, header.pop("__metadata__", None))
     base = 8 + n
     refs: Dict[str, TensorRef] = {}
     for name, info in header.items():
-        try:
-            code, shape, (a, b) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise SafetensorsFormatError(f"{path}: malformed header entry for {name!r} ({e})") from None
+        code, shape, (a, b) = _entry(path, name, info)
         if code not in DTYPES:
             raise SafetensorsFormatError(f"{path}: tensor {name!r} has unsupported dtype {code}")
         want = math.prod(shape) * DTYPES[code].itemsize
