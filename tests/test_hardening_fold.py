@@ -85,3 +85,53 @@ def test_compare_logits_reports_non_finite():
     assert compare_logits(a, a)["nonfinite"] == "" and compare_logits(a, a)["max_abs"] == 0.0
     r = compare_logits(a, b)
     assert r["nonfinite"] == "compared" and math.isnan(r["max_rel"])
+
+
+def _swap_for(path, kind):
+    """Replace the file `path` by something that is not a readable regular file of that name."""
+    os.remove(path)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        os.symlink("/dev/zero", path)
+    elif kind == "folder":
+        os.mkdir(path)
+    elif kind == "loop":
+        os.symlink(os.path.basename(path), path)
+    elif kind == "dangling":
+        os.symlink(path + ".gone", path)
+
+
+NOT_A_FILE = {"fifo": "a FIFO", "device": "a device", "folder": "a directory", "loop": "a symlink loop",
+              "dangling": "a dangling symlink"}
+
+
+@pytest.mark.parametrize("kind", list(NOT_A_FILE))
+@pytest.mark.parametrize("which", ["config.json", "shard"])
+def test_config_or_shard_that_is_not_a_file_is_named(tmp_path, capsys, kind, which):
+    """config.json or a shard that exists but is a FIFO, /dev/zero, a folder or a link loop: one line saying what it
+    is (it used to read "missing", or block forever on the FIFO), nothing written."""
+    from paddle_vha.cli.fold import main
+
+    src = save_vha(tmp_path / "in")
+    name = "config.json" if which == "config.json" else next(f for f in os.listdir(src) if f.endswith(".safetensors"))
+    _swap_for(os.path.join(src, name), kind)
+    before = tree(tmp_path)
+    line = refused(main, [src, str(tmp_path / "out"), "--no-progress"], capsys, name)
+    assert NOT_A_FILE[kind] in line, line
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("case,needle", [("deep", "nested too deeply"), ("digits", "not usable JSON")])
+def test_config_json_bombs_are_refused_in_one_line(tmp_path, capsys, case, needle):
+    """A config.json nested 100,000 deep or holding a 5,000-digit integer: one line (RecursionError / ValueError
+    tracebacks before)."""
+    from paddle_vha.cli.fold import main
+
+    src = save_vha(tmp_path / "in")
+    text = "[" * 100000 + "]" * 100000 if case == "deep" else '{"num_hidden_layers": ' + "9" * 5000 + "}"
+    with open(os.path.join(src, "config.json"), "w") as f:
+        f.write(text)
+    before = tree(tmp_path)
+    refused(main, [src, str(tmp_path / "out"), "--no-progress"], capsys, needle)
+    assert tree(tmp_path) == before

@@ -7,11 +7,14 @@ checks a folder against them with one-line errors.
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import stat
 from typing import Dict, Tuple
 
-__all__ = ["CheckpointError", "Shapes", "INDEX_FILE", "SINGLE_FILE", "WEIGHT_FILES", "is_linear_weight",
+__all__ = ["file_problem", "CheckpointError", "Shapes", "INDEX_FILE", "SINGLE_FILE", "WEIGHT_FILES", "is_linear_weight",
            "compare_shapes", "few", "read_json_object"]
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -31,14 +34,46 @@ def is_linear_weight(name: str, ndim: int) -> bool:
     return ndim == 2 and name.endswith("_proj.weight")
 
 
+MAX_JSON_BYTES = 64 << 20  # config.json, an index, export_info.json: far below this; a bigger file is not one of them
+
+
+def file_problem(path: str):
+    """None if `path` is a regular file (through links), else what it is, in words: "missing", "a directory",
+    "a FIFO", "a device", "a socket", "a symlink loop", "a dangling symlink", "unreadable (...)"."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a dangling symlink" if os.path.islink(path) else "missing"
+    except OSError as e:
+        return "a symlink loop" if e.errno == errno.ELOOP else f"unreadable ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "not a regular file")
+
+
 def read_json_object(path: str, error=CheckpointError) -> dict:
     """A JSON file holding an object (config.json, export_info.json, tp_plan.json, a trainer config), or `error` with
-    one line: not valid JSON (or not UTF-8), or not an object."""
+    one line: not a regular file (missing, a folder, a FIFO, a device, a link loop), too big, not valid JSON (or not
+    UTF-8, nested too deeply, a number too long to convert), or not an object."""
+    problem = file_problem(path)
+    if problem:
+        raise error(f"{path}: {problem}")
+    if os.path.getsize(path) > MAX_JSON_BYTES:
+        raise error(f"{path}: {os.path.getsize(path)} bytes, too big for a JSON configuration file "
+                    f"(limit {MAX_JSON_BYTES >> 20} MB)")
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise error(f"{path}: not a usable JSON object (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise error(f"{path}: not usable JSON ({str(e).splitlines()[0][:120]})") from None
+    except OSError as e:
+        raise error(f"{path}: unreadable ({e.strerror or e})") from None
     if not isinstance(data, dict):
         raise error(f"{path}: expected a JSON object")
     return data

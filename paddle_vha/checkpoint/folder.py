@@ -21,7 +21,8 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import numpy as np
 
 from . import safetensors_io as st
-from .contract import INDEX_FILE, SINGLE_FILE, WEIGHT_FILES, CheckpointError, Shapes, few, read_json_object
+from .contract import (INDEX_FILE, SINGLE_FILE, WEIGHT_FILES, CheckpointError, Shapes, few, file_problem,
+                       read_json_object)
 from .fsutil import MARKER, atomic_dir
 
 __all__ = ["CheckpointFolder", "tensor_refs", "write_checkpoint_folder", "save_pretrained_atomic", "remove_save_marker"]
@@ -31,13 +32,16 @@ def _read_config(path: str) -> dict:
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a directory")
     cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
+    if not os.path.lexists(cfg_path):
         raise CheckpointError(f"{cfg_path}: missing (a checkpoint folder needs config.json)")
     return read_json_object(cfg_path)
 
 
 def tensor_refs(path: str) -> Dict[str, st.TensorRef]:
     """Every tensor of one safetensors file, from its checked header (CheckpointError, one line, if it is broken)."""
+    problem = file_problem(path)  # before opening: a FIFO would block, a device would stream forever
+    if problem:
+        raise CheckpointError(f"{path}: unreadable safetensors file (it is {problem})")
     try:
         return st.read_header(path)[1]
     except st.SafetensorsFormatError as e:
@@ -57,11 +61,16 @@ def _no_duplicates(pairs):
 def _read_index(index: str) -> Dict[str, str]:
     """The index's weight_map, checked: an object of tensor name -> shard file name, no name twice, every shard a plain
     file name inside the folder."""
+    problem = file_problem(index)
+    if problem:
+        raise CheckpointError(f"{index}: {problem}")
     try:
         with open(index, encoding="utf-8") as f:
             data = json.load(f, object_pairs_hook=_no_duplicates)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{index}: malformed index ({type(e).__name__}: {e})") from None
+    except RecursionError:
+        raise CheckpointError(f"{index}: malformed index (nested too deeply)") from None
     except ValueError as e:
         raise CheckpointError(f"{index}: {e}") from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
@@ -113,12 +122,13 @@ class CheckpointFolder:
 
     def _read_tensors(self) -> Dict[str, st.TensorRef]:
         index = os.path.join(self.path, INDEX_FILE)
-        if os.path.isfile(index):
+        if os.path.lexists(index):
             weight_map = _read_index(index)
             files = sorted(set(weight_map.values()))
             for fname in files:
-                if not os.path.isfile(os.path.join(self.path, fname)):
-                    raise CheckpointError(f"{index}: lists shard {fname!r}, which is missing")
+                problem = file_problem(os.path.join(self.path, fname))
+                if problem:
+                    raise CheckpointError(f"{index}: lists shard {fname!r}, which is {problem}")
             refs: Dict[str, st.TensorRef] = {}
             for fname in files:
                 for name, ref in tensor_refs(os.path.join(self.path, fname)).items():
@@ -129,7 +139,7 @@ class CheckpointFolder:
                 raise CheckpointError(f"{self.path}: index lists tensors its shard does not hold: {few(missing)}")
             return refs
         single = os.path.join(self.path, SINGLE_FILE)
-        if os.path.isfile(single):
+        if os.path.lexists(single):
             return tensor_refs(single)
         raise CheckpointError(f"{self.path}: no {INDEX_FILE} or {SINGLE_FILE}")
 
