@@ -135,3 +135,21 @@ def test_config_json_bombs_are_refused_in_one_line(tmp_path, capsys, case, needl
     before = tree(tmp_path)
     refused(main, [src, str(tmp_path / "out"), "--no-progress"], capsys, needle)
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("tool", ["fold", "compress_kv"])
+@pytest.mark.parametrize("field,value,needle", [("rope_parameters", "default", "rope_parameters must be an object"),
+                                                ("rope_scaling", "linear", "rope_scaling must be an object"),
+                                                ("hidden_act", "gelu_fancy", "hidden_act 'gelu_fancy'")])
+def test_config_fields_of_the_wrong_kind_are_named(tmp_path, capsys, tool, field, value, needle):
+    """A RoPE scaling given as a string, an activation PaddleFormers does not have: one line naming the field (an
+    AttributeError's words, or accepted, before)."""
+    from paddle_vha.cli import compress_kv, fold
+
+    src = save_vha(tmp_path / "in") if tool == "fold" else save_stock(tmp_path / "in")
+    edit_config(src, **{field: value})
+    extra = ["--kv-heads", "1", "--eval-batches", "0"] if tool == "compress_kv" else []
+    before = tree(tmp_path)
+    main = fold.main if tool == "fold" else compress_kv.main
+    refused(main, [src, str(tmp_path / "out"), "--no-progress", *extra], capsys, needle)
+    assert tree(tmp_path) == before

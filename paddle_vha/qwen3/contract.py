@@ -13,15 +13,31 @@ _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
           "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
+def _activations() -> set:
+    """The hidden_act names PaddleFormers' Qwen3 MLP can build."""
+    from paddleformers.transformers.activations import ACT2FN
+
+    return set(ACT2FN)
+
+
 def check_config_fields(fields: dict) -> None:
-    """ValueError (one line naming the field) for a Qwen3 size that is not a positive int, or an eps / RoPE base that
-    is not a positive finite number, among the fields present in `fields` (config.json as read, before a config
+    """ValueError (one line naming the field) for a Qwen3 size that is not a positive int, an eps / RoPE base that
+    is not a positive finite number, a RoPE scaling that is not an object, or an unknown hidden_act, among the fields
+    present in `fields` (config.json as read, before a config
     class sees it: Qwen3Config itself turns a 4.0 or a null into a traceback that names no field)."""
     for name in _SIZES:
         if name in fields:
             v = fields[name]
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+    for key in ("rope_parameters", "rope_scaling"):
+        r = fields.get(key)
+        if r is not None and not (isinstance(r, dict) and isinstance(r.get("rope_type", r.get("type", "")), str)):
+            raise ValueError(f"{key} must be an object with a string rope_type (or null), got {r!r}"[:200])
+    act = fields.get("hidden_act")
+    if act is not None and act not in _activations():
+        raise ValueError(f"hidden_act {act!r} is not an activation PaddleFormers knows "
+                         f"({', '.join(sorted(_activations()))})"[:300])
     rope = fields.get("rope_parameters")
     numbers = [("rms_norm_eps", fields[k]) for k in ("rms_norm_eps",) if k in fields]
     numbers += [("rope_theta", fields["rope_theta"])] if "rope_theta" in fields else []
@@ -36,6 +52,7 @@ def check_config(cfg) -> None:
     that name their window."""
     fields = {name: getattr(cfg, name, None) for name in _SIZES + ("rms_norm_eps", "rope_theta")}
     fields["rope_parameters"] = getattr(cfg, "rope_parameters", None)
+    fields["hidden_act"] = getattr(cfg, "hidden_act", None)
     check_config_fields(fields)
     window = getattr(cfg, "sliding_window", None)
     if "sliding_attention" in (getattr(cfg, "layer_types", None) or []) and not (
