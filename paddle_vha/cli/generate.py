@@ -1,35 +1,28 @@
 """Generate text from an exported decoder with onnxruntime or Paddle Inference, using its KV cache.
 
     python tools/generate.py EXPORT_DIR --prompt "def fib(n):" --max-new-tokens 64
+    python tools/generate.py EXPORT_DIR --chat --prompt "Write a haiku about caches."
     python tools/generate.py EXPORT_DIR --runtime paddle --prompt-ids 1,2,3 --sample --temperature 0.8 --top-p 0.9
 
-EXPORT_DIR is what tools/export_onnx.py wrote. Text prompts are encoded as UTF-8 bytes when the model's
-vocabulary is 256 (the byte-level models this project trains); other vocabularies need a tokenizer.json in
-EXPORT_DIR (copied from the checkpoint) or --prompt-ids.
+EXPORT_DIR is what tools/export_onnx.py wrote. Text prompts are encoded with the folder's tokenizer.json (the
+checkpoint's, copied by the export), or as UTF-8 bytes when the vocabulary is 256 (the byte-level models this project
+trains); outputs are decoded the same way, special tokens skipped (--show-special keeps them). Each row stops at an EOS
+id of generation_config.json (`eos_token_id`, one id or a list), else of config.json; finished rows of a batch are
+padded while the others go on (--ignore-eos generates --max-new-tokens regardless). --chat wraps each prompt as one user
+message in the folder's chat template (chat_template.jinja, else tokenizer_config.json's) with the generation prompt,
+and refuses a folder that has none.
+
+Decoding is greedy unless --sample, whatever generation_config.json's do_sample says (a note says so when it asks for
+sampling): the same command gives the same tokens. With --sample, --temperature / --top-k / --top-p default to
+generation_config.json's values (Qwen3: 0.6 / 20 / 0.95), else 1.0 / 0 (off) / 1.0 (off).
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
 from paddle_vha.cli import command, fail, quiet
-
-
-def load_codec(export_dir, vocab_size):
-    """(encode, decode) for text prompts: bytes for vocab 256, else the folder's tokenizer.json."""
-    from paddle_vha.train.corpus import decode, encode
-
-    if vocab_size == 256:
-        return (lambda text: encode(text).tolist()), decode
-    path = os.path.join(export_dir, "tokenizer.json")
-    if not os.path.isfile(path):
-        return None, None
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(path)
-    return (lambda text: tok.encode(text).ids), (lambda ids: tok.decode([int(i) for i in ids]))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,14 +33,33 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
     src.add_argument("--prompt-ids", action="append", help="comma-separated token ids (repeat for a batch)")
+    p.add_argument("--chat", action="store_true", help="apply the folder's chat template to each --prompt")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--show-special", action="store_true", help="decode special tokens too (EOS, <|im_end|>, ...)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, help="with --sample (default: generation_config.json's, else 1.0)")
+    p.add_argument("--top-k", type=int, help="with --sample (default: generation_config.json's, else 0: off)")
+    p.add_argument("--top-p", type=float, help="with --sample (default: generation_config.json's, else 1.0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="runtime threads (0: the runtime's default)")
     return p
+
+
+def _sampling(args, gen: dict) -> dict:
+    """generate()'s sampling arguments: the command line's, else generation_config.json's, else off."""
+    if not args.sample and gen.get("do_sample"):
+        print("note: greedy decoding; generation_config.json asks for sampling (pass --sample to follow it)",
+              file=sys.stderr)
+    pick = lambda given, key, default: given if given is not None else gen.get(key, default)  # noqa: E731
+    out = dict(do_sample=args.sample, temperature=pick(args.temperature, "temperature", 1.0),
+               top_k=pick(args.top_k, "top_k", 0), top_p=pick(args.top_p, "top_p", 1.0))
+    if not args.sample:
+        out.update(temperature=1.0, top_k=0, top_p=1.0)
+    if not (out["temperature"] > 0 and 0 < out["top_p"] <= 1 and out["top_k"] >= 0):
+        fail(f"need temperature > 0, 0 < top-p <= 1, top-k >= 0; got {out['temperature']}, {out['top_p']}, "
+             f"{out['top_k']}")
+    return out
 
 
 @command
@@ -56,42 +68,55 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.max_new_tokens < 1:
         p.error("--max-new-tokens must be >= 1")
-    if not (args.temperature > 0 and 0 < args.top_p <= 1 and args.top_k >= 0):
-        p.error("need --temperature > 0, 0 < --top-p <= 1, --top-k >= 0")
+    if args.chat and not args.prompt:
+        fail("--chat takes --prompt text (the chat template makes the ids)")
     from paddle_vha.serve.session import ServeError, read_export_info
+    from paddle_vha.serve.text import generation_defaults, load_codec
 
     try:
         info = read_export_info(args.export_dir)
+        codec = load_codec(args.export_dir, info["vocab_size"])
+        gen = generation_defaults(args.export_dir)
+        prompts = _prompts(args, info, codec)
     except ServeError as e:
         fail(str(e))
+    sampling = _sampling(args, gen)
     quiet()
     from paddle_vha.serve.generate import generate
 
-    prompts, decode = _prompts(args, info)
     batch, mask = _left_padded(prompts, args.max_new_tokens, info)
     try:
         session = _session(args)
-        res = generate(session, batch, args.max_new_tokens, do_sample=args.sample, temperature=args.temperature,
-                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, attention_mask=mask)
+        res = generate(session, batch, args.max_new_tokens, seed=args.seed, attention_mask=mask,
+                       eos_token_id=None if args.ignore_eos else gen["eos"], pad_token_id=gen["pad"], **sampling)
     except ServeError as e:
         fail(str(e))
-    for i, toks in enumerate(res.tokens):
-        shown = decode(toks) if decode and args.prompt else ",".join(str(int(t)) for t in toks)
-        prefix = args.prompt[i] if args.prompt else ""
-        print(f"[{i}] {prefix}{shown}" if args.prompt else f"[{i}] {shown}")
+    for i in range(batch.shape[0]):
+        toks = res.row(i, keep_eos=args.show_special)
+        if args.prompt and codec is not None:
+            shown = codec.decode(toks, skip_special=not args.show_special)
+            print(f"[{i}] {shown}" if args.chat else f"[{i}] {args.prompt[i]}{shown}")
+        else:
+            print(f"[{i}] {','.join(str(int(t)) for t in toks)}")
+    stopped = f", {int(res.finished.sum())} of {batch.shape[0]} stopped at EOS" if gen["eos"] and not args.ignore_eos \
+        else ""
     print(f"{args.runtime}: prefill {res.prefill_seconds * 1e3:.1f} ms, decode {res.tokens_per_second:.1f} tokens/s "
-          f"(batch {batch.shape[0]}, {res.tokens.shape[1]} new tokens)", file=sys.stderr)
+          f"(batch {batch.shape[0]}, {res.tokens.shape[1]} new tokens{stopped})", file=sys.stderr)
     return 0
 
 
-def _prompts(args, info: dict):
-    """(the prompts' token ids, the decoder of generated ids or None); one line and exit 2 for a bad prompt."""
-    encode, decode = load_codec(args.export_dir, info["vocab_size"])
+def _prompts(args, info: dict, codec):
+    """The prompts' token ids (chat-templated with --chat); one line and exit 2 for a bad prompt, ServeError for a
+    folder that cannot encode it."""
+    from paddle_vha.serve.text import render_chat
+
     if args.prompt:
-        if encode is None:
+        if codec is None:
             fail(f"vocab_size {info['vocab_size']} is not byte-level and {args.export_dir} has no tokenizer.json: "
                  "use --prompt-ids")
-        prompts = [encode(t) for t in args.prompt]
+        texts = [render_chat(args.export_dir, [{"role": "user", "content": t}]) for t in args.prompt] \
+            if args.chat else args.prompt
+        prompts = [codec.encode(t) for t in texts]
     else:
         try:
             prompts = [[int(x) for x in s.split(",") if x.strip()] for s in args.prompt_ids]
@@ -101,7 +126,7 @@ def _prompts(args, info: dict):
         fail("empty prompt")
     if any(not 0 <= i < info["vocab_size"] for ids in prompts for i in ids):
         fail(f"prompt token id outside [0, {info['vocab_size']})")
-    return prompts, decode
+    return prompts
 
 
 def _left_padded(prompts, max_new_tokens: int, info: dict):

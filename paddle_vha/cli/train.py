@@ -12,7 +12,10 @@ arguments (`dataset`: stdlib | pretrain, `input_dir`, `max_seq_len`, ...) and an
 TrainingArguments (`output_dir`, `max_steps`, `learning_rate`, `bf16`, `tensor_model_parallel_size`,
 `recompute_granularity`, `save_steps`, ...). Re-running with the same output_dir resumes from its last
 checkpoint-N. The trained model is written to OUTPUT_DIR/model (and each checkpoint-N/model) in the
-documented checkpoint format (docs/checkpoint.md), which tools/fold.py reads. Guide: docs/training.md.
+documented checkpoint format (docs/checkpoint.md), which tools/fold.py reads, with the starting checkpoint's
+tokenizer files, generation config and chat template; a bfloat16 checkpoint is trained in float32 on the CPU and saved
+back in bfloat16. Data whose ids do not fit the model, or byte data for a model with a tokenizer, is refused: tokenize
+with tools/make_pretrain_data.py --tokenizer CHECKPOINT. Guide: docs/training.md.
 Installed as `paddle-vha-train`.
 """
 from __future__ import annotations

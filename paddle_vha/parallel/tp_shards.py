@@ -145,8 +145,10 @@ def _finite_part(ref: st.TensorRef, name: str, where: str) -> np.ndarray:
     return part
 
 
-def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shard_size="5GB") -> dict:
+def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shard_size="5GB", finish=None) -> dict:
     """Rebuild the single-device Qwen3-VHA / Qwen3-MEA checkpoint from a sharded save; returns a summary dict.
+    finish(folder), if given, completes the merged folder before it is validated and renamed into place (the trainer
+    adds the starting checkpoint's tokenizer files there).
 
     Reads one global tensor's parts at a time; writes atomically (a temporary sibling folder, renamed at the end)
     and validates the result against the checkpoint contract.
@@ -189,6 +191,8 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
         if len(shards) > 1:
             st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, total)
         shutil.copyfile(os.path.join(in_dir, "config.json"), os.path.join(tmp, "config.json"))
+        if finish is not None:
+            finish(tmp)
         family_of(tmp).validate(tmp)  # the merged folder meets its family's contract
     return {"tensor_parallel_size": t, "tensors": len(names), "bytes": total, "files": len(shards)}
 

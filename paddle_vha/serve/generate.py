@@ -1,27 +1,54 @@
-"""Generation loops over a decoder session (OrtDecoder or PaddleInferenceDecoder) with its KV cache."""
+"""Generation loops over a decoder session (OrtDecoder or PaddleInferenceDecoder) with its KV cache.
+
+Stopping: `eos_token_id` is an id or a list of ids (Qwen3's generation_config.json lists two). A row that emits one of
+them is finished: its later positions hold `pad_token_id` (default: the first EOS id) and are not fed as real tokens'
+results, while the other rows go on; the loop ends when every row has finished or after max_new_tokens.
+"""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from .session import ServeError
 
-__all__ = ["generate", "GenerationResult"]
+__all__ = ["generate", "GenerationResult", "eos_ids"]
 
 
 @dataclass
 class GenerationResult:
-    tokens: np.ndarray  # (B, N) new tokens
+    tokens: np.ndarray  # (B, N) new tokens; a finished row holds pad ids after its EOS
     prefill_seconds: float
     decode_seconds: float
+    finished: Optional[np.ndarray] = None  # (B,) True where the row emitted an EOS
+    lengths: Optional[np.ndarray] = None  # (B,) new tokens of each row, its EOS included
+
+    def __post_init__(self):
+        b, n = self.tokens.shape
+        if self.finished is None:
+            self.finished = np.zeros(b, bool)
+        if self.lengths is None:
+            self.lengths = np.full(b, n, np.int64)
+
+    def row(self, i: int, keep_eos: bool = False) -> np.ndarray:
+        """Row i's new tokens, cut after its EOS (the EOS itself kept only if keep_eos)."""
+        n = int(self.lengths[i])
+        return self.tokens[i, : n if keep_eos or not self.finished[i] else n - 1]
 
     @property
     def tokens_per_second(self) -> float:
         """Decode throughput: new tokens after the first, over all sequences, per second of decode time."""
         b, n = self.tokens.shape
         return b * max(n - 1, 0) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+
+
+def eos_ids(eos_token_id) -> np.ndarray:
+    """The stop ids as an int64 array ([] for None): an id or a list of ids."""
+    if eos_token_id is None:
+        return np.zeros(0, np.int64)
+    return np.atleast_1d(np.asarray(eos_token_id, np.int64)).reshape(-1)
 
 
 def _choose(logits: np.ndarray, rng, do_sample: bool, temperature: float, top_k: int, top_p: float) -> np.ndarray:
@@ -46,15 +73,18 @@ def _choose(logits: np.ndarray, rng, do_sample: bool, temperature: float, top_k:
 
 
 def generate(session, prompt_ids, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_token_id=None,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_token_id=None, pad_token_id=None,
              attention_mask=None) -> GenerationResult:
-    """Greedy (default) or sampled continuation of `prompt_ids` (B, S); stops early only if every row hit EOS.
+    """Greedy (default) or sampled continuation of `prompt_ids` (B, S), each row stopping at its first EOS (an id or a
+    list of ids; the module docstring says how a batch goes on).
 
     attention_mask (B, S): 0 marks left padding in a batch of unequal prompts.
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     rng = np.random.default_rng(seed)
+    stop = eos_ids(eos_token_id)
+    pad = int(pad_token_id) if pad_token_id is not None else (int(stop[0]) if stop.size else 0)
     ids = np.asarray(prompt_ids, np.int64)
     t0 = time.perf_counter()
     mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask, np.int64)
@@ -62,17 +92,20 @@ def generate(session, prompt_ids, max_new_tokens: int, do_sample: bool = False, 
     t1 = time.perf_counter()
     out = []
     done = np.zeros(ids.shape[0], bool)
+    lengths = np.zeros(ids.shape[0], np.int64)
     for step in range(max_new_tokens):
-        if not np.isfinite(logits[:, -1]).all():  # argmax of NaN rows is token 0: say so instead of emitting it
+        live = logits[~done, -1]
+        if not np.isfinite(live).all():  # argmax of NaN rows is token 0: say so instead of emitting it
             raise ServeError(f"the model's logits are not finite (NaN or Inf) at generation step {step + 1}")
-        nxt = _choose(logits[:, -1], rng, do_sample, temperature, top_k, top_p)
-        if eos_token_id is not None:
-            nxt = np.where(done, eos_token_id, nxt)
-            done |= nxt == eos_token_id
+        last = np.where(done[:, None], 0.0, logits[:, -1])  # a finished row's logits are never used
+        nxt = np.where(done, pad, _choose(last, rng, do_sample, temperature, top_k, top_p))
+        lengths += ~done
+        done |= np.isin(nxt, stop)
         out.append(nxt)
         if step == max_new_tokens - 1 or done.all():
             break
         mask = np.concatenate([mask, np.ones((ids.shape[0], 1), np.int64)], axis=1)
         logits, cache = session.step(nxt[:, None].astype(np.int64), cache, mask)
     t2 = time.perf_counter()
-    return GenerationResult(np.stack(out, axis=1), prefill_seconds=t1 - t0, decode_seconds=t2 - t1)
+    return GenerationResult(np.stack(out, axis=1), prefill_seconds=t1 - t0, decode_seconds=t2 - t1,
+                            finished=done, lengths=lengths)

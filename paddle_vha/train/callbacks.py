@@ -7,7 +7,6 @@ import math
 import os
 import sys
 
-from ..checkpoint.folder import save_pretrained_atomic
 from .paddleformers_trainer import TrainerCallback
 
 __all__ = ["TrainLog", "nonfinite_parameter"]
@@ -24,8 +23,8 @@ class TrainLog(TrainerCallback):
 
     KEYS = ("loss", "eval_loss", "learning_rate", "global_norm")
 
-    def __init__(self, model, path: str, save_models: bool):
-        self.model, self.path, self.save_models = model, path, save_models
+    def __init__(self, model, path: str, save_model=None):
+        self.model, self.path, self.save_model = model, path, save_model  # save_model(dest), or None: no copies
         self.last = {}  # key -> (step, value) of the latest record
         self.nonfinite = None  # (what, step) of the first non-finite number seen
         self.steps_run = 0  # optimizer steps this process has run
@@ -63,10 +62,10 @@ class TrainLog(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if self.nonfinite is not None:
             return
-        if self.save_models and args.should_save:
+        if self.save_model is not None and args.should_save:
             ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             if os.path.isdir(ckpt):
-                save_pretrained_atomic(self.model, os.path.join(ckpt, "model"))
+                self.save_model(os.path.join(ckpt, "model"))
 
 
 def nonfinite_parameter(model):

@@ -24,7 +24,7 @@ import paddle
 
 from .corpus import BYTE_VOCAB_SIZE, DOC_SEPARATOR, load_stdlib_corpus
 
-__all__ = ["ByteWindows", "ShiftedTokens", "stdlib_datasets", "pretrain_datasets", "write_pretrain_data",
+__all__ = ["ByteWindows", "ShiftedTokens", "stdlib_datasets", "data_prefixes", "pretrain_datasets", "write_pretrain_data",
            "BYTE_VOCAB_SIZE"]
 
 
@@ -73,11 +73,11 @@ class ByteWindows(paddle.io.Dataset):
 
 class ShiftedTokens(paddle.io.Dataset):
     """Wraps a PaddleFormers GPTDataset ({"text": S + 1 tokens}) into input_ids / labels samples (the first
-    `limit` samples only, if given)."""
+    `limit` samples only, if given); with vocab_size, a sample holding an id >= vocab_size raises IdRangeError."""
 
-    def __init__(self, dataset, limit: Optional[int] = None):
+    def __init__(self, dataset, limit: Optional[int] = None, vocab_size: Optional[int] = None):
         super().__init__()
-        self.dataset = dataset
+        self.dataset, self.vocab_size = dataset, vocab_size
         self.limit = len(dataset) if limit is None else min(limit, len(dataset))
 
     def __len__(self) -> int:
@@ -87,6 +87,11 @@ class ShiftedTokens(paddle.io.Dataset):
         if not 0 <= idx < self.limit:
             raise IndexError(idx)
         text = np.asarray(self.dataset[idx]["text"], dtype=np.int64)
+        if self.vocab_size is not None and text.size and int(text.max()) >= self.vocab_size:
+            from .data_checks import IdRangeError
+
+            raise IdRangeError(f"training sample {idx} holds token id {int(text.max()):,} >= the model's vocab_size "
+                               f"{self.vocab_size:,}: the data was tokenized for another vocabulary")
         return {"input_ids": text[:-1], "labels": text[1:]}
 
 
@@ -107,15 +112,9 @@ def stdlib_datasets(seq_len: int, corpus_mb: float = 8.0, val_fraction: float = 
     return train, val, info
 
 
-def pretrain_datasets(input_dir: str, seq_len: int, split: str = "949,50,1", seed: int = 1234,
-                      num_train_samples: int = 1, num_eval_samples: int = 1, data_cache: Optional[str] = None):
-    """Train and validation sets from PaddleFormers pretraining data.
-
-    `input_dir` is a data prefix (`PREFIX` of PREFIX.bin / PREFIX.idx), a folder holding one such pair, or
-    "w1 PREFIX1 w2 PREFIX2 ..." for a weighted blend — as PaddleFormers' own pretraining entry point accepts.
-    """
-    from paddleformers.data.causal_dataset import build_train_valid_test_datasets
-
+def data_prefixes(input_dir: str) -> Tuple[list, list]:
+    """(data_prefix as PaddleFormers' builder takes it, the PREFIXes of the files) of an input_dir: a prefix, a folder
+    of .bin/.idx pairs, or a weighted blend "w1 PREFIX1 w2 PREFIX2 ..."; ValueError (one line) for missing files."""
     parts = input_dir.split()
     if len(parts) > 1:
         prefixes = parts
@@ -135,13 +134,28 @@ def pretrain_datasets(input_dir: str, seq_len: int, split: str = "949,50,1", see
             if not os.path.isfile(prefix + ext):
                 raise ValueError(f"{prefix}{ext}: missing (input_dir names PaddleFormers pretraining data: PREFIX.bin "
                                  "and PREFIX.idx)")
+    return prefixes, check
+
+
+def pretrain_datasets(input_dir: str, seq_len: int, split: str = "949,50,1", seed: int = 1234,
+                      num_train_samples: int = 1, num_eval_samples: int = 1, data_cache: Optional[str] = None,
+                      vocab_size: Optional[int] = None):
+    """Train and validation sets from PaddleFormers pretraining data.
+
+    `input_dir` is a data prefix (`PREFIX` of PREFIX.bin / PREFIX.idx), a folder holding one such pair, or
+    "w1 PREFIX1 w2 PREFIX2 ..." for a weighted blend — as PaddleFormers' own pretraining entry point accepts.
+    With vocab_size, a sample holding an id >= vocab_size raises IdRangeError (paddle_vha/train/data_checks.py).
+    """
+    from paddleformers.data.causal_dataset import build_train_valid_test_datasets
+
+    prefixes, check = data_prefixes(input_dir)
     train, valid, _ = build_train_valid_test_datasets(
         data_prefix=prefixes, data_impl="mmap", splits_string=split,
         train_val_test_num_samples=[num_train_samples, num_eval_samples, 0], seq_length=seq_len, seed=seed,
         skip_warmup=True, data_cache_path=data_cache)
     if train is None or valid is None or len(valid) == 0:
         raise ValueError(f"split {split!r} leaves no train or validation documents in {input_dir}")
-    return ShiftedTokens(train), ShiftedTokens(valid, limit=num_eval_samples)
+    return ShiftedTokens(train, vocab_size=vocab_size), ShiftedTokens(valid, limit=num_eval_samples, vocab_size=vocab_size)
 
 
 def write_pretrain_data(prefix: str, documents: Iterable[np.ndarray], vocab_size: int = BYTE_VOCAB_SIZE) -> dict:

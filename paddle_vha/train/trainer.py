@@ -16,13 +16,13 @@ import math
 import os
 
 from ..checkpoint.contract import CheckpointError
-from ..checkpoint.folder import save_pretrained_atomic
 from ..checkpoint.fsutil import MARKER, check_no_overlap
 from ..families import UnknownFamily, family
 from ..qwen3.contract import check_config, check_config_fields
 from .arguments import tensor_parallel_degree
 from .callbacks import TrainLog, nonfinite_parameter
 from .errors import TrainError
+from .saving import finish_saved_folder, save_trained, source_float_dtype
 from .paddleformers_trainer import LlmMetaConfig, Trainer, get_last_checkpoint, set_seed
 
 __all__ = ["run", "build_config", "build_data", "describe", "check_arguments"]
@@ -111,7 +111,24 @@ def uses_plan_tensor_parallel(model_args, tp: int) -> bool:
     return tp > 1 and model_family(model_args.model_type).tp_plan is not None
 
 
-def build_data(data_args, training_args):
+def check_data_fits(model_args, data_args, config) -> None:
+    """TrainError (one line) for data whose token ids the model cannot take, or byte data for a model with a tokenizer
+    and a larger vocabulary (paddle_vha/train/data_checks.py); before any dataset is built."""
+    from .data_checks import check_stdlib_fits, check_token_ids, tokenizer_folder
+    from .datasets import data_prefixes
+
+    tokenizer = tokenizer_folder(model_args)
+    if data_args.dataset == "stdlib":
+        check_stdlib_fits(config.vocab_size, tokenizer)
+    elif data_args.dataset == "pretrain" and data_args.input_dir:
+        try:
+            _, prefixes = data_prefixes(data_args.input_dir)
+        except ValueError as e:
+            raise TrainError(str(e))
+        check_token_ids(prefixes, config.vocab_size, tokenizer)
+
+
+def build_data(data_args, training_args, vocab_size=None):
     from .datasets import pretrain_datasets, stdlib_datasets
 
     S = data_args.max_seq_len
@@ -133,7 +150,7 @@ def build_data(data_args, training_args):
                                  "PREFIX.idx)")
             train, val = pretrain_datasets(data_args.input_dir, S, split=data_args.split, seed=training_args.seed,
                                            num_train_samples=max(n_train, 1), num_eval_samples=data_args.max_eval_samples,
-                                           data_cache=data_args.data_cache)
+                                           data_cache=data_args.data_cache, vocab_size=vocab_size)
             desc = f"PaddleFormers pretraining data {data_args.input_dir} (split {data_args.split})"
         else:
             raise TrainError(f"dataset {data_args.dataset!r} is not one of stdlib, pretrain")
@@ -205,7 +222,8 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     training_args.dataloader_shuffle = False
     tp = tensor_parallel_degree(requested, training_args)
     config, model_cls = build_config(model_args, data_args, training_args, tp)
-    train, val, data_desc = build_data(data_args, training_args)
+    check_data_fits(model_args, data_args, config)
+    train, val, data_desc = build_data(data_args, training_args, config.vocab_size)
     _print_run(config, model_args, data_args, training_args, tp, (train, val, data_desc))
     if training_args.dry_run:
         print("dry run: configuration is valid; nothing trained")
@@ -219,8 +237,9 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     # With tensor / pipeline parallelism each rank holds a slice of the weights, so a rank-0 save_pretrained would
     # write a partial model: the checkpoint-N/model copies are skipped and the final model goes through the Trainer.
     sharded = max(training_args.tensor_model_parallel_size, training_args.pipeline_model_parallel_size) > 1
+    save = model_saver(model, model_args)
     log = TrainLog(model, os.path.join(training_args.output_dir, "train_log.jsonl"),
-                   training_args.save_model_in_checkpoints and not sharded)
+                   save if training_args.save_model_in_checkpoints and not sharded else None)
     trainer = Trainer(model=model, args=training_args, train_dataset=train if training_args.do_train else None,
                       eval_dataset=val if training_args.do_eval else None, callbacks=[log])
     if training_args.do_train:
@@ -228,7 +247,7 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     if training_args.do_eval:
         evaluate(trainer, log)
     if training_args.do_train:
-        save_trained_model(model, trainer, model_args, training_args, plan_tp, sharded)
+        save_trained_model(save, trainer, model_args, training_args, plan_tp, sharded)
     return 0
 
 
@@ -276,17 +295,31 @@ def resume_point(training_args):
     return training_args.resume_from_checkpoint or last
 
 
+def compute_dtype(training_args) -> str:
+    """The dtype the weights are trained in: bfloat16 for AMP level O2 with bf16, else float32 (also for a checkpoint
+    stored in bfloat16: PaddleFormers loads it widened, and the save narrows it back, paddle_vha/train/saving.py)."""
+    return "bfloat16" if training_args.bf16 and training_args.fp16_opt_level == "O2" else "float32"
+
+
 def build_model(model_cls, config, model_args, training_args, plan_tp: bool):
     """The model to train: sharded by paddle_vha.parallel (plan_tp), loaded from model_name_or_path, or freshly
-    initialised; cast to bf16 for AMP level O2."""
+    initialised; in compute_dtype (bfloat16 only for AMP level O2)."""
+    dtype = compute_dtype(training_args)
+    config.dtype = dtype  # a checkpoint's config says bfloat16: build (and load) in the dtype training computes in
     if plan_tp:
         model = _build_plan_parallel_model(model_cls, config, model_args, training_args)
     elif model_args.model_name_or_path:
-        model = model_cls.from_pretrained(model_args.model_name_or_path, config=config)
+        import tempfile
+
+        from ..checkpoint.fsutil import linked_view
+
+        with tempfile.TemporaryDirectory(prefix="paddle-vha-train-") as tmp:  # the loader's metadata lands here
+            view = linked_view(model_args.model_name_or_path, os.path.join(tmp, "init"))
+            model = model_cls.from_pretrained(view, config=config, dtype=dtype)
     else:
         model = model_cls(config)
-    if training_args.bf16 and training_args.fp16_opt_level == "O2":
-        model = model.to(dtype="bfloat16")
+    if dtype == "bfloat16":
+        model = model.to(dtype=dtype)
     return model
 
 
@@ -331,6 +364,10 @@ def train_model(trainer, log: TrainLog, model, resume) -> None:
 
 def _training_failure(e: Exception, global_step: int, steps_run: int, resume):
     """The one line for an exception out of trainer.train whose cause is known, or None (re-raise it as it is)."""
+    from .data_checks import IdRangeError
+
+    if isinstance(e, IdRangeError):
+        return f"training stopped at step {global_step + 1}: {e}; nothing saved"
     if isinstance(e, ValueError) and "inf or nan" in str(e):  # PaddleFormers' loss check before each step
         return (f"training stopped: the loss is not finite at step {global_step + 1} ({str(e).split('. ')[-1]}); "
                 "nothing saved (lower learning_rate?)")
@@ -353,22 +390,39 @@ def evaluate(trainer, log: TrainLog) -> None:
               f"at step {trainer.state.global_step}")
 
 
-def save_trained_model(model, trainer, model_args, training_args, plan_tp: bool, sharded: bool) -> None:
+def model_saver(model, model_args):
+    """save(dest): the model written to `dest` with the starting checkpoint's tokenizer, generation config and chat
+    template, its use_cache, and its stored dtype (paddle_vha/train/saving.py); save.finish(folder) finishes a folder
+    written another way (the merged tensor-parallel save)."""
+    source = model_args.model_name_or_path
+    try:
+        code = source_float_dtype(source)
+    except CheckpointError as e:
+        raise TrainError(str(e)) from None
+
+    def save(dest: str) -> None:
+        save_trained(model, dest, source, code)
+
+    save.model, save.finish = model, (lambda folder: finish_saved_folder(folder, source, code))
+    return save
+
+
+def save_trained_model(save, trainer, model_args, training_args, plan_tp: bool, sharded: bool) -> None:
     """OUTPUT_DIR/model in the documented format: merged from paddle_vha.parallel's shards (plan_tp), gathered by
     the Trainer (other model parallelism), or saved and validated from rank 0."""
     dest = os.path.join(training_args.output_dir, "model")
     if plan_tp:
-        _save_plan_parallel(model, training_args.output_dir, dest)
+        _save_plan_parallel(save.model, training_args.output_dir, dest, save.finish)
     elif sharded:  # stock models under fleet's model parallelism: the Trainer gathers (not run by this project)
         trainer.save_model(dest)
     elif training_args.should_save:
-        save_pretrained_atomic(model, dest)
+        save(dest)
         model_family(model_args.model_type).validate(dest)  # the folder must meet its documented contract
     if training_args.should_save:
         print(f"saved the trained model to {dest}")
 
 
-def _save_plan_parallel(model, output_dir: str, dest: str) -> None:
+def _save_plan_parallel(model, output_dir: str, dest: str, finish) -> None:
     """Every rank writes its slices; rank 0 merges them into the single-device format (validated) at `dest`."""
     import paddle.distributed as dist
 
@@ -378,5 +432,5 @@ def _save_plan_parallel(model, output_dir: str, dest: str) -> None:
     save_tp_checkpoint(model, shards)
     dist.barrier()
     if dist.get_rank() == 0:
-        merge_tp_checkpoint(shards, dest, force=True)
+        merge_tp_checkpoint(shards, dest, force=True, finish=finish)
     dist.barrier()
