@@ -147,11 +147,10 @@ def _finite_part(ref: st.TensorRef, name: str, where: str) -> np.ndarray:
 
 def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shard_size="5GB", finish=None) -> dict:
     """Rebuild the single-device Qwen3-VHA / Qwen3-MEA checkpoint from a sharded save; returns a summary dict.
-    finish(folder), if given, completes the merged folder before it is validated and renamed into place (the trainer
-    adds the starting checkpoint's tokenizer files there).
 
     Reads one global tensor's parts at a time; writes atomically (a temporary sibling folder, renamed at the end)
-    and validates the result against the checkpoint contract.
+    and validates the result against the checkpoint contract. finish(folder), if given, completes the merged folder
+    before it is validated and renamed into place (the trainer adds the starting checkpoint's tokenizer files there).
     """
     plan = read_tp_plan(in_dir)  # first: is it a sharded save at all
     check_output_dir(out_dir, [in_dir], force, CheckpointError, input_label="SHARDS_DIR")
