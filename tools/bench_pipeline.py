@@ -87,7 +87,7 @@ def pipeline_steps(args, w):
               ("export", "export --cache buffer", tool("export_onnx") + [w("folded"), w("onnx-buffer"), "--cache",
                                                                           "buffer"]),
               ("generate", "generate (64 new tokens)", tool("generate") + [
-                  w("onnx"), "--prompt", "def fibonacci(n):", "--max-new-tokens", str(NEW_TOKENS)])]
+                  w("onnx"), "--prompt", "def fibonacci(n):", "--max-new-tokens", str(NEW_TOKENS), "--ignore-eos"])]
     return [s for s in steps if s[0] in args.steps]
 
 
