@@ -78,3 +78,29 @@ def test_generation_stops_on_non_finite_logits():
 
     with pytest.raises(ServeError, match="not finite .* at generation step 1"):
         generate(NaNSession(), np.ones((1, 3), np.int64), 4)
+
+
+@pytest.mark.parametrize("argv,needle", [(["--threads", "100000"], "--threads 100000"),
+                                         (["--seed", "-1"], "--seed -1"),
+                                         (["--sample", "--temperature", "inf"], "--temperature inf"),
+                                         (["--temperature", "0.5"], "only apply with --sample"),
+                                         (["--top-p", "0.5"], "only apply with --sample")])
+def test_generate_option_ranges(capsys, export_dir, argv, needle):
+    """Options out of range are refused in one line before loading (--threads 100000 used to segfault after 73 s,
+    --seed -1 raised a traceback, --temperature inf was accepted, sampling flags without --sample were ignored)."""
+    from paddle_vha.cli.generate import main
+
+    with pytest.raises(SystemExit) as e:
+        main([export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", "2", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    print(err[-1])
+    assert e.value.code == 2 and needle in err[-1]
+
+
+def test_generate_refuses_a_cache_bigger_than_memory(capsys, export_dir, monkeypatch):
+    """--max-new-tokens 10**9 is refused before the runtime allocates, naming the cache size (it ran unbounded)."""
+    import paddle_vha.machine as machine
+    from paddle_vha.cli.generate import main
+
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 1 << 30)
+    refused(main, [export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", str(10**9)], capsys, "KV cache")

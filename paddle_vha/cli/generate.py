@@ -46,6 +46,40 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_options(p, args) -> None:
+    """Option ranges, refused through p.error (one line, exit 2) before anything is loaded."""
+    import math
+    import os
+
+    if args.max_new_tokens < 1:
+        p.error("--max-new-tokens must be >= 1")
+    given = [f for f, v in (("--temperature", args.temperature), ("--top-k", args.top_k), ("--top-p", args.top_p))
+             if v is not None]
+    if given and not args.sample:
+        p.error(f"{', '.join(given)} only apply with --sample (greedy decoding ignores them)")
+    if args.temperature is not None and not math.isfinite(args.temperature):
+        p.error(f"--temperature {args.temperature}: must be a finite number > 0")
+    if not 0 <= args.seed < 2**32:
+        p.error(f"--seed {args.seed}: must be in [0, 2**32)")
+    limit = 4 * (os.cpu_count() or 1)
+    if not 0 <= args.threads <= limit:
+        p.error(f"--threads {args.threads}: must be between 0 (the runtime's default) and {limit} (4 x this "
+                f"machine's {os.cpu_count()} CPUs)")
+
+
+def _check_cache_memory(shape, max_new_tokens: int, info: dict) -> None:
+    """Refuse, before the runtime allocates, a generation whose KV cache (float32, every layer, the whole batch at
+    prompt + new tokens) would not fit the memory this machine has available."""
+    from paddle_vha.machine import available_memory_bytes
+
+    per_token = sum(4 * 2 * int(h) * int(w) for h, w in info["cache_shapes"])  # keys + values, float32
+    need = shape[0] * (shape[1] + max_new_tokens) * per_token
+    have = available_memory_bytes()
+    if have is not None and need > have:
+        fail(f"batch {shape[0]} x ({shape[1]} prompt + {max_new_tokens} new) tokens need a {need / 2**30:.1f} GiB KV "
+             f"cache; this machine has {have / 2**30:.1f} GiB available: lower --max-new-tokens or the batch")
+
+
 def _sampling(args, gen: dict) -> dict:
     """generate()'s sampling arguments: the command line's, else generation_config.json's, else off."""
     if not args.sample and gen.get("do_sample"):
@@ -66,8 +100,7 @@ def _sampling(args, gen: dict) -> dict:
 def main(argv=None):
     p = _parser()
     args = p.parse_args(argv)
-    if args.max_new_tokens < 1:
-        p.error("--max-new-tokens must be >= 1")
+    _check_options(p, args)
     if args.chat and not args.prompt:
         fail("--chat takes --prompt text (the chat template makes the ids)")
     from paddle_vha.serve.session import ServeError, read_export_info
@@ -85,6 +118,7 @@ def main(argv=None):
     from paddle_vha.serve.generate import generate
 
     batch, mask = _left_padded(prompts, args.max_new_tokens, info)
+    _check_cache_memory(batch.shape, args.max_new_tokens, info)
     try:
         session = _session(args)
         res = generate(session, batch, args.max_new_tokens, seed=args.seed, attention_mask=mask,
