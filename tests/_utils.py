@@ -50,6 +50,19 @@ def rel_err(got, ref, label: str = "") -> float:
     return rel
 
 
+def load_checkpoint_numpy(path) -> dict:
+    """Every tensor of a saved checkpoint folder, float64 numpy, by name."""
+    import glob
+    import os
+
+    from safetensors.numpy import load_file
+
+    state = {}
+    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        state.update({k: v.astype(np.float64) for k, v in load_file(f).items()})
+    return state
+
+
 def config_dict(cfg) -> dict:
     d = cfg.to_dict()
     d.setdefault("rope_theta", cfg.rope_theta)

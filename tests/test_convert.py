@@ -252,15 +252,23 @@ def test_help_runs_without_loading_paddle():
 
 # --- convert -> uptrain -> fold -> export -> generate -------------------------------------------------------------
 
-def test_convert_uptrain_fold_export_generate(tmp_path, stock):
+@pytest.fixture(scope="module")
+def converted(stock, tmp_path_factory):
+    """`stock` converted to VHA with 2 KV heads by the command line, once for the uptraining tests (they only read it)."""
+    conv = str(tmp_path_factory.mktemp("converted") / "conv")
+    r = run_tool(stock, conv, "--kv-heads", "2", "--no-progress", "--no-compare", "--eval-batches", "0")
+    assert r.returncode == 0, r.stderr
+    return conv
+
+
+def test_convert_uptrain_fold_export_generate(tmp_path, converted):
     """The converted checkpoint uptrains with tools/train.py --model_name_or_path (its loss starts near the converted
     model's, far below a random start), folds to stock GQA-2 Qwen3, exports, and onnxruntime greedy-generates what
     PaddleFormers' generate does on the folded model."""
     from test_train import losses, read_log, train
 
-    conv, run, rand, folded, export = (str(tmp_path / n) for n in ("conv", "run", "rand", "folded", "export"))
-    r = run_tool(stock, conv, "--kv-heads", "2", "--no-progress", "--no-compare", "--eval-batches", "0")
-    assert r.returncode == 0, r.stderr
+    conv = converted
+    run, rand, folded, export = (str(tmp_path / n) for n in ("run", "rand", "folded", "export"))
     tiny = os.path.join(ROOT, "configs", "tiny-vha.json")  # its training settings; its inline model is not this one
     common = ["--corpus_mb", "1", "--max_seq_len", "64", "--max_steps", "6", "--per_device_train_batch_size", "4",
               "--learning_rate", "1e-4", "--logging_steps", "1", "--save_strategy", "no", "--evaluation_strategy", "no",
@@ -310,14 +318,12 @@ def test_convert_uptrain_fold_export_generate(tmp_path, stock):
 
 
 @pytest.mark.slow
-def test_converted_model_uptrains_under_tensor_parallelism(tmp_path, stock):
+def test_converted_model_uptrains_under_tensor_parallelism(tmp_path, converted):
     """tools/train.py from a converted checkpoint with tensor_parallel_degree 2 (fleet launcher, CPU / gloo): the same
     losses as one process loading it with from_pretrained."""
     from test_train import CONFIGS, launch_train, losses, read_log, train
 
-    conv = str(tmp_path / "conv")
-    r = run_tool(stock, conv, "--kv-heads", "2", "--no-progress", "--no-compare", "--eval-batches", "0")
-    assert r.returncode == 0, r.stderr
+    conv = converted
     cfg = os.path.join(CONFIGS, "tiny-vha-tp2.json")
     runs = {k: str(tmp_path / k) for k in ("tp1", "tp2")}
     res = train(cfg, "--model_config", conv, "--model_name_or_path", conv, "--tensor_parallel_degree", "1",

@@ -14,9 +14,8 @@ import pytest
 from safetensors.numpy import save_file
 
 import oracle
-from _utils import config_dict, rel_err
+from _utils import config_dict, load_checkpoint_numpy, rel_err
 from paddle_vha import Qwen3VHAConfig, VHAConfigError
-from test_vha_model import load_checkpoint_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

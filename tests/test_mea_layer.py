@@ -1,96 +1,39 @@
-"""Qwen3MEAAttention against the float64 numpy MEA oracle: forward, gradients, HLC algebra, config refusals."""
+"""Qwen3MEAAttention's own algebra and refusals: HLC is the einsum and commutes with RoPE, its GQA init, the head norm,
+config refusals, layer lists.
+
+The checks every family gets (forward and gradients against the float64 MEA oracle over a grid of shapes, both
+attention backends, the spec against the built layer) are in tests/test_family_layers.py."""
 import numpy as np
 import paddle
 import pytest
 from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
 import mea_oracle
-from _utils import TINY, attention_tensors, config_dict, rel_err, to_numpy
+from _utils import TINY, rel_err, to_numpy
+from family_cases import randomize_mea_layer
 from paddle_vha.mea.attention import Qwen3MEAAttention, hlc
 from paddle_vha.mea.config import MEAConfigError, Qwen3MEAConfig, parse_layer_spec
+from test_family_layers import oracle_layer as family_oracle_layer
+from test_family_layers import run_layer
 
 
 def mea_config(**overrides):
     return Qwen3MEAConfig(**{**TINY, **overrides})
 
 
-# (B, S, H, n_p, n_v, d, k_norm position, group norm, bias): S = 1, prime S, B > 1, odd head counts,
-# n_p = 1, n_p = n_v, n_v = H (MHA-like), and both k_norm placements.
-GRID = [
-    (2, 7, 4, 2, 4, 16, "after_hlc", True, False),
-    (1, 1, 4, 1, 2, 16, "after_hlc", False, False),
-    (3, 13, 6, 2, 3, 16, "before_hlc", True, False),
-    (2, 11, 9, 3, 3, 8, "after_hlc", True, True),
-    (2, 5, 3, 1, 3, 16, "before_hlc", False, True),
-    (2, 17, 10, 3, 5, 8, "after_hlc", False, False),
-    (1, 1, 6, 2, 6, 16, "before_hlc", True, False),
-]
-IDS = [f"B{b}-S{s}-H{h}-np{p}-nv{v}-d{d}-{pos[:5]}{'-gn' if gn else ''}{'-bias' if bi else ''}"
-       for b, s, h, p, v, d, pos, gn, bi in GRID]
-
-
 def make_layer(B, S, H, n_p, n_v, d, pos, gn, bias, impl="eager"):
+    """An MEA layer with every tensor away from its init (tests/family_cases.py), and an input (B, S, h)."""
     cfg = mea_config(num_attention_heads=H, num_key_value_heads=n_p, mea_kv_heads=n_v, head_dim=d,
                      mea_k_norm_position=pos, mea_group_norm=gn, attention_bias=bias)
     cfg._attn_implementation = impl
     attn = Qwen3MEAAttention(cfg, 0)
     attn.eval()
-    for name, p in attn.named_parameters():  # make every tensor count: random HLC, norm weights, biases
-        if name.endswith(".bias") or name.startswith("mea_") or name.endswith("norm.weight"):
-            base = 1.0 if name.endswith("norm.weight") else 0.0
-            p.set_value(base + paddle.randn(p.shape) * 0.5)
+    randomize_mea_layer(attn)
     return cfg, attn, paddle.randn([B, S, cfg.hidden_size])
 
 
-def run_layer(cfg, attn, x):
-    B, S = x.shape[:2]
-    pos = paddle.arange(S, dtype="int64").expand([B, S])
-    cos, sin = Qwen3RotaryEmbedding(cfg)(x, pos)
-    mask = paddle.triu(paddle.full([S, S], float("-inf")), 1)[None, None]
-    out, _ = attn(x, position_embeddings=(cos, sin), attention_mask=mask)
-    return out
-
-
 def oracle_layer(cfg, tensors, x_np):
-    B, S = x_np.shape[:2]
-    return mea_oracle.attention(x_np, tensors, config_dict(cfg), np.broadcast_to(np.arange(S), (B, S)))[0]
-
-
-@pytest.mark.parametrize("shape", GRID, ids=IDS)
-def test_layer_matches_oracle_fp32(shape):
-    cfg, attn, x = make_layer(*shape)
-    out = run_layer(cfg, attn, x)
-    ref = oracle_layer(cfg, attention_tensors(attn), to_numpy(x))
-    assert rel_err(to_numpy(out), ref, "MEA layer fp32 vs float64 oracle") <= 1e-5
-
-
-@pytest.mark.parametrize("shape", [GRID[0], GRID[2], GRID[3]], ids=[IDS[0], IDS[2], IDS[3]])
-def test_layer_gradients_match_oracle_finite_differences(shape):
-    """Paddle's fp32 autograd vs central differences of the float64 oracle, one random direction per tensor."""
-    cfg, attn, x = make_layer(*shape)
-    x.stop_gradient = False
-    out = run_layer(cfg, attn, x)
-    g_out = np.random.randn(*out.shape)
-    (out * paddle.to_tensor(g_out, dtype="float32")).sum().backward()
-    tensors = attention_tensors(attn)
-    grads = {n: to_numpy(p.grad).T if n.endswith("_proj.weight") else to_numpy(p.grad) for n, p in attn.named_parameters()}
-    tensors["__x__"], grads["__x__"] = to_numpy(x), to_numpy(x.grad)
-    assert {"mea_k_lc", "mea_v_lc"} <= set(grads)
-
-    def loss(ts):
-        ts = dict(ts)
-        xx = ts.pop("__x__")
-        return float((oracle_layer(cfg, ts, xx) * g_out).sum())
-
-    eps = 1e-6
-    for name in sorted(tensors):
-        direction = np.random.randn(*tensors[name].shape)
-        fd = (loss({**tensors, name: tensors[name] + eps * direction})
-              - loss({**tensors, name: tensors[name] - eps * direction})) / (2 * eps)
-        an = float((grads[name] * direction).sum())
-        err = abs(fd - an) / max(abs(fd), np.linalg.norm(grads[name]), 1e-12)
-        print(f"d/d{name}: autograd {an:+.6e}  finite-diff {fd:+.6e}  rel err {err:.2e}")
-        assert err <= 2e-4, name
+    return family_oracle_layer("qwen3_mea", cfg, tensors, x_np)
 
 
 def test_hlc_is_the_einsum_and_commutes_with_rope():
@@ -136,14 +79,6 @@ def test_head_norm_normalizes_each_head():
     rms = np.sqrt((y ** 2).mean(-1))
     print("per-head RMS range", rms.min(), rms.max())
     assert np.allclose(rms, 1.0, atol=1e-3)
-
-
-def test_eager_and_sdpa_backends_agree():
-    cfg, attn, x = make_layer(*GRID[2], impl="eager")
-    out_eager = to_numpy(run_layer(cfg, attn, x))
-    cfg._attn_implementation = "sdpa"
-    out_sdpa = to_numpy(run_layer(cfg, attn, x))
-    assert rel_err(out_sdpa, out_eager, "sdpa vs eager") <= 1e-5
 
 
 BAD = {

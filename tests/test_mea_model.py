@@ -1,4 +1,7 @@
-"""Qwen3MEAForCausalLM: oracle parity from the saved checkpoint, cached decode, cache bytes, save/load, refusals."""
+"""Qwen3MEAForCausalLM: cached decode, cache bytes, save/load, refusals.
+
+The checks every family gets (the causal LM against the float64 oracle read from the saved checkpoint, a decode step
+against the oracle's own cache, generation against greedy full forwards) are in tests/test_family_models.py."""
 import glob
 import hashlib
 import json
@@ -12,8 +15,9 @@ from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
 from paddleformers.transformers.cache_utils import DynamicCache
 from safetensors.numpy import load_file, save_file
 
-import mea_oracle
-from _utils import TINY, config_dict, mea_tensor_shapes, read_tensor_shapes, rel_err, to_numpy, validate_mea_checkpoint
+from _utils import TINY, load_checkpoint_numpy, mea_tensor_shapes, read_tensor_shapes, rel_err, to_numpy
+from _utils import validate_mea_checkpoint
+from family_cases import CASES, randomize_mea_model
 from paddle_vha.accounting import arch_from_config, kv_bytes_per_token
 from paddle_vha.checkpoint.contract import CheckpointError
 from paddle_vha.mea.config import Qwen3MEAConfig
@@ -24,43 +28,16 @@ def mea_config(**overrides):
     return Qwen3MEAConfig(**{**TINY, **overrides})
 
 
-def load_numpy(path):
-    state = {}
-    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-        state.update({k: v.astype(np.float64) for k, v in load_file(f).items()})
-    return state
+load_numpy = load_checkpoint_numpy
+MODEL_GRID = CASES["qwen3_mea"].models  # the causal LM against the oracle over these: tests/test_family_models.py
 
 
 def build(**overrides):
     cfg = mea_config(**overrides)
     model = Qwen3MEAForCausalLM(cfg)
     model.eval()
-    for name, p in model.named_parameters():  # HLC away from its init, head-norm weights and biases non-trivial
-        if ".mea_" in name or name.endswith(".bias"):
-            p.set_value((1.0 if "mea_norm" in name else 0.0) + paddle.randn(p.shape) * 0.4)
+    randomize_mea_model(model)
     return cfg, model
-
-
-MODEL_GRID = {
-    "all-after-gn": dict(num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3),
-    "mixed-before-stock6": dict(num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3,
-                                mea_layers=[0, 2], mea_stock_kv_heads=6, mea_k_norm_position="before_hlc"),
-    "np1-nogn-bias-tied": dict(num_attention_heads=3, num_key_value_heads=1, mea_kv_heads=3, mea_group_norm=False,
-                               attention_bias=True, tie_word_embeddings=True),
-    "deep-after-stock2": dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, mea_kv_heads=4,
-                              mea_layers=[1, 2], mea_stock_kv_heads=2),
-}
-
-
-@pytest.mark.parametrize("name", list(MODEL_GRID))
-@pytest.mark.parametrize("B,S", [(1, 1), (2, 13)])
-def test_model_matches_oracle_from_checkpoint(tmp_path, name, B, S):
-    cfg, model = build(**MODEL_GRID[name])
-    model.save_pretrained(tmp_path)
-    ids = np.random.randint(0, cfg.vocab_size, size=(B, S))
-    logits = model(paddle.to_tensor(ids), return_dict=True).logits
-    ref, _ = mea_oracle.causal_lm(ids, load_numpy(tmp_path), config_dict(cfg))
-    assert rel_err(to_numpy(logits), ref, f"{name} B={B} S={S} logits vs oracle") <= 1e-5
 
 
 @pytest.mark.parametrize("pos", ["after_hlc", "before_hlc"])
@@ -80,19 +57,6 @@ def test_cached_decode_equals_full_forward(pos):
     cache = model(ids[:, :P], use_cache=True, return_dict=True).past_key_values
     out = model(ids[:, P:], past_key_values=cache, use_cache=True, return_dict=True).logits
     assert rel_err(to_numpy(out), full[:, P:], f"{pos}: cached chunk, default positions") <= 1e-5
-
-
-def test_cached_decode_matches_oracle_cache(tmp_path):
-    cfg, model = build(num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3)
-    model.save_pretrained(tmp_path)
-    state = load_numpy(tmp_path)
-    ids = np.random.randint(0, cfg.vocab_size, size=(1, 6))
-    _, past = mea_oracle.causal_lm(ids[:, :5], state, config_dict(cfg))
-    ref, _ = mea_oracle.causal_lm(ids[:, 5:], state, config_dict(cfg), past=past)
-    cache = model(paddle.to_tensor(ids[:, :5]), use_cache=True, return_dict=True).past_key_values
-    out = model(paddle.to_tensor(ids[:, 5:]), position_ids=paddle.to_tensor([[5]]), past_key_values=cache,
-                use_cache=True, return_dict=True).logits
-    assert rel_err(to_numpy(out), ref, "decode step vs oracle with past") <= 1e-5
 
 
 def _cache_bytes_per_token(cache, layer, n_tokens):
@@ -118,18 +82,6 @@ def test_cache_bytes_per_token_is_np_over_nv_of_stock(n_p, n_v):
     assert kv_bytes_per_token(arch, 4, all_layers=True) == mea_b + stock_b
     # the stock layer of the MEA model (mea_stock_kv_heads = n_v by default) caches what stock Qwen3 does
     assert _cache_bytes_per_token(c_mea, 0, 9) == _cache_bytes_per_token(c_stock, 0, 9)
-
-
-def test_generate_with_cache_matches_full_forwards():
-    cfg, model = build(num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, mea_kv_heads=3,
-                       mea_layers=[0, 1])
-    prompt = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(2, 5)))
-    gen, _ = model.generate(prompt, max_new_tokens=6, decode_strategy="greedy_search", use_cache=True)
-    seq = prompt
-    for _ in range(6):
-        logits = model(seq, return_dict=True).logits[:, -1]
-        seq = paddle.concat([seq, logits.argmax(-1, keepdim=True)], axis=1)
-    assert np.array_equal(gen.numpy(), seq[:, 5:].numpy())
 
 
 # --- checkpoint contract ---------------------------------------------------------------------------------------

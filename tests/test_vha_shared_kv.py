@@ -1,29 +1,23 @@
 """Shared-KV VHA (vha_shared_kv): one projection is both keys and values, the output is rotated back by the query's
-angle, the cache holds one tensor per layer. Against the float64 oracle (tests/oracle.py, from the equations)."""
+angle, the cache holds one tensor per layer. Against the float64 oracle (tests/oracle.py, from the equations).
+
+Its layer grid (forward and gradients against the oracle) is the "skv-" cases of the Qwen3-VHA family in
+tests/family_cases.py, run by tests/test_family_layers.py."""
 import numpy as np
 import paddle
 import pytest
 from paddleformers.transformers.cache_utils import DynamicCache
 
 import oracle
-from _utils import attention_tensors, config_dict, read_tensor_shapes, rel_err, tiny_config, to_numpy
-from _utils import validate_vha_checkpoint
+from _utils import attention_tensors, config_dict, load_checkpoint_numpy, read_tensor_shapes, rel_err, tiny_config
+from _utils import to_numpy, validate_vha_checkpoint
+from family_cases import CASES, randomize_biases, randomize_postmix
 from paddle_vha import Qwen3VHAAttention, Qwen3VHAForCausalLM, VHAConfigError
 from paddle_vha.checkpoint.contract import CheckpointError
 from test_checkpoint import _rewrite_tensors
-from test_vha_layer import oracle_layer, run_layer
-from test_vha_model import load_checkpoint_numpy, randomize_postmix
-
-# (B, S, H_v, H_kv, d, r, gated, bias): S = 1, prime S, batch > 1, r < d, odd head counts, H_kv = 1 and 3.
-GRID = [
-    (2, 7, 4, 2, 16, 16, False, False),
-    (1, 1, 4, 2, 16, 16, False, False),
-    (3, 13, 4, 2, 16, 10, False, True),
-    (2, 5, 3, 1, 16, 16, True, False),
-    (2, 7, 9, 3, 8, 5, True, True),
-]
-IDS = [f"B{b}-S{s}-Hv{hv}-Hkv{hkv}-d{d}-r{r}{'-gated' if g else ''}{'-bias' if bi else ''}"
-       for b, s, hv, hkv, d, r, g, bi in GRID]
+from test_family_layers import make_layer as make_family_layer
+from test_family_layers import run_layer
+from test_vha_layer import oracle_layer
 
 
 def make_layer(B, S, h_v, h_kv, d, r, gated, bias, fused=False):
@@ -33,19 +27,20 @@ def make_layer(B, S, h_v, h_kv, d, r, gated, bias, fused=False):
     cfg._attn_implementation = "eager"
     attn = Qwen3VHAAttention(cfg, 0)
     attn.eval()
-    for name, p in attn.named_parameters():
-        if name.endswith(".bias"):  # zero at init; make them count
-            p.set_value(paddle.randn(p.shape) * 0.5)
+    randomize_biases(attn)
     return cfg, attn, paddle.randn([B, S, cfg.hidden_size])
 
 
-@pytest.mark.parametrize("shape", GRID, ids=IDS)
-def test_layer_matches_oracle(shape):
-    cfg, attn, x = make_layer(*shape)
+SKV_CASES = [c for c in CASES["qwen3_vha"].layers if CASES["qwen3_vha"].layers[c].fields.get("vha_shared_kv")]
+
+
+@pytest.mark.parametrize("case", SKV_CASES)
+def test_layer_has_no_k_or_v_projection(case):
+    """The shared-KV cases of the family grid (tests/family_cases.py; their oracle checks: tests/test_family_layers.py)
+    build one projection for both: no k_proj, no v_proj."""
+    cfg, attn, _ = make_family_layer("qwen3_vha", case)
+    assert cfg.vha_shared_kv is True
     assert not hasattr(attn, "k_proj") and not hasattr(attn, "v_proj")
-    out = run_layer(cfg, attn, x)
-    ref = oracle_layer(cfg, attention_tensors(attn), to_numpy(x))
-    assert rel_err(to_numpy(out), ref, "shared-KV layer fp32 vs float64 oracle") <= 1e-5
 
 
 def test_inverse_rope_is_what_makes_it_shared_kv():
@@ -60,35 +55,6 @@ def test_inverse_rope_is_what_makes_it_shared_kv():
     c["vha_shared_kv"] = False  # K = x W_S rotated, V = x W_S unrotated: not the same function
     other = oracle.vha_attention(to_numpy(x), plain, c, np.broadcast_to(np.arange(S), (B, S)))[0]
     assert np.abs(other - ref).max() > 1e-3 * np.abs(ref).max()
-
-
-@pytest.mark.parametrize("shape", [GRID[0], GRID[3], GRID[4]], ids=[IDS[0], IDS[3], IDS[4]])
-def test_layer_gradients_match_oracle_finite_differences(shape):
-    cfg, attn, x = make_layer(*shape)
-    x.stop_gradient = False
-    out = run_layer(cfg, attn, x)
-    g_out = np.random.randn(*out.shape)
-    (out * paddle.to_tensor(g_out, dtype="float32")).sum().backward()
-    tensors = attention_tensors(attn)
-    grads = {n: to_numpy(p.grad).T if n.endswith("_proj.weight") else to_numpy(p.grad)
-             for n, p in attn.named_parameters()}
-    tensors["__x__"], grads["__x__"] = to_numpy(x), to_numpy(x.grad)
-
-    def loss(ts):
-        ts = dict(ts)
-        xx = ts.pop("__x__")
-        return float((oracle_layer(cfg, ts, xx) * g_out).sum())
-
-    eps = 1e-6
-    assert "shared_kv_proj.weight" in tensors
-    for name in sorted(tensors):
-        direction = np.random.randn(*tensors[name].shape)
-        fd = (loss({**tensors, name: tensors[name] + eps * direction})
-              - loss({**tensors, name: tensors[name] - eps * direction})) / (2 * eps)
-        an = float((grads[name] * direction).sum())
-        err = abs(fd - an) / max(abs(fd), np.linalg.norm(grads[name]), 1e-12)
-        print(f"d/d{name}: autograd {an:+.6e}  finite-diff {fd:+.6e}  rel err {err:.2e}")
-        assert err <= 2e-4, name
 
 
 def test_fused_prologue_serves_the_shared_keys():

@@ -9,9 +9,10 @@ import pytest
 from paddleformers.transformers.cache_utils import DynamicCache
 
 import oracle
-from _utils import assert_clean_graph, config_dict, read_tensor_shapes, rel_err, tiny_config, to_numpy
+from _utils import assert_clean_graph, config_dict, load_checkpoint_numpy, read_tensor_shapes, rel_err, tiny_config
+from _utils import to_numpy
+from family_cases import randomize_postmix
 from paddle_vha import Qwen3VHAForCausalLM, VHAConfigError
-from test_vha_model import load_checkpoint_numpy, randomize_postmix
 
 W = 4  # the window: a query sees its own position and the 3 before it
 SWA = dict(sliding_window=W, use_sliding_window=True, num_hidden_layers=3,

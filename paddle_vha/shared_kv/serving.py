@@ -8,12 +8,13 @@ from typing import Optional
 from ..qwen3.functional import inverse_rope
 from ..qwen3.serving import GQAForm
 from ..qwen3.serving import export_refusal as stock_refusal
+from .spec import KV_PROJECTIONS
 
 __all__ = ["SharedKVForm", "export_form", "cache_shape", "cache_names", "export_refusal"]
 
 
 class SharedKVForm(GQAForm):
-    kv_projections = ("shared_kv_proj",)
+    kv_projections = KV_PROJECTIONS  # the one projection the spec declares for both keys and values
     cache_names = ("key",)
 
     def to_cache(self, k, v):
