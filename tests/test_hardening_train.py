@@ -90,3 +90,31 @@ def test_train_resume_from_a_truncated_checkpoint_says_why(tmp_path):
     assert r.returncode == 2 and len(err) == 1, r.stderr[-2000:]
     assert f"resuming from {out / 'checkpoint-2'} failed" in err[0] and "remove that checkpoint folder" in err[0]
     assert tree(tmp_path) == before
+
+
+def test_second_run_into_one_output_dir_is_refused(tmp_path, capsys, monkeypatch):
+    """While a run holds output_dir (its lock), another run into it is refused in one line and writes nothing there
+    (two runs both exited 0 with one interleaved train_log.jsonl); the lock dies with its holder."""
+    import fcntl
+
+    from paddle_vha.cli import train
+    from paddle_vha.train.run_lock import LOCK_FILE
+
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); "
+                               "print('held', flush=True); time.sleep(120)", str(out / LOCK_FILE)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.chdir(tmp_path)
+        before = tree(tmp_path)
+        argv = [os.path.join(ROOT, "configs", "tiny-vha.json"), "--output_dir", str(out), "--max_steps", "1"]
+        refused(train.main, argv, capsys, "another training run is writing it")
+        assert tree(tmp_path) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    with open(out / LOCK_FILE, "a+") as f:  # the holder is gone: the lock is free again
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

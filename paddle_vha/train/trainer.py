@@ -22,6 +22,7 @@ from ..qwen3.contract import check_config, check_config_fields
 from .arguments import tensor_parallel_degree
 from .callbacks import TrainLog, nonfinite_parameter
 from .errors import TrainError
+from .run_lock import LOCK_FILE, hold_run_lock
 from .saving import finish_saved_folder, save_trained, source_float_dtype
 from .paddleformers_trainer import LlmMetaConfig, Trainer, get_last_checkpoint, set_seed
 
@@ -210,7 +211,9 @@ def run(model_args, data_args, training_args, requested: dict) -> int:
     try:
         return _run(model_args, data_args, training_args, requested)
     except BaseException:
-        if not existed and os.path.isdir(out) and not os.listdir(out):
+        if not existed and os.path.isdir(out) and set(os.listdir(out)) <= {LOCK_FILE}:
+            if os.path.exists(os.path.join(out, LOCK_FILE)):
+                os.remove(os.path.join(out, LOCK_FILE))
             os.rmdir(out)
         raise
 
@@ -229,6 +232,7 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
         print("dry run: configuration is valid; nothing trained")
         return 0
     check_device(training_args)
+    lock = hold_run_lock(training_args.output_dir)  # noqa: F841 - held until this function returns
     _quiet_checkpoint_io()
     resume = resume_point(training_args)
     plan_tp = uses_plan_tensor_parallel(model_args, tp)
