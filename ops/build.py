@@ -93,6 +93,16 @@ def default_march() -> str:
     return "x86-64" if platform.machine().lower() in ("x86_64", "amd64") else ""
 
 
+def _build_key(cflags, cuda_flags, sources) -> str:
+    """What a finished build was made from: flags (with the sources' digest), source list, Paddle's version."""
+    import json
+
+    import paddle
+
+    recipe = [cflags, cuda_flags, sources, paddle.__version__, getattr(paddle.version, "commit", "")]
+    return hashlib.sha256(json.dumps(recipe).encode()).hexdigest()
+
+
 def build(verbose: bool = False, force: bool = False):
     """Compile (or reuse) the op and return the loaded module (its `vha_prologue` function)."""
     import paddle
@@ -127,15 +137,20 @@ def build(verbose: bool = False, force: bool = False):
     with open(bdir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            mod = load(
-                name=MODULE_NAME,
-                sources=[str(p) for p in source_files(with_cuda)],
-                extra_cxx_cflags=cflags,
-                extra_cuda_cflags=cuda_flags or None,
-                extra_include_paths=[str(CSRC)],
-                build_directory=str(bdir),
-                verbose=verbose,
-            )
+            sources = [str(p) for p in source_files(with_cuda)]
+            key = _build_key(cflags, cuda_flags, sources)
+            stamp, built = bdir / ".paddle_vha_build_key", bdir / MODULE_NAME / f"{MODULE_NAME}.so"
+            if built.is_file() and stamp.is_file() and stamp.read_text() == key:
+                # Built by this very recipe (the key covers the flags, which carry the sources' digest, and Paddle's
+                # version): load it directly. Paddle's load() would spend ~2 s re-checking in a subprocess.
+                from paddle.utils.cpp_extension.extension_utils import _import_module_from_library
+
+                mod = _import_module_from_library(MODULE_NAME, str(built.parent), verbose)
+            else:
+                mod = load(name=MODULE_NAME, sources=sources, extra_cxx_cflags=cflags,
+                           extra_cuda_cflags=cuda_flags or None, extra_include_paths=[str(CSRC)],
+                           build_directory=str(bdir), verbose=verbose)
+                stamp.write_text(key)
             # Paddle's loader writes the op's Python wrapper as <name>_<thread id>.py and removes it only at a clean
             # interpreter exit: killed processes leave one each. The module is imported by now; drop the file.
             wrapper = Path(getattr(mod, "__file__", "") or "")
