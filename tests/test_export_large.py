@@ -7,9 +7,10 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import shutil
+import subprocess
 
 import numpy as np
-import paddle
 import pytest
 
 from hostile import refused, save_stock, tree
@@ -24,32 +25,52 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 NEW = 6
 
 
+HF_GREEDY = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+model.eval()
+ids = json.loads(sys.argv[2])
+with torch.no_grad():
+    out = model.generate(torch.tensor([ids]), max_new_tokens=int(sys.argv[3]), do_sample=False)
+print(json.dumps(out[0, len(ids):].tolist()))
+"""
+
+
 @pytest.fixture(scope="module")
-def realistic(tmp_path_factory):
-    """A 2-layer checkpoint at Qwen3-0.6B widths, untied, bf16 on disk (1.37 GB of float32 weights)."""
+def realistic(tmp_path_factory, hf_python):
+    """A 2-layer checkpoint at Qwen3-0.6B widths, untied, bf16 on disk (1.37 GB of float32 weights); a prompt of
+    its own tokenizer; and Hugging Face transformers' greedy tokens for it (torch fp32, the side environment): the
+    independent reference."""
+    from tokenizers import Tokenizer
+
     from tools.fixtures.qwen3_shaped import make_checkpoint
 
     root = tmp_path_factory.mktemp("q06")
-    make_checkpoint(str(root / "ckpt"), shape="0.6b", layers=2, untied=True)
-    return root
-
-
-def _paddleformers_greedy(ckpt: str, prompt: np.ndarray) -> np.ndarray:
-    """PaddleFormers' own loader and greedy generate on the checkpoint (float32): the independent reference."""
-    from paddleformers.transformers import Qwen3ForCausalLM
-
-    model = Qwen3ForCausalLM.from_pretrained(ckpt, dtype="float32")
-    model.eval()
-    out, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=NEW, decode_strategy="greedy_search")
-    return out.numpy()
+    ckpt = str(root / "ckpt")
+    make_checkpoint(ckpt, shape="0.6b", layers=2, untied=True)
+    prompt = Tokenizer.from_file(os.path.join(ckpt, "tokenizer.json")).encode("def fibonacci(n):\n    return").ids
+    (root / "hf.py").write_text(HF_GREEDY)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    r = subprocess.run([hf_python, str(root / "hf.py"), ckpt, json.dumps(prompt), str(NEW)], capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root, np.array([prompt], np.int64), np.array([json.loads(r.stdout.strip().splitlines()[-1])])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cache_io", ["concat", "buffer"])
 def test_realistic_width_export_with_external_data(realistic, cache_io):
-    from tokenizers import Tokenizer
+    root, prompt, want = realistic
+    ckpt, out = str(root / "ckpt"), str(root / cache_io)
+    try:
+        _check_realistic_export(ckpt, out, cache_io, prompt, want)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)  # 2.7 GB per flavour
 
-    ckpt, out = str(realistic / "ckpt"), str(realistic / cache_io)
+
+def _check_realistic_export(ckpt, out, cache_io, prompt, want):
     lines = []
     val = export_onnx(ckpt, out, external_data=True, cache_io=cache_io, decode_steps=4, log=lines.append)
     print("\n".join(lines))
@@ -59,12 +80,9 @@ def test_realistic_width_export_with_external_data(realistic, cache_io):
     assert graph < 1_000_000 and data >= 1_370_000_000
     for name in TOKENIZER_FILES:  # every tokenizer / generation file survives, byte for byte
         assert filecmp.cmp(os.path.join(ckpt, name), os.path.join(out, name), shallow=False), name
-    tok = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
-    prompt = np.array([tok.encode("def fibonacci(n):\n    return").ids], np.int64)
-    want = _paddleformers_greedy(ckpt, prompt)
     for sess in (OrtDecoder.from_dir(out), PaddleInferenceDecoder(out)):
         got = generate(sess, prompt, NEW).tokens
-        print(type(sess).__name__, got.tolist(), "PaddleFormers:", want.tolist())
+        print(type(sess).__name__, got.tolist(), "Hugging Face:", want.tolist())
         assert np.array_equal(got, want), type(sess).__name__
     if cache_io == "concat":
         gen = json.load(open(os.path.join(ckpt, "generation_config.json")))
