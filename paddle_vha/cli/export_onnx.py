@@ -19,9 +19,9 @@ graph past protobuf's 2 GB limit (e.g. any Qwen3-0.6B: 2.4 GB in float32), or al
 size exports the same way (the program converted without its weights, then the weights attached).
 
 Memory: about 0.5 GB + 1.7 x the float32 weights (4 bytes per parameter: 4.6 GB for Qwen3-0.6B, 12.2 GB for
-Qwen3-1.7B); measured peak RSS 3.8 GB for Qwen3-0.6B, either cache flavour (docs/deploy.md). The export refuses
-up front, in one line and before reading any weight, when the machine's available memory (MemAvailable, plus what
-the process already holds) is below that.
+Qwen3-1.7B); measured peak RSS 3.8 GB for Qwen3-0.6B (either cache flavour), 9.0 GB for Qwen3-1.7B
+(docs/deploy.md). The export refuses up front, in one line and before reading any weight, when the machine's
+available memory (MemAvailable, plus what the process already holds) is below that.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 The export holds one float32 copy of the weights at a time at each of its stages (the decoder being saved, the
 reference model, the onnxruntime session), plus a stage's passing copies and the processes' own size. Measured peak
 RSS (/usr/bin/time -v, docs/deploy.md): 0.40 GB for a toy model, 2.66 GB for 2 layers at Qwen3-0.6B widths (1.37 GB
-of weights), 3.78 GB for Qwen3-0.6B (2.38 GB; 1.58x), either cache flavour. The need is stated as
-`NEED_BASE + NEED_FACTOR x` the float32 weights, an upper bound of those measurements.
+of weights), 3.78 GB for Qwen3-0.6B (2.38 GB; 1.58x), either cache flavour, 8.98 GB for Qwen3-1.7B (6.88 GB;
+1.30x). The need is stated as `NEED_BASE + NEED_FACTOR x` the float32 weights, an upper bound of those measurements.
 """
 from __future__ import annotations
 
