@@ -54,7 +54,7 @@ def test_paddle2onnx_failure_reaches_the_user(tmp_path):
     (tmp_path / "model.json").write_text("{not a program")
     (tmp_path / "model.pdiparams").write_bytes(b"")
     with pytest.raises(ExportError) as e:
-        _run_paddle2onnx(str(tmp_path / "model.json"), str(tmp_path / "model.pdiparams"), str(tmp_path / "m.onnx"), 17, "")
+        _run_paddle2onnx(str(tmp_path / "model.json"), str(tmp_path / "model.pdiparams"), str(tmp_path / "m.onnx"), 17)
     print(e.value)
     assert str(e.value).startswith("paddle2onnx failed (") and "\n" not in str(e.value)
 

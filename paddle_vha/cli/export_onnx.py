@@ -1,6 +1,7 @@
 """Export a folded (stock Qwen3) checkpoint to an ONNX decoder with KV cache, and validate it.
 
-    python tools/export_onnx.py FOLDED_DIR OUT_DIR [--opset 17] [--decode-steps 16] [--force]
+    python tools/export_onnx.py FOLDED_DIR OUT_DIR [--cache concat|buffer] [--external-data] [--opset 17]
+                                [--decode-steps 16] [--force]
 
 Goes through Paddle's own route (jit.save of a static program, then paddle2onnx) and checks the result as
 Optimum does: onnx.checker full check, standard ONNX ops only, KV inputs with H_kv heads, and onnxruntime vs
@@ -12,6 +13,15 @@ onnxruntime-genai / Optimum convention: input_ids, attention_mask, position_ids,
 --cache buffer writes the in-place flavour instead (docs/deploy.md): the cache goes in as the runtime's buffers and
 only the new positions come out (new.{i}.key/.value), so nothing copies the cache; paddle_vha.serve and
 tools/generate.py run it, onnxruntime-genai and Optimum do not.
+
+Weights go to OUT_DIR/model.onnx.data (ONNX external data, beside a model.onnx of a few MB) when they would push the
+graph past protobuf's 2 GB limit (e.g. any Qwen3-0.6B: 2.4 GB in float32), or always with --external-data; any
+size exports the same way (the program converted without its weights, then the weights attached).
+
+Memory: about 0.5 GB + 1.7 x the float32 weights (4 bytes per parameter: 4.6 GB for Qwen3-0.6B, 12.2 GB for
+Qwen3-1.7B); measured peak RSS 3.8 GB for Qwen3-0.6B (either cache flavour), 9.0 GB for Qwen3-1.7B
+(docs/deploy.md). The export refuses up front, in one line and before reading any weight, when the machine's
+available memory (MemAvailable, plus what the process already holds) is below that.
 """
 from __future__ import annotations
 
@@ -35,6 +45,8 @@ def main(argv=None):
     p.add_argument("--cache", default="concat", choices=["concat", "buffer"],
                    help="cache interface: concat (default; present = past + new, what onnxruntime-genai and Optimum "
                         "run) or buffer (the in-place flavour paddle_vha.serve runs: faster at long context)")
+    p.add_argument("--external-data", action="store_true",
+                   help="store the weights in model.onnx.data even under 2 GB (over it they always are)")
     args = p.parse_args(argv)
     if args.decode_steps < 1:
         p.error("--decode-steps must be >= 1")
@@ -44,7 +56,8 @@ def main(argv=None):
 
     try:
         export_onnx(args.folded_dir, args.out_dir, opset=args.opset, decode_steps=args.decode_steps,
-                    tolerance=args.tolerance, force=args.force, cache_io=args.cache)
+                    tolerance=args.tolerance, force=args.force, cache_io=args.cache,
+                    external_data=args.external_data or None)
     except (CheckpointError, ExportError) as e:
         fail(str(e))
     print(f"wrote {args.out_dir}")

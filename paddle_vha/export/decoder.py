@@ -27,7 +27,7 @@ head.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import List, Mapping
 
 import numpy as np
 import paddle
@@ -50,7 +50,7 @@ class Qwen3KVDecoder(nn.Layer):
     """The family's causal LM over on-disk (HF layout) tensors, with tensor KV-cache I/O (see the module docstring),
     for the checkpoint and cache interface of a serving plan (paddle_vha/export/plan.py)."""
 
-    def __init__(self, plan, tensors: Dict[str, np.ndarray], dtype: str = "float32"):
+    def __init__(self, plan, tensors: Mapping[str, np.ndarray], dtype: str = "float32"):
         super().__init__()
         cfg, cache_io = plan.config, plan.cache_io
         assert cache_io in CACHE_IO, f"cache_io must be one of {CACHE_IO}, got {cache_io!r}"
@@ -67,7 +67,9 @@ class Qwen3KVDecoder(nn.Layer):
 
         def w(name, transpose=False):
             a = tensors[name]
-            return self._const(a.T if transpose else a)
+            if transpose:
+                a = np.ascontiguousarray(a.T)  # (in, out); the (out, in) original is freed here
+            return self._const(a)
 
         self.embed = w("model.embed_tokens.weight")  # (V, h)
         self.final_norm = w("model.norm.weight")
@@ -87,8 +89,13 @@ class Qwen3KVDecoder(nn.Layer):
             self.forms.append(form)
 
     def _const(self, array):
-        t = paddle.to_tensor(np.ascontiguousarray(np.asarray(array, np.float32))).astype(self.dtype_name)
-        p = self.create_parameter(list(t.shape), dtype=self.dtype_name, default_initializer=nn.initializer.Assign(t))
+        """A frozen parameter holding `array`, copied straight into it (no passing paddle copy: at real size the
+        export builds one of these per checkpoint tensor and holds only the parameters)."""
+        a = np.ascontiguousarray(np.asarray(array, np.float32))
+        p = self.create_parameter(list(a.shape), dtype=self.dtype_name,
+                                  default_initializer=nn.initializer.Constant(0.0))
+        p.set_value(a if self.dtype_name == "float32" else paddle.to_tensor(a).astype(self.dtype_name))
+        del a
         p.stop_gradient = True
         self.add_parameter(f"w{len(self._parameters)}", p)  # registered, so jit.save stores it
         return p

@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 
 __all__ = ["genai_refusal", "genai_config", "byte_tokenizer", "write_genai_files", "TOKENIZER_FILES"]
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")
 BYTE_VOCAB = 256
 
 
@@ -48,10 +48,28 @@ def _token_id(value) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _search(gen: dict, context: int) -> dict:
+    """genai's search block: greedy (do_sample false), as tools/generate.py and the export's own validation decode;
+    the checkpoint's sampling values (temperature, top_k, top_p of generation_config.json) are kept for a caller
+    who turns sampling on (`set_search_options(do_sample=True)`), and are inert until then."""
+    def number(key, default, kind):
+        v = gen.get(key)
+        return kind(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else default
+
+    return {
+        "do_sample": False, "num_beams": 1, "num_return_sequences": 1, "max_length": context, "min_length": 0,
+        "temperature": number("temperature", 1.0, float), "top_k": number("top_k", 50, int),
+        "top_p": min(number("top_p", 1.0, float), 1.0), "repetition_penalty": 1.0, "length_penalty": 1.0,
+        "diversity_penalty": 0.0, "no_repeat_ngram_size": 0, "early_stopping": True,
+        "past_present_share_buffer": False,  # present is past + new, a new tensor each step
+    }
+
+
 def genai_config(plan, generation_config: Optional[dict] = None) -> dict:
     """genai_config.json for a stock-Qwen3-served export (a ServingPlan, paddle_vha/export/plan.py): sizes from the
-    config, bos / eos / pad from generation_config.json or config.json (NUL, id 0, where neither says: genai needs
-    ids, and a byte-level model never emits NUL in text), greedy search up to the context length."""
+    config; bos / eos / pad from generation_config.json, else config.json (eos as given, a list where the checkpoint
+    lists several, e.g. Qwen3's [<|im_end|>, <|endoftext|>]; NUL, id 0, where neither says: genai needs ids, and a
+    byte-level model never emits NUL in text); greedy search up to the context length (`_search`)."""
     cfg, raw_config = plan.config, plan.folder.config
     gen = generation_config or {}
 
@@ -88,14 +106,7 @@ def genai_config(plan, generation_config: Optional[dict] = None) -> dict:
                             "present_value_names": "present.%d.value"},
             },
         },
-        "search": {
-            "do_sample": bool(gen.get("do_sample", False)), "num_beams": 1, "num_return_sequences": 1,
-            "max_length": context, "min_length": 0, "temperature": float(gen.get("temperature", 1.0) or 1.0),
-            "top_k": int(gen.get("top_k", 1) or 1) if gen.get("do_sample") else 1,
-            "top_p": float(gen.get("top_p", 1.0) or 1.0), "repetition_penalty": 1.0, "length_penalty": 1.0,
-            "diversity_penalty": 0.0, "no_repeat_ngram_size": 0, "early_stopping": True,
-            "past_present_share_buffer": False,  # present is past + new, a new tensor each step
-        },
+        "search": _search(gen, context),
     }
 
 

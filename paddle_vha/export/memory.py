@@ -1,0 +1,62 @@
+"""How much memory an export needs, and the up-front refusal when the machine does not have it.
+
+The export holds one float32 copy of the weights at a time at each of its stages (the decoder being saved, the
+reference model, the onnxruntime session), plus a stage's passing copies and the processes' own size. Measured peak
+RSS (/usr/bin/time -v, docs/deploy.md): 0.40 GB for a toy model, 2.66 GB for 2 layers at Qwen3-0.6B widths (1.37 GB
+of weights), 3.78 GB for Qwen3-0.6B (2.38 GB; 1.58x), either cache flavour, 8.98 GB for Qwen3-1.7B (6.88 GB;
+1.30x). The need is stated as `NEED_BASE + NEED_FACTOR x` the float32 weights, an upper bound of those measurements.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .errors import ExportError
+
+__all__ = ["NEED_BASE", "NEED_FACTOR", "export_memory_need", "available_bytes", "check_memory", "FORMULA"]
+
+NEED_BASE = 0.5e9  # Python, Paddle, PaddleFormers and onnxruntime loaded (0.32 GB), graph building and conversion
+NEED_FACTOR = 1.7  # float32 weights: one held copy plus a stage's passing copies (measured <= 1.45x above the base)
+FORMULA = f"{NEED_BASE / 1e9:.1f} GB + {NEED_FACTOR:g} x the float32 weights"
+
+
+def export_memory_need(weight_bytes: int) -> int:
+    """Bytes of memory an export of `weight_bytes` float32 weights needs (FORMULA)."""
+    return int(NEED_BASE + NEED_FACTOR * weight_bytes)
+
+
+def available_bytes() -> Optional[int]:
+    """MemAvailable of /proc/meminfo in bytes (what can be allocated without swapping), or None where there is no
+    such file."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (VmRSS), which counts toward the export's peak; 0 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def check_memory(weight_bytes: int, what: str) -> int:
+    """The need of an export of `weight_bytes`; ExportError (one line) when the machine has less: its available
+    memory plus what this process already holds (Python and the libraries, part of the need)."""
+    need = export_memory_need(weight_bytes)
+    free = available_bytes()
+    have = None if free is None else free + resident_bytes()
+    if have is not None and have < need:
+        raise ExportError(f"{what}: the export needs about {need / 1e9:.1f} GB of memory ({FORMULA}, "
+                          f"{weight_bytes / 1e9:.2f} GB of weights); this machine has {have / 1e9:.1f} GB (MemAvailable "
+                          "and this process)")
+    return need
