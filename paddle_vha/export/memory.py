@@ -8,8 +8,8 @@ of weights), 3.78 GB for Qwen3-0.6B (2.38 GB; 1.58x), either cache flavour, 8.98
 """
 from __future__ import annotations
 
-from typing import Optional
-
+from ..machine import available_memory_bytes as available_bytes
+from ..machine import resident_bytes
 from .errors import ExportError
 
 __all__ = ["NEED_BASE", "NEED_FACTOR", "export_memory_need", "available_bytes", "check_memory", "FORMULA"]
@@ -22,31 +22,6 @@ FORMULA = f"{NEED_BASE / 1e9:.1f} GB + {NEED_FACTOR:g} x the float32 weights"
 def export_memory_need(weight_bytes: int) -> int:
     """Bytes of memory an export of `weight_bytes` float32 weights needs (FORMULA)."""
     return int(NEED_BASE + NEED_FACTOR * weight_bytes)
-
-
-def available_bytes() -> Optional[int]:
-    """MemAvailable of /proc/meminfo in bytes (what can be allocated without swapping), or None where there is no
-    such file."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def resident_bytes() -> int:
-    """This process's resident memory (VmRSS), which counts toward the export's peak; 0 where unknown."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def check_memory(weight_bytes: int, what: str) -> int:
