@@ -22,9 +22,7 @@ Exit status: 0 done, 2 refused (one line on stderr says why).
 """
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 
 from paddle_vha.cli import (add_converter_options, add_eval_options, command, converter_parser, parse_converter_args,
                             run_transform)
@@ -38,7 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--postmix-rank", type=int, default=4, metavar="R", help="rank of Postmix's head mixing (default 4)")
     p.add_argument("--method", default="svd", choices=["mean", "svd", "calibrated"], help="default svd")
     p.add_argument("--calib-tokens", type=int, default=8192, metavar="T",
-                   help="calibration tokens (training split of the embedded corpus) for 'calibrated' (default 8192)")
+                   help="calibration tokens (random windows of the calibration text) for 'calibrated' (default 8192)")
     p.add_argument("--seed", type=int, default=0, help="seed of Postmix's small U (default 0)")
     p.add_argument("--no-compare", action="store_true", help="evaluate only the chosen method")
     add_converter_options(p)
@@ -64,54 +62,70 @@ def _plan(args):
                         seed=args.seed, max_shard_size=args.max_shard_size)
 
 
-def _reference(args, plan):
-    """(text windows, the original model's logits on them) for the KL, or (None, None) with --eval-batches 0."""
+def _reference(args, plan, text):
+    """(the original's Weights, eval token passes, labels, its final hidden states) for the KL, or None with
+    --eval-batches 0."""
     if args.eval_batches == 0:
-        return None, None
+        return None
+    import numpy as np
     from paddleformers.transformers import Qwen3ForCausalLM
 
-    from paddle_vha.transform.verify import model_logits, text_windows
+    from paddle_vha.transform import layerwise as lw
 
-    windows = text_windows(args.eval_batches, args.eval_len)
-    ref = model_logits(plan.in_dir, [x for x, _ in windows], Qwen3ForCausalLM)
-    print(f"logit KL(original || converted) on {ref.shape[0] * ref.shape[1]} held-out standard-library byte "
-          "tokens, and the mean (max) relative fit error over layers of q, k, v:")
-    return windows, ref
+    windows = text.windows("val", args.eval_batches, args.eval_len)
+    ids, labels = lw.passes([x for x, _ in windows], args.pass_tokens), np.concatenate([y for _, y in windows])
+    ref = lw.folder_weights(plan.source, Qwen3ForCausalLM)
+    print(f"logit KL(original || converted) on {text.describe(labels.size, 'val')}, and the mean (max) relative "
+          "fit error over layers of q, k, v:")
+    return ref, ids, labels, lw.final_hidden(ref, ids)
+
+
+def _moments(args, plan, text):
+    from paddle_vha.transform import convert_to_vha as cv
+
+    moments = cv.calibration_moments(plan.in_dir, args.calib_tokens, seq_len=args.eval_len, text=text,
+                                     pass_tokens=args.pass_tokens)
+    batch_tokens = 4 * args.eval_len
+    used = -(-args.calib_tokens // batch_tokens) * batch_tokens
+    print(f"calibration: E[x x^T] of {plan.src_cfg.num_hidden_layers} attention inputs over "
+          f"{text.describe(used, 'train')}", flush=True)
+    return moments
 
 
 def _write(args, plan) -> None:
-    """Every other method converted into a scratch folder and its KL printed (unless --no-compare), then the chosen
-    one written to OUT_DIR, its KL printed on the complete folder before it becomes OUT_DIR."""
+    """Every other method converted layer by layer and its KL printed (unless --no-compare), then the chosen one
+    written to OUT_DIR, its KL printed on the complete folder before it becomes OUT_DIR."""
     from paddle_vha.transform import convert_to_vha as cv
+    from paddle_vha.transform import layerwise as lw
+    from paddle_vha.transform.text import load_text
 
     methods = [args.method] if args.no_compare else [m for m in cv.METHODS if m != args.method] + [args.method]
-    moments = None
-    if "calibrated" in methods:
-        moments = cv.calibration_moments(plan.in_dir, args.calib_tokens, seq_len=args.eval_len)
-        print(f"calibration: E[x x^T] of {plan.src_cfg.num_hidden_layers} attention inputs over "
-              f"{args.calib_tokens} training-split byte tokens")
-    windows, ref = _reference(args, plan)
+    text = None
+    if "calibrated" in methods or args.eval_batches:
+        text = load_text(plan.in_dir, plan.src_cfg.vocab_size, args.calib_data, cv.ConvertError)
+    moments = _moments(args, plan, text) if "calibrated" in methods else None
+    ref = _reference(args, plan, text)
 
-    def report(method, model_dir):
-        kl = cv.logit_kl(ref, model_dir, windows) if ref is not None else None
+    def report(method, model):
+        kl = None
+        if ref is not None:
+            kl = lw.logit_stats(ref[0], ref[3], model, lw.final_hidden(model, ref[1]), ref[2])
+            if kl["nonfinite"]:
+                raise cv.ConvertError(f"logit KL: the {kl['nonfinite'].replace('compared', 'converted')} model's "
+                                      "logits are not finite (NaN or Inf)")
         mark = "  <- written" if method == args.method else ""
         kl_text = f"KL {kl['mean_kl']:.4e} nats/token, max rel logit diff {kl['max_rel']:.3e}; " if kl else ""
         print(f"  {method:<10} {kl_text}fit {_errors_line(plan.errors)}{mark}", flush=True)
 
-    for method in methods[:-1]:  # the others first, in scratch folders
-        converted = cv.convert_state(plan, method, moments, progress=not args.no_progress)
+    for method in methods[:-1]:  # the others first, never written: converted layer by layer inside the forward
+        tensors = cv.LayerTensors(plan, method, moments)
         if ref is None:
-            report(method, None)
-            continue
-        scratch = tempfile.mkdtemp(prefix="vha-convert-")
-        try:
-            report(method, cv.write_candidate(plan, converted, scratch + "/m"))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        del converted
-    converted = cv.convert_state(plan, args.method, moments, progress=not args.no_progress)
-    cv.convert_checkpoint(plan, converted, progress=not args.no_progress,
-                          check=lambda folder: report(args.method, folder))
+            for i in range(plan.src_cfg.num_hidden_layers):
+                tensors(f"model.layers.{i}.self_attn.q_proj.weight")
+        report(method, cv.candidate_weights(plan, tensors) if ref is not None else None)
+    tensors = cv.LayerTensors(plan, args.method, moments)
+    cv.convert_checkpoint(plan, tensors, progress=not args.no_progress,
+                          check=lambda folder: report(args.method, lw.folder_weights(folder)))
 
 
 def _done(args, plan, seconds: float, written) -> int:
