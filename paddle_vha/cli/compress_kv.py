@@ -3,7 +3,8 @@
 In the chosen layers, k_proj / v_proj keep only N physical KV heads (the top N singular directions of the
 per-head weight matrix); HLC coefficients rebuild the original KV heads from them, so the cache of those
 layers shrinks by N / (original KV heads). Prints the per-layer relative reconstruction error of W_K and W_V,
-then the logit KL of compressed vs original on standard-library text (byte tokens). With N = the original KV
+then the logit KL of compressed vs original on held-out text (--calib-data FILE, default the embedded
+standard-library corpus) tokenized with IN_DIR's tokenizer.json (byte ids for a byte-level checkpoint). With N = the original KV
 head count the conversion is exact (logits agree to float rounding). IN_DIR is never modified; OUT_DIR appears
 only when complete.
 
@@ -44,11 +45,16 @@ def _plan(args):
 def _write(args, plan) -> dict:
     """Compress and write; returns the logit KL (empty with --eval-batches 0)."""
     from paddle_vha.transform import compress_kv as compress
+    from paddle_vha.transform.text import load_text
 
     kl = {}
+    text = None
+    if args.eval_batches:  # read and tokenized first: a text it cannot use is refused before any work
+        text = load_text(plan.in_dir, plan.cfg.vocab_size, args.calib_data, compress.CompressError)
 
     def check(folder):  # the KL runs on the complete folder before it becomes OUT_DIR: a failure leaves nothing
-        kl.update(compress.logit_kl(args.in_dir, folder, batches=args.eval_batches, seq_len=args.eval_len))
+        kl.update(compress.logit_kl(args.in_dir, folder, batches=args.eval_batches, seq_len=args.eval_len,
+                                    text=text, pass_tokens=args.pass_tokens))
 
     compress.compress_checkpoint(plan, progress=not args.no_progress, check=check if args.eval_batches else None)
     return kl
@@ -60,7 +66,7 @@ def _done(args, plan, seconds: float, kl: dict) -> int:
     for i, (ek, ev) in sorted(plan.errors.items()):
         print(f"{i:>5} {ek:>12.4e} {ev:>12.4e}")
     if kl:
-        print(f"logit KL(original || compressed) on {kl['tokens']} standard-library byte tokens: {kl['mean_kl']:.4e} "
+        print(f"logit KL(original || compressed) on {kl['text']}: {kl['mean_kl']:.4e} "
               f"nats/token (original cross-entropy {kl['orig_ce']:.3f}); max |logit diff| / max |logit| = "
               f"{kl['max_rel']:.3e}")
     return 0

@@ -39,17 +39,27 @@ def text_windows(batches: int, seq_len: int, batch_size: int = 4, corpus_mb: flo
 
 
 def model_logits(model_dir: str, token_batches: Iterable[np.ndarray], model_cls, dtype: str = "float32") -> np.ndarray:
-    """Logits (float64 numpy, batches concatenated on axis 0) of the checkpoint folder `model_dir` loaded as
-    `model_cls`; ids at or above the vocabulary size wrap modulo it (byte tokens on a smaller vocabulary)."""
+    """Logits (float64 numpy, batches concatenated on axis 0) of the checkpoint folder `model_dir` run as
+    `model_cls`; ids at or above the vocabulary size wrap modulo it (byte tokens on a smaller vocabulary).
+
+    float32 (the default) runs one decoder layer at a time (transform/layerwise.py: memory of one layer plus these
+    tokens' logits, whatever the depth); another dtype loads the whole model through from_pretrained."""
     import paddle
 
+    batches = [np.asarray(x) for x in token_batches]
+    if dtype == "float32":
+        from .layerwise import final_hidden, folder_weights
+
+        w = folder_weights(model_dir, model_cls)
+        hidden = final_hidden(w, [x % w.config.vocab_size for x in batches])  # (N, S, h)
+        return np.concatenate([(hidden @ block.T).astype(np.float64) for _, block in w.rows(w.head)], axis=-1)
     with tempfile.TemporaryDirectory(prefix="vha-logits-") as tmp:
         model = model_cls.from_pretrained(linked_view(model_dir, os.path.join(tmp, "m")), dtype=dtype)
         model.eval()
         vocab = model.config.vocab_size
         outs = []
         with paddle.no_grad():
-            for x in token_batches:
+            for x in batches:
                 outs.append(model(paddle.to_tensor(x % vocab), return_dict=True).logits.astype("float64").numpy())
         del model
     return np.concatenate(outs)
