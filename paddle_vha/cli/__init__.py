@@ -143,8 +143,26 @@ def parse_converter_args(p: argparse.ArgumentParser, argv=None) -> argparse.Name
     return args
 
 
-def run_transform(args, plan: Callable, write: Callable, what: str, done: Callable) -> int:
-    """A transform's main after parsing: quiet(), plan(args) (a refusal exits 2), print the plan, stop at --dry-run,
+def check_memory(args, made, memory: Optional[Callable]) -> None:
+    """Print the transform's memory need (memory(args, plan) -> (bytes, how it is made up)); unless --dry-run, refuse
+    (CheckpointError, one line) when /proc/meminfo's MemAvailable is below it."""
+    if memory is None:
+        return
+    from paddle_vha.transform.memory import mem_available, refuse_if_short
+    from paddle_vha.units import fmt_bytes
+
+    need, how = memory(args, made)
+    have = mem_available()
+    print(f"memory: needs about {fmt_bytes(need)} ({how}); MemAvailable "
+          f"{fmt_bytes(have) if have is not None else 'unknown'}")
+    if not args.dry_run:
+        refuse_if_short(need, how, made.error, made.verb)
+
+
+def run_transform(args, plan: Callable, write: Callable, what: str, done: Callable,
+                  memory: Optional[Callable] = None) -> int:
+    """A transform's main after parsing: quiet(), plan(args) (a refusal exits 2), print the plan and its memory need
+    (memory(args, plan) -> (bytes, formula); refused up front when MemAvailable is below it), stop at --dry-run,
     write(args, plan) (a refusal found while writing, or an OS error, exits 2 with nothing written; `what` names the
     output in that message), then done(args, plan, seconds, written) (written: what write returned) prints the
     result and returns the exit status. The callbacks import Paddle-dependent modules themselves, after quiet()."""
@@ -157,6 +175,10 @@ def run_transform(args, plan: Callable, write: Callable, what: str, done: Callab
     except CheckpointError as e:
         fail(str(e))
     print(format_plan(made))
+    try:
+        check_memory(args, made, memory)
+    except CheckpointError as e:
+        fail(str(e))
     if args.dry_run:
         print("dry run: nothing written")
         return 0

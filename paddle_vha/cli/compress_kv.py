@@ -60,6 +60,19 @@ def _write(args, plan) -> dict:
     return kl
 
 
+def _memory(args, plan):
+    """(bytes, formula): paddle_vha/transform/memory.py's terms for this compression."""
+    from paddle_vha.transform import memory as mem
+
+    c = plan.cfg
+    tokens = max(4 * args.eval_len, min(args.pass_tokens, args.eval_batches * 4 * args.eval_len))
+    parts = {"base": mem.BASE, "layer math": mem.tensor_bytes(c.mea_kv_heads * c.head_dim * c.hidden_size)}
+    if args.eval_batches:
+        parts[f"forward of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.eval_len)
+        parts["logit blocks"] = mem.logits_bytes(c, args.eval_batches * 4 * args.eval_len)
+    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
+
+
 def _done(args, plan, seconds: float, kl: dict) -> int:
     print(f"wrote {plan.out_dir} in {seconds:.2f} s")
     print(f"{'layer':>5} {'rel err W_K':>12} {'rel err W_V':>12}")
@@ -74,7 +87,7 @@ def _done(args, plan, seconds: float, kl: dict) -> int:
 
 @command
 def main(argv=None) -> int:
-    return run_transform(parse_args(argv), _plan, _write, "compressed checkpoint", _done)
+    return run_transform(parse_args(argv), _plan, _write, "compressed checkpoint", _done, _memory)
 
 
 if __name__ == "__main__":

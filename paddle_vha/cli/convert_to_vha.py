@@ -128,6 +128,24 @@ def _write(args, plan) -> None:
                           check=lambda folder: report(args.method, lw.folder_weights(folder)))
 
 
+def _memory(args, plan):
+    """(bytes, formula): paddle_vha/transform/memory.py's terms for this conversion."""
+    from paddle_vha.transform import memory as mem
+
+    c = plan.src_cfg
+    calibrated = "calibrated" in ([args.method] if args.no_compare else ["calibrated"])
+    eval_tokens = args.eval_batches * 4 * args.eval_len
+    tokens = max(4 * args.eval_len, min(args.pass_tokens, max(eval_tokens, args.calib_tokens if calibrated else 0)))
+    math = mem.tensor_bytes(max(c.num_attention_heads * c.head_dim, c.hidden_size) * c.hidden_size)
+    parts = {"base": mem.BASE, "layer math": math, f"forward of {tokens} tokens": mem.forward_bytes(c, tokens,
+                                                                                                   args.eval_len)}
+    if calibrated:
+        parts["moments"] = mem.moments_bytes(c)
+    if args.eval_batches:
+        parts["logit blocks"] = mem.logits_bytes(c, eval_tokens)
+    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
+
+
 def _done(args, plan, seconds: float, written) -> int:
     print(f"wrote {plan.out_dir} in {seconds:.2f} s; uptrain it with tools/train.py "
           f"--model_name_or_path {plan.out_dir}, then fold it with tools/fold.py")
@@ -136,7 +154,7 @@ def _done(args, plan, seconds: float, written) -> int:
 
 @command
 def main(argv=None) -> int:
-    return run_transform(parse_args(argv), _plan, _write, "converted checkpoint", _done)
+    return run_transform(parse_args(argv), _plan, _write, "converted checkpoint", _done, _memory)
 
 
 if __name__ == "__main__":

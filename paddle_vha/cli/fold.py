@@ -42,6 +42,22 @@ def _write(args, plan):
     fold.fold_checkpoint(plan, progress=not args.no_progress)
 
 
+def _memory(args, plan):
+    """(bytes, formula): the largest folded tensor's float64 math, and --verify's two layer-by-layer forwards."""
+    import math
+
+    from paddle_vha.transform import memory as mem
+
+    c = plan.cfg
+    parts = {"base": mem.BASE, "tensor math": mem.tensor_bytes(max([math.prod(e.shape) for e in plan.entries
+                                                                    if e.how != "copy"] or [0]))}
+    if args.verify:
+        tokens = args.verify * args.verify_len
+        parts[f"verify forward of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len)
+        parts["verify logits"] = 3 * tokens * c.vocab_size * 8
+    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
+
+
 def _done(args, plan, seconds: float, written) -> int:
     from paddle_vha.checkpoint.safetensors_io import dtype_name
     from paddle_vha.transform import fold
@@ -57,7 +73,7 @@ def _done(args, plan, seconds: float, written) -> int:
 
 @command
 def main(argv=None) -> int:
-    return run_transform(parse_args(argv), _plan, _write, "folded checkpoint", _done)
+    return run_transform(parse_args(argv), _plan, _write, "folded checkpoint", _done, _memory)
 
 
 if __name__ == "__main__":

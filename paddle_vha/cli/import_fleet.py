@@ -53,6 +53,24 @@ def _write(args, plan):
     import_checkpoint(plan, progress=not args.no_progress)
 
 
+def _memory(args, plan):
+    """(bytes, formula): the largest input tensor's float64 math (a fused one is read whole), and --verify's
+    float64 reference forward (one input tensor at a time) and the imported model's layer-by-layer forward."""
+    import math
+
+    from paddle_vha.transform import memory as mem
+
+    c = plan.cfg
+    largest = max(math.prod(r.shape) for r in plan.inputs.values())
+    parts = {"base": mem.BASE, "tensor math": mem.tensor_bytes(largest)}
+    if args.verify:
+        tokens = args.verify * args.verify_len
+        parts[f"verify forwards of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len) + \
+            mem.tensor_bytes(largest)
+        parts["verify logits"] = 3 * tokens * c.vocab_size * 8
+    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
+
+
 def _done(args, plan, seconds: float, written) -> int:
     from paddle_vha.transform.import_fleet import verify_import
 
@@ -65,7 +83,7 @@ def _done(args, plan, seconds: float, written) -> int:
 
 @command
 def main(argv=None) -> int:
-    return run_transform(parse_args(argv), _plan, _write, "checkpoint", _done)
+    return run_transform(parse_args(argv), _plan, _write, "checkpoint", _done, _memory)
 
 
 if __name__ == "__main__":
