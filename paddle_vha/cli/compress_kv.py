@@ -12,6 +12,10 @@ only when complete.
     bash tools/env.sh python tools/compress_kv.py IN_DIR OUT_DIR --kv-heads 2 --layers deep --dry-run
     bash tools/env.sh python tools/compress_kv.py IN_DIR OUT_DIR --kv-heads 2 --layers 12-35 --k-norm before
 
+Memory: one layer's SVD at a time; the KL runs one decoder layer at a time in float32 (logits in vocabulary blocks):
+about 0.6 GB + one layer's float32 weights x 12 + the KL tokens x (8 hidden + 4 intermediate) x 4 B + ~0.5 GB;
+printed first and refused up front, in one line, when /proc/meminfo's MemAvailable is lower (docs/mea.md).
+
 --layers: all | deep (all but the first 3, the paper's deep setting) | A-B (inclusive) | i,j,k.
 Exit status: 0 done, 2 refused (one line on stderr says why).
 """

@@ -6,8 +6,11 @@ new group are merged (mean, or a best low-rank fit for the values, absorbed into
 identity. After uptraining (tools/train.py --model_name_or_path OUT_DIR) the model folds back (tools/fold.py) into a
 stock GQA-N Qwen3 with the original's query heads. docs/conversion.md says what each method does and why.
 
-Before writing, prints the logit KL of the converted model from the original on held-out standard-library text, for
-every method (so the choice is informed; --no-compare: the chosen one only). A checkpoint that came from a fold
+Before writing, prints the logit KL of the converted model from the original on held-out text, for every method (so
+the choice is informed; --no-compare: the chosen one only). Calibration and the KL read --calib-data FILE (.txt, or
+.jsonl with a "text" field; default: the embedded standard-library corpus) tokenized with IN_DIR's tokenizer.json;
+byte ids only for a byte-level checkpoint (vocabulary < 1024, no tokenizer.json); a larger vocabulary without a
+tokenizer is refused. A checkpoint that came from a fold
 converts back exactly (same N and --q-head-dim): its KL is ~0. IN_DIR is never modified; OUT_DIR appears only when
 complete.
 
@@ -18,6 +21,11 @@ complete.
 Methods: mean   queries by the weight-space factorization, keys and values averaged per group (the GQA recipe)
          svd    queries as mean; values by the best rank-d fit of each group, the maps absorbed into o_proj
          calibrated   as svd, both fits weighted by E[x x^T] of each layer's attention input on calibration text
+Memory: one decoder layer at a time (weights, calibration and the KL run layer by layer in float32, the logits in
+vocabulary blocks), never the whole model: about 0.6 GB + one layer's float32 weights x 12 + --pass-tokens x
+(8 hidden + 4 intermediate) x 4 B + (calibrated) layers x hidden^2 x 8 B + (KL) ~0.5 GB; printed before the work
+starts and refused up front, in one line, when /proc/meminfo's MemAvailable is lower. Measured (docs/conversion.md,
+"Memory"): Qwen3-0.6B shape (1.2 GB bf16), --method svd with all three KLs: MEASURED_06.
 Exit status: 0 done, 2 refused (one line on stderr says why).
 """
 from __future__ import annotations

@@ -9,6 +9,9 @@ OUT_DIR appears only when complete (written to a temporary folder, then renamed)
     bash tools/env.sh python tools/fold.py IN OUT --dry-run             # print the plan, write nothing
     bash tools/env.sh python tools/fold.py IN OUT --dtype bfloat16 --force
 
+Memory: one tensor at a time (its float64 math: ~6 x the largest folded tensor's elements x 8 B) + ~0.6 GB; --verify
+runs both models one decoder layer at a time (float32) and holds N x len x vocabulary x 8 B x 3 of logits. Printed
+first, refused up front in one line when /proc/meminfo's MemAvailable is lower.
 Exit status: 0 done, 2 refused (one line on stderr says why), 1 --verify above tolerance.
 """
 from __future__ import annotations

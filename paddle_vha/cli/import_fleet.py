@@ -12,6 +12,9 @@ IN_DIR is never modified; OUT_DIR appears only when complete.
 
 --verify runs upstream's forward pass (float64 numpy on IN_DIR's own tensors, upstream's einsum and layouts,
 paddle_vha/transform/fleet_reference.py) and the imported model (Paddle float32) on random tokens and compares logits.
+Memory: one tensor at a time (a fused one read whole: ~6 x the largest input tensor's elements x 8 B) + ~0.6 GB;
+--verify adds the float64 reference's largest tensor and the imported model's layer-by-layer forward. Printed first,
+refused up front in one line when /proc/meminfo's MemAvailable is lower.
 Exit status: 0 done, 2 refused (one line on stderr says why), 1 --verify above tolerance.
 """
 from __future__ import annotations
