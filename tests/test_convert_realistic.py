@@ -134,3 +134,27 @@ def test_refused_up_front_when_memory_is_short(shaped, tmp_path, capsys, monkeyp
         print(err)
         assert e.value.code == 2 and "\n" not in err and "needs about" in err and "MemAvailable is 100 MB" in err
         assert not os.path.exists(out) and os.listdir(tmp_path) == []
+
+
+def test_merge_keeps_side_files_and_refuses_when_memory_is_short(tmp_path, capsys, monkeypatch):
+    """merge_tp_checkpoint copies the save's tokenizer / generation files, and refuses up front (one line, nothing
+    written) when MemAvailable is below 3 x its largest tensor + 200 MB."""
+    from test_hardening_outputs import fake_shards
+
+    from paddle_vha.cli.merge_tp_checkpoint import main
+    from paddle_vha.parallel.tp_shards import merge_need
+    from paddle_vha.transform import memory
+
+    shards = fake_shards(tmp_path / "shards")
+    for f in ("tokenizer.json", "generation_config.json", "chat_template.jinja"):
+        (tmp_path / "shards" / f).write_text(f"{{\"{f}\": 1}}")
+    monkeypatch.setattr(memory, "mem_available", lambda: merge_need(shards) - 1)
+    with pytest.raises(SystemExit) as e:
+        main([shards, str(tmp_path / "short")])
+    err = capsys.readouterr().err.strip()
+    print(err)
+    assert e.value.code == 2 and "\n" not in err and "needs about" in err and not os.path.exists(tmp_path / "short")
+    monkeypatch.setattr(memory, "mem_available", lambda: merge_need(shards))
+    assert main([shards, str(tmp_path / "merged")]) == 0
+    for f in ("tokenizer.json", "generation_config.json", "chat_template.jinja"):
+        assert (tmp_path / "merged" / f).read_text() == (tmp_path / "shards" / f).read_text()

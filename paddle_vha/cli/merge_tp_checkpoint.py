@@ -34,7 +34,8 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     try:
-        refuse_if_short(merge_need(args.shards_dir), "3 x the largest tensor + 200 MB", CheckpointError, "merge")
+        refuse_if_short(merge_need(args.shards_dir), "3 x the largest tensor + 200 MB", CheckpointError, "merge",
+                        hint="free memory")
         info = merge_tp_checkpoint(args.shards_dir, args.out_dir, force=args.force, max_shard_size=args.max_shard_size)
     except (CheckpointError, ValueError) as e:
         fail(str(e))

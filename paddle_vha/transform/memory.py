@@ -66,9 +66,12 @@ def moments_bytes(cfg) -> int:
     return cfg.num_hidden_layers * cfg.hidden_size ** 2 * 8
 
 
-def refuse_if_short(need: int, what: str, error, verb: str) -> None:
+HINT = "free memory, or lower --pass-tokens / --eval-batches / --calib-tokens"
+
+
+def refuse_if_short(need: int, what: str, error, verb: str, hint: str = HINT) -> None:
     """`error` (one line) if MemAvailable is below `need` bytes; `what` says where the need comes from."""
     have = mem_available()
     if have is not None and have < need:
         raise error(f"needs about {fmt_bytes(need)} of memory ({what}), but MemAvailable is {fmt_bytes(have)}; "
-                    f"refusing to {verb} (free memory, or lower --pass-tokens / --eval-batches / --calib-tokens)")
+                    f"refusing to {verb} ({hint})")
