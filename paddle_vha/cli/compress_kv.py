@@ -4,9 +4,9 @@ In the chosen layers, k_proj / v_proj keep only N physical KV heads (the top N s
 per-head weight matrix); HLC coefficients rebuild the original KV heads from them, so the cache of those
 layers shrinks by N / (original KV heads). Prints the per-layer relative reconstruction error of W_K and W_V,
 then the logit KL of compressed vs original on held-out text (--calib-data FILE, default the embedded
-standard-library corpus) tokenized with IN_DIR's tokenizer.json (byte ids for a byte-level checkpoint). With N = the original KV
-head count the conversion is exact (logits agree to float rounding). IN_DIR is never modified; OUT_DIR appears
-only when complete.
+standard-library corpus) tokenized with IN_DIR's tokenizer.json (byte ids for a byte-level checkpoint). With N = the
+original KV head count the conversion is exact (logits agree to float rounding). IN_DIR is never modified; OUT_DIR
+appears only when complete.
 
     bash tools/env.sh python tools/compress_kv.py IN_DIR OUT_DIR --kv-heads 4 --layers all
     bash tools/env.sh python tools/compress_kv.py IN_DIR OUT_DIR --kv-heads 2 --layers deep --dry-run

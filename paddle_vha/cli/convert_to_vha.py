@@ -25,7 +25,7 @@ Memory: one decoder layer at a time (weights, calibration and the KL run layer b
 vocabulary blocks), never the whole model: about 0.6 GB + one layer's float32 weights x 12 + --pass-tokens x
 (8 hidden + 4 intermediate) x 4 B + (calibrated) layers x hidden^2 x 8 B + (KL) ~0.5 GB; printed before the work
 starts and refused up front, in one line, when /proc/meminfo's MemAvailable is lower. Measured (docs/conversion.md,
-"Memory"): Qwen3-0.6B shape (1.2 GB bf16), --method svd with all three KLs: MEASURED_06.
+"Memory"): Qwen3-0.6B shape (1.2 GB bf16), --method svd with all three KLs: 1.39 GB peak RSS (20.7 GB before).
 Exit status: 0 done, 2 refused (one line on stderr says why).
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ OUT_DIR appears only when complete (written to a temporary folder, then renamed)
     bash tools/env.sh python tools/fold.py IN OUT --dtype bfloat16 --force
 
 Memory: one tensor at a time (its float64 math: ~6 x the largest folded tensor's elements x 8 B) + ~0.6 GB; --verify
-runs both models one decoder layer at a time (float32) and holds N x len x vocabulary x 8 B x 3 of logits. Printed
+runs both models one decoder layer at a time (float32) and holds N x len x vocabulary x 8 B x 7 of logits. Printed
 first, refused up front in one line when /proc/meminfo's MemAvailable is lower.
 Exit status: 0 done, 2 refused (one line on stderr says why), 1 --verify above tolerance.
 """
@@ -57,7 +57,7 @@ def _memory(args, plan):
     if args.verify:
         tokens = args.verify * args.verify_len
         parts[f"verify forward of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len)
-        parts["verify logits"] = 3 * tokens * c.vocab_size * 8
+        parts["verify logits"] = 7 * tokens * c.vocab_size * 8  # blocks, concatenation, comparison
     return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
 
 

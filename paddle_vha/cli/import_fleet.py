@@ -70,7 +70,7 @@ def _memory(args, plan):
         tokens = args.verify * args.verify_len
         parts[f"verify forwards of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len) + \
             mem.tensor_bytes(largest)
-        parts["verify logits"] = 3 * tokens * c.vocab_size * 8
+        parts["verify logits"] = 7 * tokens * c.vocab_size * 8  # blocks, concatenation, comparison
     return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
 
 
