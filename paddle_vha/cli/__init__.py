@@ -118,9 +118,17 @@ def add_verify_options(p, sequences: int, length: int, tol: Optional[float], ver
 
 
 def add_eval_options(p, batches_help: str) -> None:
-    """--eval-batches, --eval-len: the logit KL on held-out text of compress_kv and convert_to_vha."""
+    """--eval-batches, --eval-len, --calib-data, --pass-tokens: the text (calibration, the logit KL on held-out text)
+    of compress_kv and convert_to_vha."""
     p.add_argument("--eval-batches", type=int, default=4, help=batches_help)
     p.add_argument("--eval-len", type=int, default=128, help="tokens per evaluation sequence (default 128)")
+    p.add_argument("--calib-data", default=None, metavar="FILE",
+                   help="text to calibrate on and to report the KL on: FILE.txt, or FILE.jsonl with a \"text\" field "
+                        "per line (its last 10%% of tokens held out for the KL), tokenized with IN_DIR's tokenizer.json "
+                        "(byte ids for a byte-level checkpoint without one); default: the embedded standard-library "
+                        "corpus")
+    p.add_argument("--pass-tokens", type=int, default=4096, metavar="T",
+                   help="tokens per layer-by-layer forward pass (bounds the activations' memory; default 4096)")
 
 
 def parse_converter_args(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
@@ -130,13 +138,31 @@ def parse_converter_args(p: argparse.ArgumentParser, argv=None) -> argparse.Name
         p.error("--verify N must be >= 1")
     if getattr(args, "verify_len", 1) < 1:
         p.error("--verify-len must be >= 1")
-    if hasattr(args, "eval_batches") and (args.eval_batches < 0 or args.eval_len < 2):
-        p.error("--eval-batches must be >= 0 and --eval-len >= 2")
+    if hasattr(args, "eval_batches") and (args.eval_batches < 0 or args.eval_len < 2 or args.pass_tokens < 1):
+        p.error("--eval-batches must be >= 0, --eval-len >= 2 and --pass-tokens >= 1")
     return args
 
 
-def run_transform(args, plan: Callable, write: Callable, what: str, done: Callable) -> int:
-    """A transform's main after parsing: quiet(), plan(args) (a refusal exits 2), print the plan, stop at --dry-run,
+def check_memory(args, made, memory: Optional[Callable]) -> None:
+    """Print the transform's memory need (memory(args, plan) -> (bytes, how it is made up)); unless --dry-run, refuse
+    (CheckpointError, one line) when /proc/meminfo's MemAvailable is below it."""
+    if memory is None:
+        return
+    from paddle_vha.transform.memory import mem_available, refuse_if_short
+    from paddle_vha.units import fmt_bytes
+
+    need, how = memory(args, made)
+    have = mem_available()
+    print(f"memory: needs about {fmt_bytes(need)} ({how}); MemAvailable "
+          f"{fmt_bytes(have) if have is not None else 'unknown'}")
+    if not args.dry_run:
+        refuse_if_short(need, how, made.error, made.verb)
+
+
+def run_transform(args, plan: Callable, write: Callable, what: str, done: Callable,
+                  memory: Optional[Callable] = None) -> int:
+    """A transform's main after parsing: quiet(), plan(args) (a refusal exits 2), print the plan and its memory need
+    (memory(args, plan) -> (bytes, formula); refused up front when MemAvailable is below it), stop at --dry-run,
     write(args, plan) (a refusal found while writing, or an OS error, exits 2 with nothing written; `what` names the
     output in that message), then done(args, plan, seconds, written) (written: what write returned) prints the
     result and returns the exit status. The callbacks import Paddle-dependent modules themselves, after quiet()."""
@@ -149,6 +175,10 @@ def run_transform(args, plan: Callable, write: Callable, what: str, done: Callab
     except CheckpointError as e:
         fail(str(e))
     print(format_plan(made))
+    try:
+        check_memory(args, made, memory)
+    except CheckpointError as e:
+        fail(str(e))
     if args.dry_run:
         print("dry run: nothing written")
         return 0

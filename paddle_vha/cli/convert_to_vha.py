@@ -6,8 +6,11 @@ new group are merged (mean, or a best low-rank fit for the values, absorbed into
 identity. After uptraining (tools/train.py --model_name_or_path OUT_DIR) the model folds back (tools/fold.py) into a
 stock GQA-N Qwen3 with the original's query heads. docs/conversion.md says what each method does and why.
 
-Before writing, prints the logit KL of the converted model from the original on held-out standard-library text, for
-every method (so the choice is informed; --no-compare: the chosen one only). A checkpoint that came from a fold
+Before writing, prints the logit KL of the converted model from the original on held-out text, for every method (so
+the choice is informed; --no-compare: the chosen one only). Calibration and the KL read --calib-data FILE (.txt, or
+.jsonl with a "text" field; default: the embedded standard-library corpus) tokenized with IN_DIR's tokenizer.json;
+byte ids only for a byte-level checkpoint (vocabulary < 1024, no tokenizer.json); a larger vocabulary without a
+tokenizer is refused. A checkpoint that came from a fold
 converts back exactly (same N and --q-head-dim): its KL is ~0. IN_DIR is never modified; OUT_DIR appears only when
 complete.
 
@@ -18,13 +21,16 @@ complete.
 Methods: mean   queries by the weight-space factorization, keys and values averaged per group (the GQA recipe)
          svd    queries as mean; values by the best rank-d fit of each group, the maps absorbed into o_proj
          calibrated   as svd, both fits weighted by E[x x^T] of each layer's attention input on calibration text
+Memory: one decoder layer at a time (weights, calibration and the KL run layer by layer in float32, the logits in
+vocabulary blocks), never the whole model: about 0.6 GB + one layer's float32 weights x 12 + --pass-tokens x
+(8 hidden + 4 intermediate) x 4 B + (calibrated) layers x hidden^2 x 8 B + (KL) ~0.5 GB; printed before the work
+starts and refused up front, in one line, when /proc/meminfo's MemAvailable is lower. Measured (docs/conversion.md,
+"Memory"): Qwen3-0.6B shape (1.2 GB bf16), --method svd with all three KLs: 1.39 GB peak RSS (20.7 GB before).
 Exit status: 0 done, 2 refused (one line on stderr says why).
 """
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 
 from paddle_vha.cli import (add_converter_options, add_eval_options, command, converter_parser, parse_converter_args,
                             run_transform)
@@ -38,7 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--postmix-rank", type=int, default=4, metavar="R", help="rank of Postmix's head mixing (default 4)")
     p.add_argument("--method", default="svd", choices=["mean", "svd", "calibrated"], help="default svd")
     p.add_argument("--calib-tokens", type=int, default=8192, metavar="T",
-                   help="calibration tokens (training split of the embedded corpus) for 'calibrated' (default 8192)")
+                   help="calibration tokens (random windows of the calibration text) for 'calibrated' (default 8192)")
     p.add_argument("--seed", type=int, default=0, help="seed of Postmix's small U (default 0)")
     p.add_argument("--no-compare", action="store_true", help="evaluate only the chosen method")
     add_converter_options(p)
@@ -64,54 +70,88 @@ def _plan(args):
                         seed=args.seed, max_shard_size=args.max_shard_size)
 
 
-def _reference(args, plan):
-    """(text windows, the original model's logits on them) for the KL, or (None, None) with --eval-batches 0."""
+def _reference(args, plan, text):
+    """(the original's Weights, eval token passes, labels, its final hidden states) for the KL, or None with
+    --eval-batches 0."""
     if args.eval_batches == 0:
-        return None, None
+        return None
+    import numpy as np
     from paddleformers.transformers import Qwen3ForCausalLM
 
-    from paddle_vha.transform.verify import model_logits, text_windows
+    from paddle_vha.transform import layerwise as lw
 
-    windows = text_windows(args.eval_batches, args.eval_len)
-    ref = model_logits(plan.in_dir, [x for x, _ in windows], Qwen3ForCausalLM)
-    print(f"logit KL(original || converted) on {ref.shape[0] * ref.shape[1]} held-out standard-library byte "
-          "tokens, and the mean (max) relative fit error over layers of q, k, v:")
-    return windows, ref
+    windows = text.windows("val", args.eval_batches, args.eval_len)
+    ids, labels = lw.passes([x for x, _ in windows], args.pass_tokens), np.concatenate([y for _, y in windows])
+    ref = lw.folder_weights(plan.source, Qwen3ForCausalLM)
+    print(f"logit KL(original || converted) on {text.describe(labels.size, 'val')}, and the mean (max) relative "
+          "fit error over layers of q, k, v:")
+    return ref, ids, labels, lw.final_hidden(ref, ids)
+
+
+def _moments(args, plan, text):
+    from paddle_vha.transform import convert_to_vha as cv
+
+    moments = cv.calibration_moments(plan.in_dir, args.calib_tokens, seq_len=args.eval_len, text=text,
+                                     pass_tokens=args.pass_tokens)
+    batch_tokens = 4 * args.eval_len
+    used = -(-args.calib_tokens // batch_tokens) * batch_tokens
+    print(f"calibration: E[x x^T] of {plan.src_cfg.num_hidden_layers} attention inputs over "
+          f"{text.describe(used, 'train')}", flush=True)
+    return moments
 
 
 def _write(args, plan) -> None:
-    """Every other method converted into a scratch folder and its KL printed (unless --no-compare), then the chosen
-    one written to OUT_DIR, its KL printed on the complete folder before it becomes OUT_DIR."""
+    """Every other method converted layer by layer and its KL printed (unless --no-compare), then the chosen one
+    written to OUT_DIR, its KL printed on the complete folder before it becomes OUT_DIR."""
     from paddle_vha.transform import convert_to_vha as cv
+    from paddle_vha.transform import layerwise as lw
+    from paddle_vha.transform.text import load_text
 
     methods = [args.method] if args.no_compare else [m for m in cv.METHODS if m != args.method] + [args.method]
-    moments = None
-    if "calibrated" in methods:
-        moments = cv.calibration_moments(plan.in_dir, args.calib_tokens, seq_len=args.eval_len)
-        print(f"calibration: E[x x^T] of {plan.src_cfg.num_hidden_layers} attention inputs over "
-              f"{args.calib_tokens} training-split byte tokens")
-    windows, ref = _reference(args, plan)
+    text = None
+    if "calibrated" in methods or args.eval_batches:
+        text = load_text(plan.in_dir, plan.src_cfg.vocab_size, args.calib_data, cv.ConvertError)
+    moments = _moments(args, plan, text) if "calibrated" in methods else None
+    ref = _reference(args, plan, text)
 
-    def report(method, model_dir):
-        kl = cv.logit_kl(ref, model_dir, windows) if ref is not None else None
+    def report(method, model):
+        kl = None
+        if ref is not None:
+            kl = lw.logit_stats(ref[0], ref[3], model, lw.final_hidden(model, ref[1]), ref[2])
+            if kl["nonfinite"]:
+                raise cv.ConvertError(f"logit KL: the {kl['nonfinite'].replace('compared', 'converted')} model's "
+                                      "logits are not finite (NaN or Inf)")
         mark = "  <- written" if method == args.method else ""
         kl_text = f"KL {kl['mean_kl']:.4e} nats/token, max rel logit diff {kl['max_rel']:.3e}; " if kl else ""
         print(f"  {method:<10} {kl_text}fit {_errors_line(plan.errors)}{mark}", flush=True)
 
-    for method in methods[:-1]:  # the others first, in scratch folders
-        converted = cv.convert_state(plan, method, moments, progress=not args.no_progress)
+    for method in methods[:-1]:  # the others first, never written: converted layer by layer inside the forward
+        tensors = cv.LayerTensors(plan, method, moments)
         if ref is None:
-            report(method, None)
-            continue
-        scratch = tempfile.mkdtemp(prefix="vha-convert-")
-        try:
-            report(method, cv.write_candidate(plan, converted, scratch + "/m"))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        del converted
-    converted = cv.convert_state(plan, args.method, moments, progress=not args.no_progress)
-    cv.convert_checkpoint(plan, converted, progress=not args.no_progress,
-                          check=lambda folder: report(args.method, folder))
+            for i in range(plan.src_cfg.num_hidden_layers):
+                tensors(f"model.layers.{i}.self_attn.q_proj.weight")
+        report(method, cv.candidate_weights(plan, tensors) if ref is not None else None)
+    tensors = cv.LayerTensors(plan, args.method, moments)
+    cv.convert_checkpoint(plan, tensors, progress=not args.no_progress,
+                          check=lambda folder: report(args.method, lw.folder_weights(folder)))
+
+
+def _memory(args, plan):
+    """(bytes, formula): paddle_vha/transform/memory.py's terms for this conversion."""
+    from paddle_vha.transform import memory as mem
+
+    c = plan.src_cfg
+    calibrated = "calibrated" in ([args.method] if args.no_compare else ["calibrated"])
+    eval_tokens = args.eval_batches * 4 * args.eval_len
+    tokens = max(4 * args.eval_len, min(args.pass_tokens, max(eval_tokens, args.calib_tokens if calibrated else 0)))
+    math = mem.tensor_bytes(max(c.num_attention_heads * c.head_dim, c.hidden_size) * c.hidden_size)
+    parts = {"base": mem.BASE, "layer math": math, f"forward of {tokens} tokens": mem.forward_bytes(c, tokens,
+                                                                                                   args.eval_len)}
+    if calibrated:
+        parts["moments"] = mem.moments_bytes(c)
+    if args.eval_batches:
+        parts["logit blocks"] = mem.logits_bytes(c, eval_tokens)
+    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
 
 
 def _done(args, plan, seconds: float, written) -> int:
@@ -122,7 +162,7 @@ def _done(args, plan, seconds: float, written) -> int:
 
 @command
 def main(argv=None) -> int:
-    return run_transform(parse_args(argv), _plan, _write, "converted checkpoint", _done)
+    return run_transform(parse_args(argv), _plan, _write, "converted checkpoint", _done, _memory)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ OUT_DIR appears only when complete (written to a temporary folder, then renamed)
     bash tools/env.sh python tools/fold.py IN OUT --dry-run             # print the plan, write nothing
     bash tools/env.sh python tools/fold.py IN OUT --dtype bfloat16 --force
 
+Memory: one tensor at a time (its float64 math: ~6 x the largest folded tensor's elements x 8 B) + ~0.6 GB; --verify
+runs both models one decoder layer at a time (float32) and holds N x len x vocabulary x 8 B x 7 of logits. Printed
+first, refused up front in one line when /proc/meminfo's MemAvailable is lower.
 Exit status: 0 done, 2 refused (one line on stderr says why), 1 --verify above tolerance.
 """
 from __future__ import annotations
@@ -42,6 +45,22 @@ def _write(args, plan):
     fold.fold_checkpoint(plan, progress=not args.no_progress)
 
 
+def _memory(args, plan):
+    """(bytes, formula): the largest folded tensor's float64 math, and --verify's two layer-by-layer forwards."""
+    import math
+
+    from paddle_vha.transform import memory as mem
+
+    c = plan.cfg
+    parts = {"base": mem.BASE, "tensor math": mem.tensor_bytes(max([math.prod(e.shape) for e in plan.entries
+                                                                    if e.how != "copy"] or [0]))}
+    if args.verify:
+        tokens = args.verify * args.verify_len
+        parts[f"verify forward of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len)
+        parts["verify logits"] = 7 * tokens * c.vocab_size * 8  # blocks, concatenation, comparison
+    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
+
+
 def _done(args, plan, seconds: float, written) -> int:
     from paddle_vha.checkpoint.safetensors_io import dtype_name
     from paddle_vha.transform import fold
@@ -57,7 +76,7 @@ def _done(args, plan, seconds: float, written) -> int:
 
 @command
 def main(argv=None) -> int:
-    return run_transform(parse_args(argv), _plan, _write, "folded checkpoint", _done)
+    return run_transform(parse_args(argv), _plan, _write, "folded checkpoint", _done, _memory)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ IN_DIR is never modified; OUT_DIR appears only when complete.
 
 --verify runs upstream's forward pass (float64 numpy on IN_DIR's own tensors, upstream's einsum and layouts,
 paddle_vha/transform/fleet_reference.py) and the imported model (Paddle float32) on random tokens and compares logits.
+Memory: one tensor at a time (a fused one read whole: ~6 x the largest input tensor's elements x 8 B) + ~0.6 GB;
+--verify adds the float64 reference's largest tensor and the imported model's layer-by-layer forward. Printed first,
+refused up front in one line when /proc/meminfo's MemAvailable is lower.
 Exit status: 0 done, 2 refused (one line on stderr says why), 1 --verify above tolerance.
 """
 from __future__ import annotations
@@ -53,6 +56,24 @@ def _write(args, plan):
     import_checkpoint(plan, progress=not args.no_progress)
 
 
+def _memory(args, plan):
+    """(bytes, formula): the largest input tensor's float64 math (a fused one is read whole), and --verify's
+    float64 reference forward (one input tensor at a time) and the imported model's layer-by-layer forward."""
+    import math
+
+    from paddle_vha.transform import memory as mem
+
+    c = plan.cfg
+    largest = max(math.prod(r.shape) for r in plan.inputs.values())
+    parts = {"base": mem.BASE, "tensor math": mem.tensor_bytes(largest)}
+    if args.verify:
+        tokens = args.verify * args.verify_len
+        parts[f"verify forwards of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len) + \
+            mem.tensor_bytes(largest)
+        parts["verify logits"] = 7 * tokens * c.vocab_size * 8  # blocks, concatenation, comparison
+    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
+
+
 def _done(args, plan, seconds: float, written) -> int:
     from paddle_vha.transform.import_fleet import verify_import
 
@@ -65,7 +86,7 @@ def _done(args, plan, seconds: float, written) -> int:
 
 @command
 def main(argv=None) -> int:
-    return run_transform(parse_args(argv), _plan, _write, "checkpoint", _done)
+    return run_transform(parse_args(argv), _plan, _write, "checkpoint", _done, _memory)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 SHARDS_DIR is what paddle_vha.parallel.save_tp_checkpoint wrote (tp_plan.json, config.json,
 tp-rank-KK-of-TT.safetensors). Split tensors are concatenated in rank order along their split axis; whole
 tensors come from rank 0. The result is validated against its checkpoint contract (docs/checkpoint.md, docs/mea.md)
-before it replaces OUT_DIR. Then, for Qwen3-VHA:  python tools/fold.py OUT_DIR FOLDED_DIR.  See docs/tensor_parallel.md.
+before it replaces OUT_DIR; the save's other files (tokenizer, generation config, chat template) are copied. Memory:
+one global tensor at a time, 3 x the largest tensor's bytes + ~200 MB (refused up front when MemAvailable is
+lower). Then, for Qwen3-VHA:  python tools/fold.py OUT_DIR FOLDED_DIR.  See docs/tensor_parallel.md.
 """
 from __future__ import annotations
 
@@ -27,10 +29,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
-    from paddle_vha.parallel.tp_shards import merge_tp_checkpoint
+    from paddle_vha.parallel.tp_shards import merge_need, merge_tp_checkpoint
+    from paddle_vha.transform.memory import refuse_if_short
 
     t0 = time.perf_counter()
     try:
+        refuse_if_short(merge_need(args.shards_dir), "3 x the largest tensor + 200 MB", CheckpointError, "merge",
+                        hint="free memory")
         info = merge_tp_checkpoint(args.shards_dir, args.out_dir, force=args.force, max_shard_size=args.max_shard_size)
     except (CheckpointError, ValueError) as e:
         fail(str(e))

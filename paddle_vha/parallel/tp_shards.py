@@ -27,7 +27,7 @@ from ..checkpoint.contract import INDEX_FILE, SINGLE_FILE, CheckpointError, is_l
 from ..checkpoint.folder import tensor_refs
 from ..checkpoint.fsutil import atomic_dir, check_output_dir
 
-__all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "read_tp_plan"]
+__all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "merge_need", "read_tp_plan"]
 
 PLAN_FILE = "tp_plan.json"
 FORMAT = "paddle_vha.tp_shards.v1"
@@ -145,10 +145,27 @@ def _finite_part(ref: st.TensorRef, name: str, where: str) -> np.ndarray:
     return part
 
 
+def _side_files(in_dir: str, plan: dict) -> List[str]:
+    """Plain files of a sharded save other than its config, plan and rank files (tokenizer, generation config, ...)."""
+    own = {"config.json", PLAN_FILE, *plan["files"]}
+    return sorted(f for f in os.listdir(in_dir) if f not in own and os.path.isfile(os.path.join(in_dir, f))
+                  and not f.startswith("."))
+
+
+def merge_need(in_dir: str) -> int:
+    """Bytes merge_tp_checkpoint holds at most: the largest global tensor's parts, the merged tensor and its cast,
+    plus the interpreter (~200 MB)."""
+    plan = read_tp_plan(in_dir)
+    largest = max((int(np.prod(i["shape"])) * st.DTYPES[i["dtype"]].itemsize for i in plan["tensors"].values()),
+                  default=0)
+    return 3 * largest + (200 << 20)
+
+
 def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shard_size="5GB", finish=None) -> dict:
     """Rebuild the single-device Qwen3-VHA / Qwen3-MEA checkpoint from a sharded save; returns a summary dict.
 
-    Reads one global tensor's parts at a time; writes atomically (a temporary sibling folder, renamed at the end)
+    Reads one global tensor's parts at a time (memory: merge_need); copies the save's side files (tokenizer,
+    generation config, chat template); writes atomically (a temporary sibling folder, renamed at the end)
     and validates the result against the checkpoint contract. finish(folder), if given, completes the merged folder
     before it is validated and renamed into place (the trainer adds the starting checkpoint's tokenizer files there).
     """
@@ -190,6 +207,8 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
         if len(shards) > 1:
             st.write_index(os.path.join(tmp, INDEX_FILE), weight_map, total)
         shutil.copyfile(os.path.join(in_dir, "config.json"), os.path.join(tmp, "config.json"))
+        for fname in _side_files(in_dir, plan):  # tokenizer, generation config, chat template: kept for the runtime
+            shutil.copy2(os.path.join(in_dir, fname), os.path.join(tmp, fname))
         if finish is not None:
             finish(tmp)
         family_of(tmp).validate(tmp)  # the merged folder meets its family's contract

@@ -9,7 +9,10 @@ checkpoints -> Qwen3-VHA). Each keeps its own math and its own planning; what th
     dtype.py     the one --dtype choice list and how a choice becomes a safetensors dtype code
     describe.py  the one plan printer: a plan describes itself (title, header lines, a table of rows, footer, notes)
     write.py     the one write step: every entry streamed into shards inside a temporary folder renamed into place
-    verify.py    logits of checkpoint folders and their comparison (--verify, the logit KL on text)
+    verify.py    logits of checkpoint folders for --verify (random tokens), and the read-only guard
+    layerwise.py a model's forward one decoder layer at a time, and the blocked logit KL of two models
+    text.py      calibration / KL text as the checkpoint's own token ids (its tokenizer.json; bytes for byte-level)
+    memory.py    a transform's memory need and the up-front refusal when MemAvailable is below it
 
 A new transform is a subclass of TransformPlan (its `tool`, `verb`, `error` and `describe()`), a planner that fills
 it, and a `make(entry)` for the tensors it computes; its command line runs paddle_vha.cli.run_transform.

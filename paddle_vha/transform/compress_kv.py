@@ -32,12 +32,12 @@ from ..qwen3.source import open_stock_qwen3
 from ..transform import Description, Entry, TransformPlan, check_dtype, output_code, write_plan
 from ..transform.describe import kv_cache_line, output_line
 from ..transform.plan import open_output
-from ..transform.verify import kl_on_text, model_logits, text_windows
 from ..mea.config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig
 from ..mea.spec import tensor_shapes as mea_tensor_shapes
 from ..mea.layers import parse_layer_spec
 
-__all__ = ["CompressError", "CompressPlan", "svd_compress", "plan_compress", "compress_checkpoint", "logit_kl"]
+__all__ = ["CompressError", "CompressPlan", "svd_compress", "plan_compress", "compress_layer", "LayerTensors",
+           "compress_checkpoint", "logit_kl"]
 
 
 class CompressError(CheckpointError):
@@ -150,52 +150,76 @@ def _ranges(layers: List[int]) -> str:
     return ",".join(out)
 
 
-def _compress_layers(plan: CompressPlan, progress: bool) -> Dict[str, np.ndarray]:
-    """The SVD of every compressed layer's k/v projections (float64); fills plan.errors."""
-    from tqdm import tqdm
-
+def compress_layer(plan: CompressPlan, i: int) -> Dict[str, np.ndarray]:
+    """The SVD of layer i's k/v projections (float64, on-disk layout); sets plan.errors[i]."""
     c = plan.cfg
     H_kv, n_p, d = c.mea_kv_heads, c.num_key_value_heads, c.head_dim
-    read = plan.read_float64  # float64 math on finite inputs only
+    read, p = plan.read_float64, f"model.layers.{i}.self_attn."  # float64 math on finite inputs only
     out: Dict[str, np.ndarray] = {}
-    for i in tqdm(plan.layers, desc="svd", disable=not progress, leave=False):
-        p = f"model.layers.{i}.self_attn."
-        errs = []
-        for t in ("k", "v"):
-            bias = read(p + f"{t}_proj.bias") if c.attention_bias else None
-            w_phys, b_phys, lc, err = svd_compress(read(p + f"{t}_proj.weight"), bias, H_kv, d, n_p,
-                                                   norm_columns=(t == "k" and c.mea_k_norm_position == "before_hlc"))
-            out[p + f"{t}_proj.weight"], out[p + f"mea_{t}_lc"] = w_phys, lc
-            if b_phys is not None:
-                out[p + f"{t}_proj.bias"] = b_phys
-            errs.append(err)
-        plan.errors[i] = tuple(errs)
+    errs = []
+    for t in ("k", "v"):
+        bias = read(p + f"{t}_proj.bias") if c.attention_bias else None
+        w_phys, b_phys, lc, err = svd_compress(read(p + f"{t}_proj.weight"), bias, H_kv, d, n_p,
+                                               norm_columns=(t == "k" and c.mea_k_norm_position == "before_hlc"))
+        out[p + f"{t}_proj.weight"], out[p + f"mea_{t}_lc"] = w_phys, lc
+        if b_phys is not None:
+            out[p + f"{t}_proj.bias"] = b_phys
+        errs.append(err)
+    plan.errors[i] = tuple(errs)
     return out
 
 
+class LayerTensors:
+    """name -> compressed tensor (float64), one layer at a time (the layer of the requested name is computed on
+    first request, the previous one dropped); None for a tensor that is copied."""
+
+    def __init__(self, plan: CompressPlan):
+        self.plan, self._made = plan, {e.name for e in plan.entries if e.how == "svd"}
+        self._layer, self._tensors = None, {}
+
+    def __call__(self, name: str) -> Optional[np.ndarray]:
+        if name not in self._made:
+            return None
+        i = int(name.split(".")[2])
+        if i != self._layer:
+            self._tensors = {}
+            self._tensors, self._layer = compress_layer(self.plan, i), i
+        return self._tensors[name]
+
+
 def compress_checkpoint(plan: CompressPlan, progress: bool = True, check=None) -> str:
-    """Compute the compressed tensors and write OUT_DIR atomically; fills plan.errors. Returns OUT_DIR.
+    """Compute the compressed tensors (one layer at a time) and write OUT_DIR atomically; fills plan.errors.
 
     check(folder): run on the complete folder before it becomes OUT_DIR (the CLI's logit KL); if it raises, nothing is
     written. CompressError (one line naming the tensor) for a NaN or Inf in an input, or a value --dtype cannot hold.
     """
-    made = _compress_layers(plan, progress)
-    return write_plan(plan, lambda entry: made[entry.name], progress, check=check)
+    made = LayerTensors(plan)
+    return write_plan(plan, lambda entry: made(entry.name), progress, check=check)
 
 
 def logit_kl(in_dir: str, out_dir: str, batches: int = 4, seq_len: int = 128, batch_size: int = 4,
-             corpus_mb: float = 2.0) -> Dict[str, float]:
-    """Original (IN_DIR, stock Qwen3) vs compressed (OUT_DIR, Qwen3-MEA) on validation text, in fp32 Paddle.
+             text=None, pass_tokens: int = 4096) -> Dict[str, float]:
+    """Original (IN_DIR, stock Qwen3) vs compressed (OUT_DIR, Qwen3-MEA) on held-out text, in fp32 Paddle, one
+    decoder layer at a time (transform/layerwise.py).
 
-    Text: the embedded standard-library corpus as byte tokens (ids >= vocab_size wrap modulo vocab_size).
-    Returns mean_kl = mean over positions of KL(original || compressed) in nats, max_rel = max |logit diff| /
-    max |logit|, and the original's own cross-entropy (nats/token) for scale.
-    """
+    text: transform.text.load_text's (default: the embedded corpus as the checkpoint's tokens). Returns mean_kl =
+    mean over positions of KL(original || compressed) in nats, max_rel = max |logit diff| / max |logit|, the
+    original's own cross-entropy (nats/token) for scale, and the text in words (`text`)."""
     from paddleformers.transformers import Qwen3ForCausalLM
 
     from ..mea.modeling import Qwen3MEAForCausalLM
+    from .layerwise import compare_weights, folder_weights, passes
+    from .text import load_text
 
-    windows = text_windows(batches, seq_len, batch_size, corpus_mb)
-    ref = model_logits(in_dir, [x for x, _ in windows], Qwen3ForCausalLM)
-    r = kl_on_text(ref, out_dir, windows, Qwen3MEAForCausalLM, "compressed", CompressError)
-    return {"mean_kl": r["mean_kl"], "max_rel": r["max_rel"], "orig_ce": r["ref_ce"], "tokens": r["tokens"]}
+    ref = folder_weights(in_dir, Qwen3ForCausalLM)
+    text = text or load_text(in_dir, ref.config.vocab_size, None, CompressError)
+    windows = text.windows("val", batches, seq_len, batch_size)
+    labels = np.concatenate([y for _, y in windows])
+    r = compare_weights(ref, folder_weights(out_dir, Qwen3MEAForCausalLM), passes([x for x, _ in windows],
+                                                                                   pass_tokens), labels)
+    if r["nonfinite"]:
+        names = r["nonfinite"].replace("reference", "the original model's").replace("compared",
+                                                                                    "the compressed model's")
+        raise CompressError(f"logit KL: {names} logits are not finite (NaN or Inf)")
+    return {"mean_kl": r["mean_kl"], "max_rel": r["max_rel"], "orig_ce": r["ref_ce"], "tokens": r["tokens"],
+            "text": text.describe(r["tokens"], "val")}

@@ -25,8 +25,6 @@ o_proj); tested. For a general GQA model the conversion is an approximation and 
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
@@ -35,17 +33,16 @@ import numpy as np
 from ..accounting import arch_from_config, kv_bytes_per_token
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError
-from ..checkpoint.fsutil import linked_view
 from ..qwen3.source import open_stock_qwen3
 from ..transform import Description, Entry, TransformPlan, check_dtype, output_code, write_plan
 from ..transform.describe import kv_cache_line, output_line
 from ..transform.plan import open_output
-from ..transform.verify import kl_on_text, text_windows
 from ..vha.config import Qwen3VHAConfig
 from ..vha.spec import tensor_shapes as vha_tensor_shapes
 
-__all__ = ["ConvertError", "ConvertPlan", "METHODS", "factor_queries", "merge_kv", "plan_convert", "convert_state",
-           "calibration_moments", "convert_checkpoint", "write_candidate", "logit_kl", "pool_kv_heads_state"]
+__all__ = ["ConvertError", "ConvertPlan", "METHODS", "factor_queries", "merge_kv", "plan_convert", "convert_layer",
+           "LayerTensors", "convert_state", "calibration_moments", "candidate_weights", "convert_checkpoint",
+           "write_candidate", "pool_kv_heads_state"]
 
 METHODS = ("mean", "svd", "calibrated")
 # what convert_state computes in every attention layer; every other tensor is copied
@@ -214,85 +211,107 @@ def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = N
                              force=force, src_cfg=src_cfg, method=method, seed=seed)
 
 
-def convert_state(plan: ConvertPlan, method: str, moments: Optional[Dict[int, np.ndarray]] = None,
-                  progress: bool = False) -> Dict[str, np.ndarray]:
-    """The converted attention tensors (float64, on-disk layout) for one method; everything else is copied at write
-    time. moments: layer -> E[x x^T] of the attention input (needed by "calibrated"). Fills plan.errors."""
-    from tqdm import tqdm
-
+def convert_layer(plan: ConvertPlan, i: int, method: str, moment: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+    """Layer i's converted attention tensors (float64, on-disk layout) for one method; moment: E[x x^T] of its
+    attention input (needed by "calibrated"). Sets plan.errors[i]."""
     c, s = plan.cfg, plan.src_cfg
-    if method == "calibrated" and moments is None:
+    if method == "calibrated" and moment is None:
         raise ValueError("the calibrated method needs calibration moments")
     n_new, n_old, d, h_v = c.num_key_value_heads, s.num_key_value_heads, s.head_dim, s.num_attention_heads
-    rng = np.random.default_rng(plan.seed)
-    read = plan.read_float64
+    rng = np.random.default_rng([plan.seed, i])  # Postmix's U of layer i: the same whichever layers run first
+    read, p = plan.read_float64, f"model.layers.{i}.self_attn."
+    mom = moment if method == "calibrated" else None
+    wq, premix, eq = factor_queries(read(p + "q_proj.weight"), h_v, n_new, d, c.vha_q_head_dim, mom)
+    wk, _, ek = merge_kv(read(p + "k_proj.weight"), n_old, n_new, d, low_rank=False)
+    wv, maps, ev = merge_kv(read(p + "v_proj.weight"), n_old, n_new, d, low_rank=method != "mean", moment=mom)
+    wo = read(p + "o_proj.weight")
+    if maps is not None:
+        wo = absorb_value_maps(wo, maps, h_v, n_old, d)
+    rank = c.vha_postmix_rank
+    plan.errors[i] = (eq, ek, ev)
+    return {p + "q_proj.weight": wq, p + "vha_premix_weight": premix, p + "k_proj.weight": wk,
+            p + "v_proj.weight": wv, p + "o_proj.weight": wo,
+            p + "vha_postmix_U": rng.normal(0.0, c.vha_postmix_u_init_std, (h_v, rank)),
+            p + "vha_postmix_V": np.zeros((h_v, rank))}
+
+
+class LayerTensors:
+    """name -> converted tensor (float64), computed one layer at a time: the layer a requested name belongs to is
+    converted on first request and kept until a name of another layer is asked for; None for a tensor the conversion
+    copies. The write asks in name order (a layer's tensors together), the layer-wise forward layer by layer, so one
+    layer's converted tensors are held at a time."""
+
+    def __init__(self, plan: ConvertPlan, method: str, moments: Optional[Dict[int, np.ndarray]] = None):
+        self.plan, self.method, self.moments = plan, method, moments
+        self._layer, self._tensors = None, {}
+
+    def __call__(self, name: str) -> Optional[np.ndarray]:
+        parts = name.split(".self_attn.")
+        if len(parts) != 2 or parts[1] not in CONVERTED:
+            return None
+        i = int(name.split(".")[2])
+        if i != self._layer:
+            self._tensors = {}  # the previous layer's arrays go before the next one's are made
+            mom = self.moments[i] if self.moments is not None and self.method == "calibrated" else None
+            self._tensors, self._layer = convert_layer(self.plan, i, self.method, mom), i
+        return self._tensors[name]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self(name)
+
+
+def convert_state(plan: ConvertPlan, method: str, moments: Optional[Dict[int, np.ndarray]] = None,
+                  progress: bool = False) -> Dict[str, np.ndarray]:
+    """Every layer's converted attention tensors at once (float64; small models: tools/uptrain_study.py). The tools
+    stream instead (LayerTensors). Fills plan.errors."""
+    from tqdm import tqdm
+
+    if method == "calibrated" and moments is None:
+        raise ValueError("the calibrated method needs calibration moments")
     out: Dict[str, np.ndarray] = {}
-    for i in tqdm(range(s.num_hidden_layers), desc=f"convert ({method})", disable=not progress, leave=False):
-        p = f"model.layers.{i}.self_attn."
-        mom = moments[i] if method == "calibrated" else None
-        wq, premix, eq = factor_queries(read(p + "q_proj.weight"), h_v, n_new, d, c.vha_q_head_dim, mom)
-        wk, _, ek = merge_kv(read(p + "k_proj.weight"), n_old, n_new, d, low_rank=False)
-        wv, maps, ev = merge_kv(read(p + "v_proj.weight"), n_old, n_new, d, low_rank=method != "mean", moment=mom)
-        wo = read(p + "o_proj.weight")
-        if maps is not None:
-            wo = absorb_value_maps(wo, maps, h_v, n_old, d)
-        rank = c.vha_postmix_rank
-        out.update({p + "q_proj.weight": wq, p + "vha_premix_weight": premix, p + "k_proj.weight": wk,
-                    p + "v_proj.weight": wv, p + "o_proj.weight": wo,
-                    p + "vha_postmix_U": rng.normal(0.0, c.vha_postmix_u_init_std, (h_v, rank)),
-                    p + "vha_postmix_V": np.zeros((h_v, rank))})
-        plan.errors[i] = (eq, ek, ev)
+    for i in tqdm(range(plan.src_cfg.num_hidden_layers), desc=f"convert ({method})", disable=not progress,
+                  leave=False):
+        out.update(convert_layer(plan, i, method, moments[i] if moments is not None else None))
     return out
 
 
-def calibration_moments(in_dir: str, tokens: int, seq_len: int = 128, seed: int = 0) -> Dict[int, np.ndarray]:
-    """E[x x^T] (float64, h x h) of every layer's attention input (q_proj's input: the input_layernorm output), over
-    `tokens` byte tokens of the embedded corpus's training split, run through the original model in fp32."""
-    import paddle
+def calibration_moments(in_dir: str, tokens: int, seq_len: int = 128, seed: int = 0, text=None,
+                        pass_tokens: int = 4096) -> Dict[int, np.ndarray]:
+    """E[x x^T] (float64, h x h) of every layer's attention input (q_proj's input: the input_layernorm output) over
+    `tokens` tokens of random windows of the calibration text (`text`: transform.text.load_text's; default the
+    embedded corpus as the checkpoint's tokens), run through the original model in fp32 one layer at a time."""
     from paddleformers.transformers import Qwen3ForCausalLM
 
+    from .layerwise import attention_moments, folder_weights, passes
+    from .text import load_text
+
+    w = folder_weights(in_dir, Qwen3ForCausalLM)
+    text = text or load_text(in_dir, w.config.vocab_size, None, ConvertError)
     batch = 4
-    n_batches = max(1, -(-tokens // (batch * seq_len)))
-    windows = text_windows(n_batches, seq_len, batch, split="train", seed=seed)
-    sums: Dict[int, np.ndarray] = {}
-    count = [0]
-    with tempfile.TemporaryDirectory(prefix="vha-calib-") as tmp:
-        model = Qwen3ForCausalLM.from_pretrained(linked_view(in_dir, os.path.join(tmp, "in")), dtype="float32")
-        model.eval()
-        vocab = model.config.vocab_size
-        hooks = []
-        for i, layer in enumerate(model.model.layers):
-            def grab(_layer, inputs, i=i):
-                x = inputs[0].astype("float64").numpy().reshape(-1, inputs[0].shape[-1])  # (B*S, h)
-                sums[i] = sums.get(i, 0.0) + x.T @ x
-            hooks.append(layer.self_attn.q_proj.register_forward_pre_hook(grab))
-        with paddle.no_grad():
-            for x, _ in windows:
-                model(paddle.to_tensor(x % vocab))
-                count[0] += x.size
-        for hk in hooks:
-            hk.remove()
-        del model
-    return {i: v / count[0] for i, v in sums.items()}
+    windows = text.windows("train", max(1, -(-tokens // (batch * seq_len))), seq_len, batch, seed)
+    return attention_moments(w, passes([x for x, _ in windows], pass_tokens))
 
 
-def convert_checkpoint(plan: ConvertPlan, converted: Dict[str, np.ndarray], progress: bool = True,
-                       check=None) -> str:
-    """Write OUT_DIR atomically from convert_state's tensors; check(folder) runs on the complete folder first."""
+def candidate_weights(plan: ConvertPlan, tensors) -> "object":
+    """The converted model before it is written (layerwise.Weights): converted tensors from `tensors` (LayerTensors),
+    the rest read from IN_DIR, every tensor rounded to the output dtype as the write rounds it."""
+    from ..families import family
+    from .layerwise import folder_weights
+
+    return folder_weights(plan.source, family(Qwen3VHAConfig.model_type).model_class, override=tensors,
+                          code=plan.out_code, config=plan.cfg)
+
+
+def convert_checkpoint(plan: ConvertPlan, converted, progress: bool = True, check=None) -> str:
+    """Write OUT_DIR atomically; converted: LayerTensors (streamed) or convert_state's dict; check(folder) runs on the
+    complete folder first."""
     return write_plan(plan, lambda entry: converted[entry.name], progress, check=check)
 
 
-def write_candidate(plan: ConvertPlan, converted: Dict[str, np.ndarray], folder: str) -> str:
-    """A converted model written to a scratch folder (for comparing methods); the caller removes it."""
+def write_candidate(plan: ConvertPlan, converted, folder: str) -> str:
+    """A converted model written to a scratch folder; the caller removes it."""
     return write_plan(dataclasses.replace(plan, out_dir=folder, force=False), lambda entry: converted[entry.name],
                       progress=False)
-
-
-def logit_kl(ref_logits: np.ndarray, model_dir: str, windows) -> Dict[str, float]:
-    """KL(original || converted) per position (nats) and max relative logit difference, on `windows`."""
-    from ..families import family_of
-
-    return kl_on_text(ref_logits, model_dir, windows, family_of(model_dir).model_class, "converted", ConvertError)
 
 
 # --- GQA -> GQA by mean pooling (the GQA paper's uptraining start; used by tools/uptrain_study.py) ----------------

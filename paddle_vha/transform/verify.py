@@ -1,23 +1,22 @@
 """The one verify / logit-KL path of the checkpoint transforms: run checkpoint folders in Paddle, compare logits.
 
-fold --verify and import_fleet --verify compare on random tokens (a tolerance decides); compress_kv and
-convert_to_vha report the KL from the original on held-out text (paddle_vha.evaluate.compare_logits either way).
-Models load through a folder of symlinks in a temporary folder (loaders write caches where they load), one at a
-time, in float32 unless asked otherwise; the folders compared are never modified.
+fold --verify and import_fleet --verify compare on random tokens (a tolerance decides): model_logits runs a folder
+one decoder layer at a time in float32 (layerwise.py; another dtype loads the whole model through a folder of
+symlinks); compress_kv and convert_to_vha report the KL from the original on held-out text through layerwise.py and
+text.py. The folders compared are never modified.
 """
 from __future__ import annotations
 
 import os
 import tempfile
 from contextlib import contextmanager
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, Sequence
 
 import numpy as np
 
 from ..checkpoint.fsutil import linked_view
-from ..evaluate import compare_logits, log_softmax
 
-__all__ = ["random_tokens", "text_windows", "model_logits", "nonfinite_sides", "kl_on_text", "left_unchanged"]
+__all__ = ["random_tokens", "model_logits", "nonfinite_sides", "left_unchanged"]
 
 
 def random_tokens(vocab: int, num_sequences: int, seq_len: int, seed: int = 0) -> np.ndarray:
@@ -25,31 +24,28 @@ def random_tokens(vocab: int, num_sequences: int, seq_len: int, seed: int = 0) -
     return np.random.default_rng(seed).integers(0, vocab, size=(num_sequences, seq_len))
 
 
-def text_windows(batches: int, seq_len: int, batch_size: int = 4, corpus_mb: float = 2.0, split: str = "val",
-                 seed: int = 0) -> List[Tuple[np.ndarray, np.ndarray]]:
-    """(input, label) byte-token batches [batch_size, seq_len] of the embedded standard-library corpus: its validation
-    split (fixed windows), or random windows of its training split ("train", drawn with `seed`)."""
-    from ..train.corpus import load_stdlib_corpus
-
-    corpus = load_stdlib_corpus(max_bytes=int(corpus_mb * (1 << 20)))
-    if split == "val":
-        return corpus.val_batches(batch_size, seq_len, batches)
-    rng = np.random.default_rng(seed)
-    return [corpus.batch(rng, batch_size, seq_len, "train") for _ in range(batches)]
-
-
 def model_logits(model_dir: str, token_batches: Iterable[np.ndarray], model_cls, dtype: str = "float32") -> np.ndarray:
-    """Logits (float64 numpy, batches concatenated on axis 0) of the checkpoint folder `model_dir` loaded as
-    `model_cls`; ids at or above the vocabulary size wrap modulo it (byte tokens on a smaller vocabulary)."""
+    """Logits (float64 numpy, batches concatenated on axis 0) of the checkpoint folder `model_dir` run as
+    `model_cls`; ids at or above the vocabulary size wrap modulo it (byte tokens on a smaller vocabulary).
+
+    float32 (the default) runs one decoder layer at a time (transform/layerwise.py: memory of one layer plus these
+    tokens' logits, whatever the depth); another dtype loads the whole model through from_pretrained."""
     import paddle
 
+    batches = [np.asarray(x) for x in token_batches]
+    if dtype == "float32":
+        from .layerwise import final_hidden, folder_weights
+
+        w = folder_weights(model_dir, model_cls)
+        hidden = final_hidden(w, [x % w.config.vocab_size for x in batches])  # (N, S, h)
+        return np.concatenate([(hidden @ block.T).astype(np.float64) for _, block in w.rows(w.head)], axis=-1)
     with tempfile.TemporaryDirectory(prefix="vha-logits-") as tmp:
         model = model_cls.from_pretrained(linked_view(model_dir, os.path.join(tmp, "m")), dtype=dtype)
         model.eval()
         vocab = model.config.vocab_size
         outs = []
         with paddle.no_grad():
-            for x in token_batches:
+            for x in batches:
                 outs.append(model(paddle.to_tensor(x % vocab), return_dict=True).logits.astype("float64").numpy())
         del model
     return np.concatenate(outs)
@@ -60,21 +56,6 @@ def nonfinite_sides(cmp: Dict, sides: Sequence[str]) -> str:
     reference is, what the compared model is), e.g. ("the original model's", "the compressed model's")."""
     which = dict(zip(("reference", "compared"), sides))
     return " and ".join(which[w] for w in cmp["nonfinite"].split(" and "))
-
-
-def kl_on_text(ref: np.ndarray, model_dir: str, windows, model_cls, what: str, error) -> Dict[str, float]:
-    """The model in `model_dir` against the reference logits `ref` on the text `windows` (text_windows' batches):
-    mean_kl (KL(reference || model) per position, nats), max_rel (max |diff| / max |ref|), tokens, and ref_ce (the
-    reference's own cross-entropy, nats/token, for scale). Non-finite logits raise `error` (one line; `what` names
-    the model: "compressed", "converted")."""
-    cmp = compare_logits(ref, model_logits(model_dir, [x for x, _ in windows], model_cls))
-    if cmp["nonfinite"]:
-        names = nonfinite_sides(cmp, ("the original model's", f"the {what} model's"))
-        raise error(f"logit KL: {names} logits are not finite (NaN or Inf)")
-    labels = np.concatenate([y for _, y in windows]) % ref.shape[-1]
-    ce = -np.take_along_axis(log_softmax(ref), labels[..., None], axis=-1).mean()
-    return {"mean_kl": cmp["mean_kl"], "max_rel": cmp["max_rel"], "ref_ce": float(ce),
-            "tokens": int(ref.shape[0] * ref.shape[1])}
 
 
 def _listing(path: str):

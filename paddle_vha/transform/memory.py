@@ -1,0 +1,77 @@
+"""What a transform needs in memory, said before it allocates, and the one up-front refusal when the machine lacks it.
+
+Every transform streams (one tensor, or one decoder layer, at a time), so its need is a few terms of the config,
+never the checkpoint's size (bytes; h hidden, I intermediate, q = heads * head_dim, k = KV heads * head_dim, V the
+vocabulary, L layers, T tokens of one forward pass, S its sequence length, H heads):
+
+    BASE                 Paddle and PaddleFormers imported, the headers read                         ~ 0.6 GB
+    tensor(x)            one tensor's float64 math: inputs, intermediates, output             ~ 6 x its elements x 8
+    forward(T)           one decoder layer's float32 weights (3 copies) + T tokens' activations and scores:
+                         12 (2hq + 2hk + 3hI) + 4 T (8h + 4I) + 8 (T/S) H S^2
+    logits               the KL's blocks: 6 x 1024 x 8192 x 8 + 2 x 8192 x h x 4 (+ the two models' final states)
+    moments              calibration: L h^2 x 8
+
+The constants are from measured peaks (docs/conversion.md, "Memory"). `refuse_if_short` compares the need with
+/proc/meminfo's MemAvailable and raises the transform's error (one line) when it is short.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..units import fmt_bytes
+
+__all__ = ["BASE", "mem_available", "tensor_bytes", "forward_bytes", "logits_bytes", "moments_bytes",
+           "refuse_if_short"]
+
+BASE = 600 << 20
+LOGIT_BLOCK = 6 * 1024 * 8192 * 8
+
+
+def mem_available() -> Optional[int]:
+    """MemAvailable of /proc/meminfo in bytes; None where there is no such file (not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def tensor_bytes(elements: int) -> int:
+    """One tensor's float64 math (inputs, intermediates, output)."""
+    return 6 * int(elements) * 8
+
+
+def _dims(cfg):
+    h, d = cfg.hidden_size, cfg.head_dim
+    return h, cfg.intermediate_size, cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+
+
+def forward_bytes(cfg, tokens: int, seq_len: int) -> int:
+    """One layer-by-layer forward pass over `tokens` tokens of length `seq_len` (transform/layerwise.py)."""
+    h, inter, q, k = _dims(cfg)
+    weights = 12 * (2 * h * q + 2 * h * k + 3 * h * inter)
+    seqs = max(1, tokens // max(seq_len, 1))
+    return weights + 4 * tokens * (8 * h + 4 * inter) + 8 * seqs * cfg.num_attention_heads * min(seq_len, tokens) ** 2
+
+
+def logits_bytes(cfg, tokens: int) -> int:
+    """The KL's logit blocks and the two models' final hidden states over `tokens` positions."""
+    return LOGIT_BLOCK + 2 * 8192 * cfg.hidden_size * 4 + 2 * tokens * cfg.hidden_size * 4
+
+
+def moments_bytes(cfg) -> int:
+    return cfg.num_hidden_layers * cfg.hidden_size ** 2 * 8
+
+
+HINT = "free memory, or lower --pass-tokens / --eval-batches / --calib-tokens"
+
+
+def refuse_if_short(need: int, what: str, error, verb: str, hint: str = HINT) -> None:
+    """`error` (one line) if MemAvailable is below `need` bytes; `what` says where the need comes from."""
+    have = mem_available()
+    if have is not None and have < need:
+        raise error(f"needs about {fmt_bytes(need)} of memory ({what}), but MemAvailable is {fmt_bytes(have)}; "
+                    f"refusing to {verb} ({hint})")
