@@ -48,7 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of Postmix's small U (default 0)")
     p.add_argument("--no-compare", action="store_true", help="evaluate only the chosen method")
     add_converter_options(p)
-    add_eval_options(p, "text batches (4 x --eval-len bytes) for the KL; 0 skips it")
+    add_eval_options(p, "text batches (4 x --eval-len tokens) for the KL; 0 skips it")
     args = parse_converter_args(p, argv)
     if args.calib_tokens < 1:
         p.error("--calib-tokens must be >= 1")

@@ -19,24 +19,13 @@ from __future__ import annotations
 from typing import Optional
 
 from ..units import fmt_bytes
+from ..machine import available_memory_bytes as mem_available
 
 __all__ = ["BASE", "mem_available", "tensor_bytes", "forward_bytes", "logits_bytes", "moments_bytes",
            "refuse_if_short"]
 
 BASE = 600 << 20
 LOGIT_BLOCK = 6 * 1024 * 8192 * 8
-
-
-def mem_available() -> Optional[int]:
-    """MemAvailable of /proc/meminfo in bytes; None where there is no such file (not Linux)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def tensor_bytes(elements: int) -> int:
