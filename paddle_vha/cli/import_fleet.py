@@ -57,19 +57,21 @@ def _write(args, plan):
 
 
 def _memory(args, plan):
-    """(bytes, formula): the largest input tensor's float64 math (a fused one is read whole), and --verify's
-    float64 reference forward (one input tensor at a time) and the imported model's layer-by-layer forward."""
+    """(bytes, formula): the float64 math of the largest input tensor an output is computed from (a fused one is read
+    whole; copies stream in row blocks), and --verify's float64 reference forward (one input tensor at a time, as
+    float64 plus one product) and the imported model's layer-by-layer forward."""
     import math
 
     from paddle_vha.transform import memory as mem
 
     c = plan.cfg
-    largest = max(math.prod(r.shape) for r in plan.inputs.values())
-    parts = {"base": mem.BASE, "tensor math": mem.tensor_bytes(largest)}
+    computed = [math.prod(plan.inputs[s].shape) for e in plan.entries if e.how != "copy" for s in e.sources]
+    parts = {"base": mem.BASE, "tensor math": mem.tensor_bytes(max(computed or [0]))}
     if args.verify:
         tokens = args.verify * args.verify_len
+        largest = max(math.prod(r.shape) for r in plan.inputs.values())
         parts[f"verify forwards of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len) + \
-            mem.tensor_bytes(largest)
+            2 * 8 * largest
         parts["verify logits"] = 7 * tokens * c.vocab_size * 8  # blocks, concatenation, comparison
     return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
 
