@@ -74,7 +74,7 @@ def _memory(args, plan):
     if args.eval_batches:
         parts[f"forward of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.eval_len)
         parts["logit blocks"] = mem.logits_bytes(c, args.eval_batches * 4 * args.eval_len)
-    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
+    return mem.total(parts)
 
 
 def _done(args, plan, seconds: float, kl: dict) -> int:

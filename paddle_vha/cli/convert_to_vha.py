@@ -151,7 +151,7 @@ def _memory(args, plan):
         parts["moments"] = mem.moments_bytes(c)
     if args.eval_batches:
         parts["logit blocks"] = mem.logits_bytes(c, eval_tokens)
-    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
+    return mem.total(parts)
 
 
 def _done(args, plan, seconds: float, written) -> int:

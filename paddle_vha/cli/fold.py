@@ -57,8 +57,8 @@ def _memory(args, plan):
     if args.verify:
         tokens = args.verify * args.verify_len
         parts[f"verify forward of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len)
-        parts["verify logits"] = 7 * tokens * c.vocab_size * 8  # blocks, concatenation, comparison
-    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
+        parts["verify logits"] = mem.verify_logits_bytes(c, tokens)
+    return mem.total(parts)
 
 
 def _done(args, plan, seconds: float, written) -> int:

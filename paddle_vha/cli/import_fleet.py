@@ -72,8 +72,8 @@ def _memory(args, plan):
         largest = max(math.prod(r.shape) for r in plan.inputs.values())
         parts[f"verify forwards of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len) + \
             2 * 8 * largest
-        parts["verify logits"] = 7 * tokens * c.vocab_size * 8  # blocks, concatenation, comparison
-    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
+        parts["verify logits"] = mem.verify_logits_bytes(c, tokens)
+    return mem.total(parts)
 
 
 def _done(args, plan, seconds: float, written) -> int:

@@ -16,13 +16,11 @@ The constants are from measured peaks (docs/conversion.md, "Memory"). `refuse_if
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from ..units import fmt_bytes
 from ..machine import available_memory_bytes as mem_available
 
-__all__ = ["BASE", "mem_available", "tensor_bytes", "forward_bytes", "logits_bytes", "moments_bytes",
-           "refuse_if_short"]
+__all__ = ["BASE", "mem_available", "tensor_bytes", "forward_bytes", "logits_bytes", "verify_logits_bytes",
+           "moments_bytes", "total", "refuse_if_short"]
 
 BASE = 600 << 20
 LOGIT_BLOCK = 6 * 1024 * 8192 * 8
@@ -49,6 +47,16 @@ def forward_bytes(cfg, tokens: int, seq_len: int) -> int:
 def logits_bytes(cfg, tokens: int) -> int:
     """The KL's logit blocks and the two models' final hidden states over `tokens` positions."""
     return LOGIT_BLOCK + 2 * 8192 * cfg.hidden_size * 4 + 2 * tokens * cfg.hidden_size * 4
+
+
+def verify_logits_bytes(cfg, tokens: int) -> int:
+    """--verify's logits of two models over `tokens` positions: blocks, concatenation, comparison (float64)."""
+    return 7 * tokens * cfg.vocab_size * 8
+
+
+def total(parts: dict):
+    """(bytes, formula) of a need made of named parts: the sum, and "name 1.23 GB + ..." for the log line."""
+    return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
 
 
 def moments_bytes(cfg) -> int:
