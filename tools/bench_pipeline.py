@@ -43,8 +43,8 @@ PROMPT_LEN, NEW_TOKENS = 128, 64
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
-        flags = open("/proc/cpuinfo").read()
+            flags = f.read()
+        names = [ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")]
         isa = "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "no AVX2"
         return f"{names[0]} x{len(names)} ({isa})" if names else platform.processor()
     except OSError:
