@@ -10,7 +10,7 @@ is compiled with CUDA (`paddle.is_compiled_with_cuda()`); a CPU wheel gets the C
 
 Environment:
     VHA_OPS_BUILD_DIR     build folder (default: $XDG_CACHE_HOME/paddle_vha/ops-build/paddle-<version>-<sources
-                          digest>, i.e. under ~/.cache: nothing is written into the source tree or the package)
+                          digest>-<checkout and interpreter hash>, i.e. under ~/.cache: nothing is written into the source tree or the package)
     VHA_OPS_MARCH         -march for the CPU translation unit (default on x86-64: x86-64, the portable baseline;
                           the AVX2 and AVX-512 kernels are compiled in regardless and picked at run time by CPUID,
                           so a build folder or wheel runs on any x86-64 CPU. `native` makes the build fit only
@@ -49,7 +49,10 @@ def build_dir() -> Path:
     except Exception:  # noqa: BLE001 - a source build of Paddle without metadata
         paddle_version = "unknown"
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "paddle_vha" / "ops-build" / f"paddle-{paddle_version}-{sources_digest()[:16]}"
+    # The build's recipe names this checkout's csrc/ and this interpreter's Paddle: two checkouts (or virtual
+    # environments) of the same sources sharing one folder would each find the other's stamp and rebuild in turn.
+    where = hashlib.sha256(f"{CSRC.resolve()}\0{sys.prefix}".encode()).hexdigest()[:8]
+    return cache / "paddle_vha" / "ops-build" / f"paddle-{paddle_version}-{sources_digest()[:16]}-{where}"
 
 
 def source_files(with_cuda: bool) -> list[Path]:
