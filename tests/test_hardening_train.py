@@ -118,3 +118,31 @@ def test_second_run_into_one_output_dir_is_refused(tmp_path, capsys, monkeypatch
         holder.wait()
     with open(out / LOCK_FILE, "a+") as f:  # the holder is gone: the lock is free again
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_train_refuses_up_front_when_memory_is_short(tmp_path, capsys, monkeypatch):
+    """A run the machine cannot hold is refused in one line before anything is built or written, naming its need; the
+    need counts 28 bytes per weight (float32 weights, gradients, AdamW moments, the save's copies), weights counted here
+    from the widths (Qwen3-0.6B's, 28 layers, tied: 596 M), plus the logits."""
+    from paddle_vha.cli import train
+    from paddle_vha.train import memory
+
+    fields = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                  max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1e6)
+    h, d, inter, v = 1024, 128, 3072, 151936
+    per_layer = h * 16 * d * 2 + h * 8 * d * 2 + 3 * h * inter + 2 * h + 2 * d
+    weights = v * h + 28 * per_layer + h
+    print(f"Qwen3-0.6B widths: {weights / 1e6:.1f} M weights")
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 4 << 30)
+    monkeypatch.chdir(tmp_path)
+    before = tree(tmp_path)
+    argv = [os.path.join(ROOT, "configs", "tiny-qwen3.json"), "--model_config", json.dumps(fields), "--output_dir",
+            "out", "--max_steps", "1", "--max_seq_len", "128", "--per_device_train_batch_size", "1",
+            "--per_device_eval_batch_size", "1"]
+    err = refused(train.main, argv, capsys, "refusing to train")
+    need_gb = float(err.split("needs about ")[1].split(" GB")[0])
+    expect_gb = (28 * weights + 16 * 128 * v + (800 << 20)) / 2**30
+    print(f"stated need {need_gb} GB, expected about {expect_gb:.2f} GB")
+    assert abs(need_gb - expect_gb) / expect_gb < 0.05 and "MemAvailable is 4 GB" in err
+    assert tree(tmp_path) == before

@@ -391,3 +391,54 @@ def test_dry_run_and_refusals(tmp_path):
     (tmp_path / "out" / "keep.txt").write_text("user data")
     refused(tmp_path / "fleet", "out")
     assert (tmp_path / "out" / "keep.txt").read_text() == "user data"
+
+
+# --- at the width users bring ---------------------------------------------------------------------------------------
+
+def _read_bf16(folder, name):
+    """One bf16 tensor of a safetensors folder as float32, read from the raw headers (no package code)."""
+    import struct
+
+    for f in sorted(os.listdir(folder)):
+        if not f.endswith(".safetensors"):
+            continue
+        with open(os.path.join(folder, f), "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+            if name not in header:
+                continue
+            head = header[name]
+            a, b = head["data_offsets"]
+            fh.seek(8 + n + a)
+            raw = np.frombuffer(fh.read(b - a), dtype="<u2")
+        assert head["dtype"] == "BF16", (name, head["dtype"])
+        return (raw.astype(np.uint32) << 16).view(np.float32).reshape(head["shape"])
+    raise KeyError(f"{folder}: no tensor {name}")
+
+
+@pytest.mark.slow
+def test_import_research_fork_at_realistic_width(tmp_path):
+    """The fork's Qwen3-1.7B-VHA widths (tools/fixtures/fork_shaped.py, 1 layer: vocabulary 151,936, hidden 2048 over 8
+    physical heads of head_dim 128 != 2048 / 8, sharded bf16): import --verify passes, and the imported q / k / v /
+    gate / up are the fork's fused tensors cut as its grouped and gate|up layouts say (bit-exact bf16 copies)."""
+    from tools.fixtures.fork_shaped import make_fork_checkpoint
+
+    raw = make_fork_checkpoint(str(tmp_path / "fork"), shape="1.7b", layers=1, tokenizer=False)
+    before = snapshot(tmp_path / "fork")
+    r = run_tool(tmp_path / "fork", tmp_path / "ours", "--verify", "1", "--verify-len", "8")
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("verify")][0].endswith("-> OK")
+    assert snapshot(tmp_path / "fork") == before, "the input is untouched"
+    h_p, h_kv, d, inter = raw["num_attention_heads"], raw["num_key_value_heads"], raw["head_dim"], raw["intermediate_size"]
+    assert raw["hidden_size"] // h_p != d, "head_dim differs from hidden / heads"
+    qkv = _read_bf16(tmp_path / "fork", "layers.0.self_attn.qkv_proj.weight")  # (h, (h_p + 2 h_kv) d), [in, out]
+    per = h_p // h_kv * d
+    blocks = np.split(qkv, h_kv, axis=1)  # per KV group: its query heads | K | V
+    want = {"q_proj": np.concatenate([b[:, :per] for b in blocks], 1), "k_proj": np.concatenate(
+        [b[:, per:per + d] for b in blocks], 1), "v_proj": np.concatenate([b[:, per + d:] for b in blocks], 1)}
+    up_gate = _read_bf16(tmp_path / "fork", "layers.0.mlp.up_gate_proj.weight")
+    want_mlp = {"gate_proj": up_gate[:, :inter], "up_proj": up_gate[:, inter:]}
+    for name, w in {**{f"self_attn.{k}": v for k, v in want.items()}, **{f"mlp.{k}": v for k, v in want_mlp.items()}}.items():
+        got = _read_bf16(tmp_path / "ours", f"model.layers.0.{name}.weight")  # [out, in]
+        print(f"{name}: {got.shape}, max |ours - fork slice| {np.abs(got - w.T).max():.3g}")
+        assert np.array_equal(got, w.T), name

@@ -228,6 +228,8 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     check_data_fits(model_args, data_args, config)
     train, val, data_desc = build_data(data_args, training_args, config.vocab_size)
     _print_run(config, model_args, data_args, training_args, tp, (train, val, data_desc))
+    memory_line = check_memory(config, data_args, training_args, tp, refuse=not training_args.dry_run)
+    print(memory_line)
     if training_args.dry_run:
         print("dry run: configuration is valid; nothing trained")
         return 0
@@ -265,6 +267,22 @@ def _print_run(config, model_args, data_args, training_args, tp: int, data) -> N
         how = " (sharded by paddle_vha.parallel)" if uses_plan_tensor_parallel(model_args, tp) else ""
         print(f"parallel: tensor_model_parallel_size={tp}{how}; launch with python -m paddle.distributed.launch "
               f"--nproc_per_node N tools/train.py ..., N a multiple of {tp}")
+
+
+def check_memory(config, data_args, training_args, tp: int, refuse: bool = True) -> str:
+    """The run's memory line (paddle_vha/train/memory.py); TrainError, before anything is built, when the machine
+    lacks it (refuse)."""
+    from .memory import local_process_count, refuse_if_short, train_need
+
+    batch = max(training_args.per_device_train_batch_size, training_args.per_device_eval_batch_size)
+    need, formula = train_need(config, batch, data_args.max_seq_len,
+                               model_parallel=tp * max(1, training_args.pipeline_model_parallel_size),
+                               saves=training_args.do_train, local_procs=local_process_count())
+    if not refuse:
+        from ..units import fmt_bytes
+
+        return f"memory: needs about {fmt_bytes(need)} ({formula})"
+    return refuse_if_short(need, formula, TrainError)
 
 
 def check_device(training_args) -> None:

@@ -1,0 +1,67 @@
+"""What a training run needs in memory, said before the model is built, and the one up-front refusal.
+
+Per process, for W weights of which this process holds W / (tensor x pipeline degree) (bytes):
+
+    BASE                 Paddle, PaddleFormers and the Trainer imported                                 ~ 0.8 GB
+    state                float32 weights, gradients and AdamW's two moments: 16 per weight
+    save                 a checkpoint-N / model save: the state's copies on their way to disk: 12 per weight
+    activations          the logits' float32 forward and backward: 16 x batch x sequence x vocabulary, plus
+                         the decoder layers' activations: 4 x batch x sequence x layers x (12 h + 4 I)
+
+The per-weight constants are from measured peaks (docs/training.md, "Memory"). Processes launched on one machine
+share its memory: the need is multiplied by the launcher's local process count (PADDLE_LOCAL_SIZE).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+from ..machine import available_memory_bytes
+from ..units import fmt_bytes
+
+__all__ = ["BASE", "STATE_PER_WEIGHT", "SAVE_PER_WEIGHT", "weight_count", "train_need", "refuse_if_short"]
+
+BASE = 800 << 20
+STATE_PER_WEIGHT = 16
+SAVE_PER_WEIGHT = 12
+
+
+def weight_count(config) -> int:
+    """Elements of every tensor the family declares for this config (its on-disk contract)."""
+    from ..families import family_of
+
+    return sum(math.prod(s) for s in family_of(config).spec.tensor_shapes(config).values())
+
+
+def train_need(config, batch: int, seq_len: int, model_parallel: int = 1, saves: bool = True, local_procs: int = 1):
+    """(bytes, formula) of a run: every term of the module docstring, summed over the local processes."""
+    w = weight_count(config) / max(1, model_parallel)
+    tokens = batch * seq_len
+    parts = {"base": BASE, "weights, grads, AdamW": STATE_PER_WEIGHT * w,
+             "save copies": SAVE_PER_WEIGHT * w if saves else 0,
+             "activations": 16 * tokens * config.vocab_size + 4 * tokens * config.num_hidden_layers
+             * (12 * config.hidden_size + 4 * config.intermediate_size)}
+    per_proc = int(sum(parts.values()))
+    formula = " + ".join(f"{k} {fmt_bytes(v)}" for k, v in parts.items() if v)
+    if local_procs > 1:
+        formula = f"{local_procs} processes x ({formula})"
+    return per_proc * local_procs, formula
+
+
+def local_process_count() -> int:
+    """Processes paddle.distributed.launch started on this machine (1 outside a launch)."""
+    try:
+        return max(1, int(os.environ.get("PADDLE_LOCAL_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def refuse_if_short(need: int, formula: str, error) -> str:
+    """The memory line to print; raises `error` (one line) when MemAvailable is below `need`."""
+    have = available_memory_bytes()
+    line = f"memory: needs about {fmt_bytes(need)} ({formula})" + (f"; MemAvailable {fmt_bytes(have)}" if have else "")
+    if have is not None and have < need:
+        raise error(f"needs about {fmt_bytes(need)} of memory ({formula}), but MemAvailable is {fmt_bytes(have)}; "
+                    "refusing to train (free memory, lower per_device_train_batch_size / max_seq_len, or shard the "
+                    "model with tensor_model_parallel_size)")
+    return line
