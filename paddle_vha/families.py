@@ -88,6 +88,11 @@ class Family:
         return _resolve(self.model_ref)
 
     @property
+    def pipe_class(self):
+        """The causal LM's pipeline-parallel form (paddle_vha/modeling/pipe.py), or None if the family has none."""
+        return getattr(self.model_class, "pipe_class", None)
+
+    @property
     def servable(self) -> bool:
         """Whether the export serves checkpoints of this family as they are (else see `not_exported`)."""
         return self.serving_ref is not None

@@ -13,7 +13,8 @@ from .attention import Qwen3MEAAttention, Qwen3StockKVAttention
 from .config import MEAConfigError, Qwen3MEAConfig
 from .spec import QWEN3_MEA
 
-__all__ = ["Qwen3MEADecoderLayer", "Qwen3MEAModel", "Qwen3MEAForCausalLM", "Qwen3MEAPretrainedModel", "MEAPositions"]
+__all__ = ["Qwen3MEADecoderLayer", "Qwen3MEAModel", "Qwen3MEAForCausalLM", "Qwen3MEAPretrainedModel",
+           "Qwen3MEAForCausalLMPipe", "MEAPositions"]
 
 
 class MEAPositions:
@@ -42,6 +43,7 @@ def _attention(config: Qwen3MEAConfig, layer_idx: int) -> type:
     return Qwen3MEAAttention if config.is_mea_layer(layer_idx) else Qwen3StockKVAttention
 
 
-Qwen3MEADecoderLayer, Qwen3MEAPretrainedModel, Qwen3MEAModel, Qwen3MEAForCausalLM = build_family(QWEN3_BASE, Variant(
+(Qwen3MEADecoderLayer, Qwen3MEAPretrainedModel, Qwen3MEAModel, Qwen3MEAForCausalLM,
+ Qwen3MEAForCausalLMPipe) = build_family(QWEN3_BASE, Variant(
     prefix="Qwen3MEA", label="Qwen3-MEA", config_class=Qwen3MEAConfig, spec=QWEN3_MEA, module=__name__,
     attention=_attention, model_mixins=(MEAPositions,)))

@@ -1,4 +1,5 @@
-"""One factory for every family's model classes: (base, variant) -> decoder layer, pretrained, backbone, causal LM.
+"""One factory for every family's model classes: (base, variant) -> decoder layer, pretrained, backbone, causal LM and
+its pipeline-parallel form.
 
 Each class subclasses the base's own (PaddleFormers' Qwen3 classes for QWEN3_BASE) and deviates in one place each:
 
@@ -7,6 +8,8 @@ Each class subclasses the base's own (PaddleFormers' Qwen3 classes for QWEN3_BAS
     Model         refuses unsupported runtime options first; the base's backbone built with DecoderLayer in its layer
                   slot; the variant's mixins before it (forward deviations); the variant's rotary embedding if it has one
     CausalLM      the base's causal LM built with Model in its backbone slot
+    Pipe          the base's pipeline-parallel causal LM with DecoderLayer in its stages (paddle_vha/modeling/pipe.py);
+                  also CausalLM.pipe_class
 
 No base constructor body is copied (paddle_vha/modeling/slots.py). The backbone and causal LM call their base class's
 constructor by name, not through super(): PaddleFormers' InitTrackerMeta gives every PretrainedModel subclass an
@@ -23,6 +26,7 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 from ..spec.base import Base
 from ..spec.params import ModelSpec
 from .checkpointing import ContractCheckpointMixin
+from .pipe import build_pipe
 from .slots import filled_slots
 
 __all__ = ["Variant", "FamilyClasses", "build_family"]
@@ -47,6 +51,7 @@ class FamilyClasses(NamedTuple):
     pretrained: type
     model: type
     causal_lm: type
+    pipe: type  # the causal LM as PaddleFormers' GeneralModelForCausalLMPipe, for pipeline parallelism
 
 
 def _named(cls: type, variant: Variant, suffix: str) -> type:
@@ -56,7 +61,7 @@ def _named(cls: type, variant: Variant, suffix: str) -> type:
 
 
 def build_family(base: Base, variant: Variant) -> FamilyClasses:
-    """The four model classes of `variant` over `base`, registered with PaddleFormers' Auto classes."""
+    """The model classes of `variant` over `base`, registered with PaddleFormers' Auto classes."""
     from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
     from paddleformers.transformers.model_utils import register_base_model
 
@@ -89,8 +94,10 @@ def build_family(base: Base, variant: Variant) -> FamilyClasses:
             with filled_slots(mod, {slot["model"]: Model}):
                 parent["causal_lm"].__init__(self, config)  # the base's causal LM, with the variant's backbone
 
-    classes = FamilyClasses(_named(DecoderLayer, variant, "DecoderLayer"), _named(Pretrained, variant, "PretrainedModel"),
-                            register_base_model(_named(Model, variant, "Model")), _named(CausalLM, variant, "ForCausalLM"))
+    layer, causal_lm = _named(DecoderLayer, variant, "DecoderLayer"), _named(CausalLM, variant, "ForCausalLM")
+    causal_lm.pipe_class = build_pipe(parent["causal_lm_pipe"], variant, layer, causal_lm)
+    classes = FamilyClasses(layer, _named(Pretrained, variant, "PretrainedModel"),
+                            register_base_model(_named(Model, variant, "Model")), causal_lm, causal_lm.pipe_class)
     # PaddleFormers 1.0.0 keeps one config -> model table for all Auto model classes, and its from_pretrained matches
     # `architectures` against built-in name prefixes first ("Qwen3VHA..." -> stock Qwen3), so checkpoints load
     # through the family's own from_pretrained (docs/method.md, "Auto classes").

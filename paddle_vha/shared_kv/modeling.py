@@ -10,9 +10,11 @@ from .config import Qwen3SharedKVConfig
 from .spec import QWEN3_SHARED_KV
 
 __all__ = ["Qwen3SharedKVDecoderLayer", "Qwen3SharedKVModel", "Qwen3SharedKVForCausalLM",
-           "Qwen3SharedKVPretrainedModel"]
+           "Qwen3SharedKVPretrainedModel",
+           "Qwen3SharedKVForCausalLMPipe"]
 
-Qwen3SharedKVDecoderLayer, Qwen3SharedKVPretrainedModel, Qwen3SharedKVModel, Qwen3SharedKVForCausalLM = build_family(
+(Qwen3SharedKVDecoderLayer, Qwen3SharedKVPretrainedModel, Qwen3SharedKVModel, Qwen3SharedKVForCausalLM,
+ Qwen3SharedKVForCausalLMPipe) = build_family(
     QWEN3_BASE, Variant(prefix="Qwen3SharedKV", label="Qwen3 shared-KV", config_class=Qwen3SharedKVConfig,
                         spec=QWEN3_SHARED_KV, module=__name__, attention=lambda config, layer_idx: Qwen3SharedKVAttention,
                         model_mixins=(CacheContinuingPositionsMixin,)))

@@ -15,7 +15,9 @@ __all__ = ["Base", "ROLES"]
 # The classes a base provides, by role. A family subclasses each and fills the slots: the names the base's own
 # constructors look up when they build their parts (the decoder layer builds `attention`, the backbone builds
 # `decoder_layer`, the causal LM builds `model`).
-ROLES = ("attention", "decoder_layer", "pretrained", "model", "causal_lm", "rotary")
+# `causal_lm_pipe` is its pipeline-parallel causal LM (a PaddleFormers GeneralModelForCausalLMPipe), which takes the
+# decoder layer as a class attribute rather than a slot.
+ROLES = ("attention", "decoder_layer", "pretrained", "model", "causal_lm", "rotary", "causal_lm_pipe")
 
 
 @dataclass(frozen=True)

@@ -328,7 +328,9 @@ def build_model(model_cls, config, model_args, training_args, plan_tp: bool):
     initialised; in compute_dtype (bfloat16 only for AMP level O2)."""
     dtype = compute_dtype(training_args)
     config.dtype = dtype  # a checkpoint's config says bfloat16: build (and load) in the dtype training computes in
-    if plan_tp:
+    if training_args.pipeline_model_parallel_size > 1:
+        model = _build_pipeline_model(model_cls, config, model_args, training_args, plan_tp)
+    elif plan_tp:
         model = _build_plan_parallel_model(model_cls, config, model_args, training_args)
     elif model_args.model_name_or_path:
         import tempfile
@@ -342,6 +344,34 @@ def build_model(model_cls, config, model_args, training_args, plan_tp: bool):
         model = model_cls(config)
     if dtype == "bfloat16":
         model = model.to(dtype=dtype)
+    return model
+
+
+def _build_pipeline_model(model_cls, config, model_args, training_args, plan_tp: bool):
+    """The family's pipe model (paddle_vha/modeling/pipe.py) for fleet's pipeline parallelism, with
+    model_name_or_path's weights for this stage; one-line TrainErrors for what it cannot run."""
+    import paddle.distributed as dist
+
+    from ..modeling.pipe import load_stage_weights
+
+    pp = training_args.pipeline_model_parallel_size
+    if getattr(model_cls, "pipe_class", None) is None:
+        raise TrainError(f"pipeline_model_parallel_size={pp}: {model_cls.__name__} has no pipeline-parallel form")
+    if plan_tp:
+        raise TrainError(f"pipeline_model_parallel_size={pp} with tensor_model_parallel_size="
+                         f"{training_args.tensor_model_parallel_size} is not supported yet; use one of the two")
+    if not hasattr(dist.ParallelEnv(), "_device_id"):  # Paddle's CPU build (docs/training.md, Pipeline parallelism)
+        raise TrainError(f"pipeline_model_parallel_size={pp} needs a GPU build of Paddle: fleet's PipelineLayer "
+                         "reads ParallelEnv().device_id, which this build does not set")
+    if training_args.device == "cpu" and training_args.batch_p2p_comm:
+        raise TrainError(f"pipeline_model_parallel_size={pp} on the CPU needs --batch_p2p_comm false (gloo has no "
+                         "send / recv on the calculation stream, which batched p2p uses)")
+    try:
+        model = model_cls.pipe_class(config)
+        if model_args.model_name_or_path:
+            load_stage_weights(model, model_args.model_name_or_path)
+    except (ValueError, CheckpointError) as e:  # VHAConfigError / MEAConfigError: what the pipe refuses
+        raise TrainError(str(e)) from None
     return model
 
 

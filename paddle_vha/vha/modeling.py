@@ -13,7 +13,8 @@ from .attention import Qwen3VHAAttention
 from .config import Qwen3VHAConfig
 from .spec import QWEN3_VHA
 
-__all__ = ["Qwen3VHADecoderLayer", "Qwen3VHAModel", "Qwen3VHAForCausalLM", "Qwen3VHAPretrainedModel"]
+__all__ = ["Qwen3VHADecoderLayer", "Qwen3VHAModel", "Qwen3VHAForCausalLM", "Qwen3VHAPretrainedModel",
+           "Qwen3VHAForCausalLMPipe"]
 
 
 def _rotary(config: Qwen3VHAConfig):
@@ -24,7 +25,8 @@ def _rotary(config: Qwen3VHAConfig):
     return LayerwiseRotaryEmbedding(config, sorted(others)) if others else None
 
 
-Qwen3VHADecoderLayer, Qwen3VHAPretrainedModel, Qwen3VHAModel, Qwen3VHAForCausalLM = build_family(QWEN3_BASE, Variant(
+(Qwen3VHADecoderLayer, Qwen3VHAPretrainedModel, Qwen3VHAModel, Qwen3VHAForCausalLM,
+ Qwen3VHAForCausalLMPipe) = build_family(QWEN3_BASE, Variant(
     prefix="Qwen3VHA", label="Qwen3-VHA", config_class=Qwen3VHAConfig, spec=QWEN3_VHA, module=__name__,
     attention=lambda config, layer_idx: Qwen3VHAAttention,
     model_mixins=(CacheContinuingPositionsMixin,), rotary=_rotary))
