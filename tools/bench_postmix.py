@@ -16,7 +16,9 @@ Then, unless --memory 0, selective recompute's saving on one whole Qwen3VHAAtten
 H_kv 2) in each form: the bytes held from the end of a training forward until the backward, with and without
 recompute_modules ["vha_postmix"], read from Paddle's host-allocator counters (core.host_memory_stat_*: every CPU
 tensor's allocation, nothing else), and the peak over forward + backward.
-Memory: the timing tensors of one shape, (3 + 2R / H_v) x tokens x H_v x d x 4 bytes plus autograd's saved copies (about
+Memory: --memory S needs about 14·H_v·S² bytes at H_v 48 (the eager attention core's scores, probabilities and their
+gradients; measured peak 0.94 GiB at 1.7B and 2.75 GiB at 30B-A3B, S = 2048), refused up front past MemAvailable.
+The timing tensors of one shape, (3 + 2R / H_v) x tokens x H_v x d x 4 bytes plus autograd's saved copies (about
 25 MB at 30B-A3B, 2048 tokens).
 """
 from __future__ import annotations
@@ -27,12 +29,14 @@ import sys
 import time
 
 from paddle_vha.cli import quiet
+from paddle_vha.machine import available_memory_bytes
 
 SHAPES = {"1.7B": dict(h_v=16, R=4, d=128), "30B-A3B": dict(h_v=48, R=12, d=128)}
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("Memory: ")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, nargs="+", default=[2048], help="tokens per call (B*S), default 2048")
     p.add_argument("--threads", type=int, default=1, help="CPU math threads (default 1: stable on a shared machine)")
     p.add_argument("--repeat", type=int, default=7, help="timed runs per figure (the fastest is shown), default 7")
@@ -148,6 +152,12 @@ def main(argv=None) -> int:
         return 2
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # before Paddle loads
         os.environ[var] = str(args.threads)
+    need = 14 * max(s["h_v"] for s in SHAPES.values()) * args.memory ** 2
+    free = available_memory_bytes()
+    if free is not None and need > free:
+        print(f"bench_postmix: --memory {args.memory} needs about {need / 2**30:.1f} GiB (14·H_v·S² bytes), "
+              f"{free / 2**30:.1f} GiB available: use fewer tokens", file=sys.stderr)
+        return 2
     quiet()
     import paddle
     from paddle_vha.kernels.cpu_variant import cpu_isa_flags, cpu_model
