@@ -65,7 +65,7 @@ def upstream(**over):
     ([0, 1, 1, 0, 1], [1, 2, 4]),  # 1 marks a window layer
 ])
 def test_window_attn_skip_freq(skip_freq, swa):
-    cfg = Qwen3VHAConfig(**upstream(sliding_window=4, window_attn_skip_freq=skip_freq))
+    cfg = Qwen3VHAConfig(**upstream(sliding_window=4, window_attn_skip_freq=skip_freq, add_swa_attention_sink_bias=False))
     assert cfg.window_layers() == swa and cfg.sliding_window == 4
     assert Qwen3VHAConfig(**upstream(window_attn_skip_freq=skip_freq)).window_layers() == []  # no window: none
 
@@ -78,12 +78,14 @@ def test_upstream_defaults_and_names():
     assert Qwen3VHAConfig(**dict(SMALL, num_attention_heads=8, num_key_value_heads=2, head_dim=16)).vha_postmix_rank == 4
     # window layers: swa_* sizes; upstream's defaults r_w = swa_head_dim, R_w = swa heads // 4
     cfg = Qwen3VHAConfig(**upstream(vha_q_lora_rank=12, sliding_window=4, window_attn_skip_freq=2,
-                                    swa_num_attention_heads=4, swa_head_dim=8, swa_rope_theta=500.0))
+                                    swa_num_attention_heads=4, swa_head_dim=8, swa_rope_theta=500.0,
+                                    add_swa_attention_sink_bias=False))
     full, win = cfg.layer_dims(0), cfg.layer_dims(1)
     assert (full.num_heads, full.q_head_dim, full.postmix_rank, full.window) == (8, 12, 2, None)
     assert (win.num_heads, win.num_kv_heads, win.head_dim, win.q_head_dim, win.postmix_rank, win.rope_theta,
             win.window) == (4, 2, 8, 8, 1, 500.0, 4)
-    cfg = Qwen3VHAConfig(**upstream(vha_q_lora_rank=12, sliding_window=4, window_attn_skip_freq=2))
+    cfg = Qwen3VHAConfig(**upstream(vha_q_lora_rank=12, sliding_window=4, window_attn_skip_freq=2,
+                                    add_swa_attention_sink_bias=False))
     assert cfg.layer_dims(1).q_head_dim == 16 and cfg.stock_shaped_window_layers()  # r_w = head_dim upstream
     again = Qwen3VHAConfig(**cfg.to_dict())
     assert [again.layer_dims(i) for i in range(5)] == [cfg.layer_dims(i) for i in range(5)]
@@ -113,6 +115,74 @@ def test_upstream_refusals(over, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+# --- upstream's HF-export names and newer fields (hf_export.py, transformer_config.py) ---------------------------
+
+def test_use_gated_attn_is_gated_attention():
+    assert Qwen3VHAConfig(**upstream(use_gated_attn=True)).vha_gated_attention is True
+    assert Qwen3VHAConfig(**upstream(use_gated_attn=False)).vha_gated_attention is False
+    assert Qwen3VHAConfig(**upstream(use_gated_attn=True, gated_attention=True)).vha_gated_attention is True
+    with pytest.raises(VHAConfigError, match="use_gated_attn=True and gated_attention=False disagree"):
+        Qwen3VHAConfig(**upstream(use_gated_attn=True, gated_attention=False))
+
+
+@pytest.mark.parametrize("pattern, swa", [(None, [0, 1, 2, 3, 4]), (2, [1, 3]), ([0, 1, 1, 0, 1], [1, 2, 4])])
+def test_hybrid_layer_pattern_is_window_attn_skip_freq(pattern, swa):
+    cfg = Qwen3VHAConfig(**upstream(sliding_window=4, hybrid_layer_pattern=pattern, add_swa_attention_sink_bias=False))
+    same = Qwen3VHAConfig(**upstream(sliding_window=4, window_attn_skip_freq=pattern, add_swa_attention_sink_bias=False))
+    assert cfg.window_layers() == same.window_layers() == swa  # upstream's 0-based is_layer_window_attention
+    with pytest.raises(VHAConfigError, match="hybrid_layer_pattern=2 and window_attn_skip_freq=3 disagree"):
+        Qwen3VHAConfig(**upstream(sliding_window=4, hybrid_layer_pattern=2, window_attn_skip_freq=3))
+
+
+@pytest.mark.parametrize("ratio, ok", [(0.0, True), (1.0, True), (0.25, True), (0.5, False), (0.75, False)])
+def test_head_wise_swa_ratio(ratio, ok):
+    """Upstream windows int(ratio * H_kv) of a window layer's KV heads (H_kv = 2 here): 0 or all is Qwen3's layer."""
+    raw = upstream(sliding_window=4, window_attn_skip_freq=2, add_swa_attention_sink_bias=False,
+                   head_wise_swa_ratio=ratio)
+    if ok:
+        assert Qwen3VHAConfig(**raw).window_layers() == [1, 3]
+    else:
+        with pytest.raises(VHAConfigError) as e:
+            Qwen3VHAConfig(**raw)
+        print(e.value)
+        assert f"head_wise_swa_ratio={ratio}: 1 of a window layer's 2 KV heads" in str(e.value)
+    assert Qwen3VHAConfig(**upstream(head_wise_swa_ratio=0.5)).window_layers() == []  # no window: upstream ignores it
+
+
+def test_qk_norm_eps_and_high_precision_rope():
+    cfg = Qwen3VHAConfig(**upstream(qk_norm_eps=1e-6))  # = rms_norm_eps (SMALL)
+    assert cfg.rms_norm_eps == 1e-6 and "qk_norm_eps" not in cfg.to_dict()
+    assert Qwen3VHAConfig(**upstream(qk_norm_eps=None)).rms_norm_eps == 1e-6  # None: falls back to rms_norm_eps
+    for value in (True, False):  # a float32-RoPE kernel choice: no tensor, same function; read, not stored
+        cfg = Qwen3VHAConfig(**upstream(high_precision_rope=value))
+        assert "high_precision_rope" not in cfg.to_dict() and cfg.to_dict() == Qwen3VHAConfig(**upstream()).to_dict()
+
+
+@pytest.mark.parametrize("over, needle", [
+    (dict(qk_norm_eps=1e-5), "qk_norm_eps=1e-05 differs from rms_norm_eps=1e-06"),
+    (dict(high_precision_rope="yes"), "high_precision_rope='yes': must be true or false"),
+    (dict(head_wise_swa_ratio=1.5), "head_wise_swa_ratio=1.5: upstream's share"),
+    (dict(muon_slice_specs={"qkv_proj.weight": "split_head"}), "muon_slice_specs: upstream's Muon-optimizer"),
+    (dict(softmax_type="learnable"), "softmax_type='learnable': attention sinks"),
+    (dict(softmax_type="off-by-one"), "softmax_type='off-by-one'"),
+    (dict(add_full_attention_sink_bias=True), "add_full_attention_sink_bias=True"),
+    (dict(add_swa_attention_sink_bias=True), "add_swa_attention_sink_bias=True: learnable attention sinks"),
+    (dict(sliding_window=4, window_attn_skip_freq=2), "add_swa_attention_sink_bias is absent and upstream's default"),
+])
+def test_newer_field_refusals(over, needle):
+    with pytest.raises(VHAConfigError) as e:
+        Qwen3VHAConfig(**{**upstream(), **over})
+    print(e.value)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sink_fields_that_mean_no_sinks_are_read():
+    plain = Qwen3VHAConfig(**upstream()).to_dict()
+    for over in (dict(softmax_type="vanilla"), dict(add_full_attention_sink_bias=False), dict(muon_slice_specs=None),
+                 dict(muon_slice_specs={}), dict(add_swa_attention_sink_bias=False)):
+        assert Qwen3VHAConfig(**upstream(**over)).to_dict() == plain, over  # the same model, nothing stored
+
+
 def test_fork_refusals():
     with pytest.raises(VHAConfigError, match="attn_type='mla'"):
         Qwen3VHAConfig(**{**FORK_1P7B, "attn_type": "mla"})
@@ -132,7 +202,7 @@ def make_paddlefleet(path, seed=0, **over):
     raw = {**SMALL, "use_vha_attention": True, "model_type": "qwen3", "num_hidden_layers": 3,
            "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 16, "vha_q_lora_rank": 12,
            "gated_attention": True, "attention_bias": True, "sliding_window": 4, "window_attn_skip_freq": 2,
-           "swa_vha_q_lora_rank": 8, "tie_word_embeddings": False, **over}
+           "swa_vha_q_lora_rank": 8, "add_swa_attention_sink_bias": False, "tie_word_embeddings": False, **over}
     cfg = Qwen3VHAConfig(**raw)  # the sizes, as the translation reads them (checked on its own above)
     h, t = cfg.hidden_size, {}
     for i in range(cfg.num_hidden_layers):

@@ -6,7 +6,7 @@ Single-device math, read top to bottom as the method's equations (docs/method.md
     Q_v  = Q_p[i] W_premix[g]             (B, S, H_v, d)     virtual head j = g*H_p + i (group-major)
     Q_v  = RoPE(q_norm(Q_v)),  K = RoPE(k_norm(x W_K)),  V = x W_V
     Y    = Attention(Q_v, K, V)           (B, S, H_v, d)     head j reads KV head j // H_p (stock GQA)
-    Y'   = M Y along heads, M = I + V_pm U_pm^T              Postmix
+    Y'   = M Y along heads, M = I + V_pm U_pm^T              Postmix (low-rank or dense form, same result)
     Y''  = Y' * sigmoid(x W_gate)                            only with vha_gated_attention
     out  = Y'' W_O
 
@@ -22,17 +22,19 @@ from typing import Optional, Tuple
 
 import paddle
 from paddle import nn
+from paddle.distributed.fleet.recompute.recompute import recompute
 from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rotary_pos_emb
 
 from ..qwen3.functional import inverse_rope
 from ..modeling.parameters import build_declared
 from ..qwen3.modeling import RoPETables, attention_core, update_shared_kv_cache
-from .config import Qwen3VHAConfig
+from . import postmix_form
+from .config import Qwen3VHAConfig, VHAConfigError
 from .spec import VHA_LAYER
 from ..kernels.dispatch import should_use_fused
 from ..kernels.prologue import fused_prologue
 
-__all__ = ["Qwen3VHAAttention", "postmix", "premix"]
+__all__ = ["Qwen3VHAAttention", "postmix", "postmix_dense", "premix"]
 
 
 def premix(q_phys: paddle.Tensor, premix_weight: paddle.Tensor) -> paddle.Tensor:
@@ -46,7 +48,7 @@ def premix(q_phys: paddle.Tensor, premix_weight: paddle.Tensor) -> paddle.Tensor
 
 
 def postmix(y: paddle.Tensor, u: paddle.Tensor, v: paddle.Tensor, reduce=None) -> paddle.Tensor:
-    """Y'_j = Y_j + sum_k (V U^T)[j, k] Y_k along the head axis of y (B, S, H_v, d).
+    """Y'_j = Y_j + sum_k (V U^T)[j, k] Y_k along the head axis of y (B, S, H_v, d): the low-rank form, two GEMMs.
 
     reduce: applied to Z = U^T Y before it is mixed back (tensor parallelism: each rank holds rows of U, V for its
     heads, and the sum of the ranks' Z, R x d per token, is the only exchange)."""
@@ -54,6 +56,13 @@ def postmix(y: paddle.Tensor, u: paddle.Tensor, v: paddle.Tensor, reduce=None) -
     if reduce is not None:
         z = reduce(z)
     return y + paddle.matmul(v, z)  # (H_v, R) @ (B, S, R, d) -> (B, S, H_v, d)
+
+
+def postmix_dense(y: paddle.Tensor, u: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+    """The same Y' as `postmix`, as one GEMM: M = I + V U^T (H_v x H_v, built once per call), then M Y along heads.
+    Needs every head's Y, so it runs on one device only (paddle_vha/vha/postmix_form.py)."""
+    m = paddle.matmul(v, u, transpose_y=True) + paddle.eye(v.shape[0], dtype=v.dtype)  # (H_v, H_v)
+    return paddle.matmul(m, y)  # (H_v, H_v) @ (B, S, H_v, d) -> (B, S, H_v, d)
 
 
 class Qwen3VHAAttention(Qwen3Attention):
@@ -75,6 +84,12 @@ class Qwen3VHAAttention(Qwen3Attention):
         # VHA: hooks for tensor parallelism (paddle_vha/vha/tp_plan.py sets them; single-device: unused).
         self.premix_groups = None  # (a, b): this rank reads Premix groups [a, b) of the whole parameter
         self.postmix_reduce = None  # applied to Postmix's Z = U^T Y (the all-reduce of the ranks' parts)
+        # VHA: Postmix's form (low-rank / dense, paddle_vha/vha/postmix_form.py) and its selective recompute.
+        self.postmix_form = config.vha_postmix_form  # "auto": resolved per call, by its token count
+        try:
+            self.recompute_postmix = postmix_form.recomputes_postmix(full_config, layer_idx)
+        except ValueError as e:
+            raise VHAConfigError(str(e)) from None
 
     def premix_weight(self) -> paddle.Tensor:
         """Premix [H_kv, r, d] as this layer reads it: the whole parameter, or groups [a, b) of it under tensor
@@ -83,6 +98,18 @@ class Qwen3VHAAttention(Qwen3Attention):
             return self.vha_premix_weight
         a, b = self.premix_groups
         return self.vha_premix_weight[a:b]
+
+    def mix_heads(self, y: paddle.Tensor) -> paddle.Tensor:
+        """Postmix of y (B, S, H_v, d): the low-rank form under tensor parallelism (its R·d all-reduce), else the
+        layer's form; rerun in the backward instead of keeping its intermediates when selected (recompute)."""
+        u, v, reduce = self.vha_postmix_U, self.vha_postmix_V, self.postmix_reduce
+        if postmix_form.resolve(self.postmix_form, y.shape[0] * y.shape[1], reduce is not None) == "dense":
+            fn = lambda a: postmix_dense(a, u, v)  # noqa: E731
+        else:
+            fn = lambda a: postmix(a, u, v, reduce)  # noqa: E731
+        if self.recompute_postmix and self.training and not y.stop_gradient:
+            return recompute(fn, y)
+        return fn(y)
 
     def prologue(
         self, q_phys: paddle.Tensor, k: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor
@@ -138,7 +165,7 @@ class Qwen3VHAAttention(Qwen3Attention):
             y = inverse_rope(y, cos.unsqueeze(2).astype(y.dtype), sin.unsqueeze(2).astype(y.dtype))
 
         # VHA: Postmix along the head axis, then the optional gate.
-        y = postmix(y, self.vha_postmix_U, self.vha_postmix_V, self.postmix_reduce)  # (B, S, H_v, d)
+        y = self.mix_heads(y)  # (B, S, H_v, d)
         y = y.flatten(2)  # (B, S, H_v * d)
         if self.config.vha_gated_attention:
             y = y * nn.functional.sigmoid(self.gate_proj(hidden_states))

@@ -21,7 +21,7 @@ from typing import List, Optional
 from paddleformers.transformers import Qwen3Config
 
 from ..qwen3.runtime import RuntimeSupport
-from . import fleet_config
+from . import fleet_config, postmix_form
 from .cost import DEFAULT_POSTMIX_RANK
 
 __all__ = ["Qwen3VHAConfig", "VHAConfigError", "LayerDims"]
@@ -87,6 +87,9 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         vha_fused_prologue (bool or None): fused Premix + q/k RMSNorm + RoPE operator (ops/, docs/prologue.md).
             None (default): use it when it builds and loads, else the composed path with one logged line;
             True: require it; False: always the composed path.
+        vha_postmix_form (str): how Postmix is computed, same result to rounding: "lowrank" (Z = U^T Y, then
+            Y + V Z), "dense" (M = I + V U^T, one GEMM) or "auto" (default: the form measured faster for the layer's
+            shape; low-rank under tensor parallelism). paddle_vha/vha/postmix_form.py.
         vha_shared_kv (bool): one projection `shared_kv_proj` (hidden -> H_kv*d) replaces k_proj and v_proj; after
             k_norm and RoPE it is both the keys and the values, and the attention output is rotated back (inverse
             RoPE at the query's position) before Postmix. The cache holds one tensor per layer. Default False.
@@ -121,6 +124,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         vha_postmix_v_init_std: float = 0.0,
         vha_fused_prologue: bool | None = None,
         vha_shared_kv: bool = False,
+        vha_postmix_form: str = "auto",
         vha_window_q_head_dim: Optional[int] = None,
         vha_window_postmix_rank: Optional[int] = None,
         vha_window_num_attention_heads: Optional[int] = None,
@@ -154,6 +158,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         self.vha_postmix_v_init_std = vha_postmix_v_init_std
         self.vha_fused_prologue = vha_fused_prologue
         self.vha_shared_kv = vha_shared_kv
+        self.vha_postmix_form = vha_postmix_form
         self.vha_window_q_head_dim = vha_window_q_head_dim
         self.vha_window_postmix_rank = vha_window_postmix_rank
         self.vha_window_num_attention_heads = vha_window_num_attention_heads
@@ -266,6 +271,13 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
                 raise VHAConfigError(f"{name} must be a finite number >= 0, got {v!r}")
         if not isinstance(self.vha_shared_kv, bool):
             raise VHAConfigError(f"vha_shared_kv must be a bool, got {self.vha_shared_kv!r}")
+        softmax = getattr(self, "softmax_type", None)  # PaddleFormers' field (for PaddleFleet), upstream's sinks
+        if softmax not in (None, "vanilla"):
+            raise VHAConfigError(f"softmax_type={softmax!r}: attention sinks (a sink term in the softmax "
+                                 "denominator) are not supported, only 'vanilla'")
+        if self.vha_postmix_form not in postmix_form.FORMS:
+            raise VHAConfigError(f"vha_postmix_form must be one of {', '.join(postmix_form.FORMS)}, got "
+                                 f"{self.vha_postmix_form!r}")
         fused = getattr(self, "vha_fused_prologue", None)
         if fused is not None and not isinstance(fused, bool):
             raise VHAConfigError(f"vha_fused_prologue must be None (auto), True or False, got {fused!r}")

@@ -11,6 +11,16 @@ Two upstream dialects are read:
 * The research fork (D-URing/PaddleFleet, `attn_type: "vha"`): `num_attention_heads` counts PHYSICAL heads H_p,
   so H_v = H_p * H_kv; Premix is [H_kv, d, d] (r = d); `vha_postmix_rank` defaults to 4.
 
+Upstream's HF export (paddlefleet/transformer/hf_export.py) writes two of those under other names, read as the Fleet
+name: `use_gated_attn` (= gated_attention) and `hybrid_layer_pattern` (= window_attn_skip_freq, 0-based layers as
+upstream's is_layer_window_attention counts them). Its newer fields are read as upstream means them (_newer_fields):
+`head_wise_swa_ratio` (int(ratio * H_kv) of a window layer's KV heads windowed, the first ones full: only "all heads
+windowed" is Qwen3), `qk_norm_eps` (None = rms_norm_eps, Qwen3's one eps), `high_precision_rope` (upstream's choice of
+a float32 RoPE kernel: no tensor, the same function; read, not stored) and `muon_slice_specs` (Muon optimizer slicing:
+this project has no Muon, so a non-empty one is refused). Attention sinks are refused: `softmax_type` other than
+"vanilla" (Qwen3VHAConfig, for any config), `add_full_attention_sink_bias` true, and `add_swa_attention_sink_bias`
+true, which is upstream's DEFAULT: a windowed PaddleFleet config must say false.
+
 A config that uses any upstream name is read with upstream's defaults. What this project cannot represent (partial
 RoPE, a value head width other than head_dim, a value scale, another softmax scale, per-layer q/k norms, a two-sided
 window, Premix or Postmix switched off, ...) raises VHAConfigError with one line naming the field.
@@ -53,8 +63,14 @@ _MUST_BE = {
     "vha_premix_groups": (None, "PaddleFleet's DeepSeek-V4 hybrid attention option, not Qwen3's"),
     "vha_premix_alpha_init": (None, "the fork's gated-Premix design (a learned alpha per group) is not supported"),
 }
+# upstream's HF-export name -> the Fleet name it stands for (hf_export.py's FLEET_HF_FIELD_MAPPING)
+_HF_EXPORT_NAMES = {"use_gated_attn": "gated_attention", "hybrid_layer_pattern": "window_attn_skip_freq"}
+# upstream fields read by _newer_fields / _check_sinks
+# (softmax_type is not one: PaddleFormers' configs carry it too, as "vanilla"; Qwen3VHAConfig refuses other values)
+_NEWER = ("head_wise_swa_ratio", "qk_norm_eps", "high_precision_rope", "muon_slice_specs",
+          "add_full_attention_sink_bias", "add_swa_attention_sink_bias")
 # names that mark a config as upstream's (softmax_scale is not one: PaddleFormers' configs carry it too, as None)
-UPSTREAM_KEYS = frozenset(_RENAMED) | frozenset(_MUST_BE) | {
+UPSTREAM_KEYS = frozenset(_RENAMED) | frozenset(_MUST_BE) | frozenset(_HF_EXPORT_NAMES) | frozenset(_NEWER) | {
     "use_vha_attention", "attn_type", "window_attn_skip_freq", "v_head_dim", "swa_v_head_dim"}
 
 
@@ -104,11 +120,13 @@ def translate(ours: Dict, kwargs: Dict, defaults) -> Tuple[Dict, Dict]:
     get = lambda k: kwargs.get(k, defaults(k))  # noqa: E731
     head_dim = get("head_dim") or get("hidden_size") // get("num_attention_heads")
 
+    up = _fleet_names(up)
     fork = _is_fork(up)
     ours["upstream"] = "fork" if fork else "paddlefleet"
     for key in ("model_type", "architectures"):  # upstream files say qwen3 / Qwen3ForCausalLM; this is Qwen3-VHA
         kwargs.pop(key, None)
     _check_representable(up, kwargs, head_dim)
+    _newer_fields(up, get)
     for key, name in _RENAMED.items():
         if key in up and up[key] is not None:
             _set(ours, name, up[key], key)
@@ -117,6 +135,53 @@ def translate(ours: Dict, kwargs: Dict, defaults) -> Tuple[Dict, Dict]:
     else:
         _read_paddlefleet(ours, kwargs, up, get, head_dim)
     return ours, kwargs
+
+
+def _fleet_names(up: Dict) -> Dict:
+    """Upstream's HF-export names (use_gated_attn, hybrid_layer_pattern) as the Fleet names they stand for."""
+    up = dict(up)
+    for hf, fleet in _HF_EXPORT_NAMES.items():
+        if hf not in up:
+            continue
+        value = up.pop(hf)
+        if fleet in up and up[fleet] != value:
+            raise _Error(f"{hf}={value!r} and {fleet}={up[fleet]!r} disagree ({hf} is upstream's HF name for {fleet})")
+        up[fleet] = value
+    return up
+
+
+def _newer_fields(up: Dict, get) -> None:
+    """head_wise_swa_ratio's type and range, qk_norm_eps, high_precision_rope, muon_slice_specs, sinks on full layers
+    (the window layers' sink default is checked where the window layers are known)."""
+    ratio = up.get("head_wise_swa_ratio")
+    if ratio is not None and not (isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 <= ratio <= 1):
+        raise _Error(f"head_wise_swa_ratio={ratio!r}: upstream's share of a window layer's KV heads, a number in [0, 1]")
+    eps, rms = up.get("qk_norm_eps"), get("rms_norm_eps")
+    if eps is not None and not (isinstance(eps, (int, float)) and math.isclose(eps, rms, rel_tol=1e-9)):
+        raise _Error(f"qk_norm_eps={eps!r} differs from rms_norm_eps={rms!r}: Qwen3's q_norm / k_norm use rms_norm_eps")
+    if up.get("high_precision_rope") not in (None, True, False):
+        raise _Error(f"high_precision_rope={up['high_precision_rope']!r}: must be true or false")
+    if up.get("muon_slice_specs"):
+        raise _Error("muon_slice_specs: upstream's Muon-optimizer slicing of fused weights; this project trains with "
+                     "AdamW and has no Muon (drop the field)")
+    if up.get("add_full_attention_sink_bias"):
+        raise _Error("add_full_attention_sink_bias=True: learnable attention sinks on full layers are not supported")
+    if up.get("add_swa_attention_sink_bias"):
+        raise _Error("add_swa_attention_sink_bias=True: learnable attention sinks on sliding-window layers are not "
+                     "supported")
+
+
+def _check_window_heads(up: Dict, ours: Dict, get) -> None:
+    """Window layers exist: upstream's default add_swa_attention_sink_bias (true) and a head-wise window share."""
+    if up.get("add_swa_attention_sink_bias") is None:
+        raise _Error("add_swa_attention_sink_bias is absent and upstream's default is true (learnable attention sinks "
+                     "on the sliding-window layers), which is not supported: a checkpoint without sinks says false")
+    h_kv = ours.get("vha_window_num_key_value_heads") or get("num_key_value_heads")
+    n_swa = int((up.get("head_wise_swa_ratio") or 0.0) * h_kv)  # upstream: int(ratio * kv heads) heads windowed
+    if 0 < n_swa < h_kv:
+        raise _Error(f"head_wise_swa_ratio={up['head_wise_swa_ratio']!r}: {n_swa} of a window layer's {h_kv} KV heads "
+                     "windowed and the rest full is not Qwen3's per-layer window (a ratio giving 0 or all heads: "
+                     "every head windowed)")
 
 
 def _is_fork(up: Dict) -> bool:
@@ -176,6 +241,7 @@ def _read_paddlefleet(ours: Dict, kwargs: Dict, up: Dict, get, head_dim: int) ->
         return
     kwargs.update(layer_types=types, use_sliding_window=True)
     _read_window_sizes(ours, up, head_dim, h_v)
+    _check_window_heads(up, ours, get)
 
 
 def _read_window_sizes(ours: Dict, up: Dict, head_dim: int, h_v: int) -> None:

@@ -70,6 +70,10 @@ def _heads(cfg, layer_idx):
 def check(cfg, t: int) -> None:
     """TPPlanError (one line) if the Qwen3-VHA config cannot be sharded over t ranks."""
     check_size(t)
+    if t > 1 and getattr(cfg, "vha_postmix_form", "auto") == "dense":
+        raise TPPlanError("vha_postmix_form='dense' needs every head's output on each rank (an all-gather of H_v*d per "
+                          "token); under tensor parallelism Postmix runs low-rank (one all-reduce of R*d): use 'auto' "
+                          "or 'lowrank'")
     layers = range(cfg.num_hidden_layers) if hasattr(cfg, "layer_dims") else [None]
     for (h_v, h_kv), i in sorted({_heads(cfg, i): i for i in layers}.items()):
         window = " on the sliding-window layers" if i is not None and (h_v, h_kv) != _heads(cfg, None) else ""
