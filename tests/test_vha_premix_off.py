@@ -36,6 +36,7 @@ def test_config_our_name_and_the_forks():
 @pytest.mark.parametrize("fields, needle", [
     (dict(vha_premix=False, vha_q_head_dim=8), "vha_q_head_dim=8 with vha_premix=false"),
     (dict(vha_premix="no"), "vha_premix must be a bool"),
+    (dict(vha_premix=False, vha_fused_prologue=True), "vha_fused_prologue=true with vha_premix=false"),
     (dict(attn_type="vha", vha_enable_premix=False, vha_premix=True), "vha_enable_premix=False and vha_premix=True"),
 ])
 def test_config_refusals_one_line(fields, needle):

@@ -269,6 +269,9 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
             raise VHAConfigError(f"vha_premix must be a bool, got {self.vha_premix!r}")
         if self.vha_premix:
             return
+        if getattr(self, "vha_fused_prologue", None) is True:
+            raise VHAConfigError("vha_fused_prologue=true with vha_premix=false: the fused operator is Premix + q/k "
+                                 "RMSNorm + RoPE; without Premix the layer runs Qwen3's own norms and RoPE")
         for i in [None] + self.window_layers()[:1]:
             dims = self.full_dims() if i is None else self.layer_dims(i)
             if dims.q_head_dim != dims.head_dim:
