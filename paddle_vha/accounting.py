@@ -134,7 +134,7 @@ def named_shape(name: str, kind: str = "gqa", num_kv_heads: int = 8, **overrides
 
 def paper_variants(name: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
     """The comparison set at a named shape: MHA (GQA-8's attention weights), GQA-8 / 4 / 2, GQA-2 with halved query
-    heads, MLA, VHA and shared-KV VHA as trained and folded, MEA (GQA-8's 8 KV heads composed from `mea_kv_heads`
+    heads, MLA, VHA, shared-KV VHA and premix-off VHA as trained and folded, MEA (GQA-8's 8 KV heads composed from `mea_kv_heads`
     cached ones)."""
     key = _shape_key(name)
     h_q = NAMED_SHAPES[key]["num_heads"]
@@ -151,6 +151,8 @@ def paper_variants(name: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
     out += [vha, fold_vha(vha, label="VHA (folded)")]
     skv = named_shape(key, "vha", 2, shared_kv=True, label="VHA shared-KV (trained)", **overrides)
     out += [skv, fold_vha(skv, label="VHA shared-KV (folded)")]
+    nop = named_shape(key, "vha_nopremix", 2, label="VHA premix-off (trained)", **overrides)
+    out += [nop, fold_vha(nop, label="VHA premix-off (folded)")]
     out.append(named_shape(key, "mea", mea_kv_heads, mea_kv_heads=8, label=f"MEA ({mea_kv_heads} of 8 KV)", **overrides))
     return out
 

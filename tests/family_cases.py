@@ -72,16 +72,25 @@ SHARED_KV_GRID = [  # the same axes, with vha_shared_kv (one projection is both 
 ]
 
 
+PREMIX_OFF_GRID = [  # vha_premix false (the fork's kv_postmix_only): q_proj's H_v heads of width d, Postmix only
+    (2, 7, 4, 2, 16, 16, False, False),
+    (1, 1, 6, 3, 8, 8, False, True),
+    (2, 9, 8, 2, 16, 16, True, False),
+    (2, 5, 3, 3, 8, 8, False, False),
+]
+
+
 def _vha_name(prefix):
     return lambda b, s, hv, hkv, d, r, g, bi: (f"{prefix}B{b}-S{s}-Hv{hv}-Hkv{hkv}-d{d}-r{r}{'-gated' if g else ''}"
                                                f"{'-bias' if bi else ''}")
 
 
-def _vha_fields(shared):
+def _vha_fields(shared, premix=True):
     return lambda hv, hkv, d, r, g, bi: dict(num_attention_heads=hv, num_key_value_heads=hkv, head_dim=d,
                                              vha_q_head_dim=r, vha_gated_attention=g, attention_bias=bi,
                                              vha_postmix_v_init_std=0.3,
-                                             **(dict(vha_shared_kv=True, vha_fused_prologue=False) if shared else {}))
+                                             **(dict(vha_shared_kv=True, vha_fused_prologue=False) if shared else {}),
+                                             **({} if premix else dict(vha_premix=False)))
 
 
 def randomize_biases(attn):
@@ -107,14 +116,15 @@ def _vha_layer(x, tensors, cfg, positions):
 
 
 _vha_layers = {**_grid(VHA_GRID, _vha_fields(False), _vha_name("")),
-               **_grid(SHARED_KV_GRID, _vha_fields(True), _vha_name("skv-"), frozenset({"shared_kv_proj.weight"}))}
+               **_grid(SHARED_KV_GRID, _vha_fields(True), _vha_name("skv-"), frozenset({"shared_kv_proj.weight"})),
+               **_grid(PREMIX_OFF_GRID, _vha_fields(False, premix=False), _vha_name("nopremix-"))}
 _vha_ids = list(_vha_layers)
 
 VHA = FamilyCases(
     layer_oracle=_vha_layer,
     lm_oracle=oracle.causal_lm,
     layers=_vha_layers,
-    gradient_cases=(_vha_ids[0], _vha_ids[3], _vha_ids[6], _vha_ids[7], _vha_ids[10], _vha_ids[11]),
+    gradient_cases=(_vha_ids[0], _vha_ids[3], _vha_ids[6], _vha_ids[7], _vha_ids[10], _vha_ids[11], _vha_ids[12]),
     backend_case=_vha_ids[2],
     randomize_layer=randomize_biases,
     models={
@@ -122,6 +132,7 @@ VHA = FamilyCases(
         "r<d-3layers": dict(vha_q_head_dim=9, num_hidden_layers=3),
         "gated-bias": dict(vha_gated_attention=True, attention_bias=True),
         "Hkv1-oddheads-tied": dict(num_attention_heads=3, num_key_value_heads=1, tie_word_embeddings=True),
+        "nopremix": dict(vha_premix=False),
     },
     randomize_model=randomize_postmix,
     decode_fields=dict(),

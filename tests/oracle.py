@@ -78,29 +78,35 @@ def vha_attention(x, p, cfg, positions, past=None, layer=None):
     positions: (B, S) absolute positions; past: optional (K, V), each (B, P, H_kv, d), already rotated.
     Returns (out (B, S, h), (K, V) including the new tokens).
 
+    Without Premix (cfg vha_premix false): q_proj emits the H_v heads (width r = d) and they are attended directly.
+
     Shared KV (cfg vha_shared_kv): S = RoPE(k_norm(x W_S)) is both K and V, and each output head is rotated back
     by the query's own angle, R(-theta s), before Postmix.
     """
     B, S, _ = x.shape
     h_v, h_kv, d, r, theta = layer_sizes(cfg, layer)
-    h_p = h_v // h_kv
+    h_p = h_v // h_kv  # virtual heads per KV head
     eps = cfg["rms_norm_eps"]
     b = (lambda n: p.get(n + ".bias"))
 
     shared = bool(cfg.get("vha_shared_kv"))
-    q_phys = linear(x, p["q_proj.weight"], b("q_proj")).reshape(B, S, h_p, r)
+    n_q = h_p if cfg.get("vha_premix", True) else h_v  # heads q_proj emits
+    q_phys = linear(x, p["q_proj.weight"], b("q_proj")).reshape(B, S, n_q, r)
     if shared:
         k = linear(x, p["shared_kv_proj.weight"], b("shared_kv_proj")).reshape(B, S, h_kv, d)
     else:
         k = linear(x, p["k_proj.weight"], b("k_proj")).reshape(B, S, h_kv, d)
         v = linear(x, p["v_proj.weight"], b("v_proj")).reshape(B, S, h_kv, d)
 
-    # Premix: virtual head j = g * H_p + i is Q_i @ W_premix[g].
-    premix = np.asarray(p["vha_premix_weight"], np.float64)  # (H_kv, r, d)
-    q = np.empty((B, S, h_v, d))
-    for g in range(h_kv):
-        for i in range(h_p):
-            q[:, :, g * h_p + i, :] = q_phys[:, :, i, :] @ premix[g]
+    if cfg.get("vha_premix", True):
+        # Premix: virtual head j = g * H_p + i is Q_i @ W_premix[g].
+        premix = np.asarray(p["vha_premix_weight"], np.float64)  # (H_kv, r, d)
+        q = np.empty((B, S, h_v, d))
+        for g in range(h_kv):
+            for i in range(h_p):
+                q[:, :, g * h_p + i, :] = q_phys[:, :, i, :] @ premix[g]
+    else:
+        q = q_phys  # no Premix: q_proj's H_v heads of width d are the virtual heads
 
     q = rope(rms_norm(q, p["q_norm.weight"], eps), positions, theta)
     k = rope(rms_norm(k, p["k_norm.weight"], eps), positions, theta)

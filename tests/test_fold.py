@@ -113,6 +113,9 @@ SHAPES = {
     "bias-3layers": dict(attention_bias=True, num_hidden_layers=3),
     "odd-heads-Hkv3-tied": dict(num_attention_heads=9, num_key_value_heads=3, head_dim=10, tie_word_embeddings=True),
     "Hkv1-rank1": dict(num_attention_heads=5, num_key_value_heads=1, vha_postmix_rank=1, vha_q_head_dim=7),
+    # no Premix (the research fork's kv_postmix_only): q_proj already stock, Postmix folds into o_proj
+    "premix-off-bias": dict(vha_premix=False, attention_bias=True, vha_postmix_rank=3),
+    "premix-off-Hkv3": dict(vha_premix=False, num_attention_heads=9, num_key_value_heads=3, head_dim=10),
 }
 
 
@@ -174,7 +177,26 @@ def test_fold_math_blocks_by_hand():
         np.testing.assert_allclose(fo[:, k * d:(k + 1) * d], want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["base", "bias-3layers", "odd-heads-Hkv3-tied"])
+def test_premix_off_fold_copies_q_proj_and_folds_o_proj(tmp_path):
+    """Without Premix the checkpoint has no vha_premix_weight, q_proj / its bias are copied bit for bit, and o_proj
+    is W_O (M (x) I_d) with M = I + V U^T."""
+    cfg, _ = make_vha(tmp_path / "vha", dtype="float64", vha_premix=False, attention_bias=True)
+    vha = read_state(tmp_path / "vha")
+    assert not [n for n in vha if "premix" in n]
+    p = "model.layers.1.self_attn."
+    assert vha[p + "q_proj.weight"].shape == (cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size)
+    fold(tmp_path / "vha", tmp_path / "gqa")
+    gqa = read_state(tmp_path / "gqa")
+    for leaf in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "v_proj.weight"):
+        assert np.array_equal(gqa[p + leaf], vha[p + leaf]), leaf
+    M = np.eye(cfg.num_attention_heads) + vha[p + "vha_postmix_V"] @ vha[p + "vha_postmix_U"].T
+    want = vha[p + "o_proj.weight"] @ np.kron(M, np.eye(cfg.head_dim))
+    assert rel_err(gqa[p + "o_proj.weight"], want, "premix-off folded o_proj vs W_O (M kron I)") <= 1e-13
+    api = fold_state_dict(vha, cfg)
+    assert set(api) == set(gqa) and all(np.array_equal(api[n], gqa[n]) for n in gqa)
+
+
+@pytest.mark.parametrize("name", ["base", "bias-3layers", "odd-heads-Hkv3-tied", "premix-off-bias"])
 def test_stock_paddle_qwen3_loads_output_and_matches_fp32(tmp_path, name):
     """Stock PaddleFormers Qwen3ForCausalLM on OUT vs Qwen3VHAForCausalLM on IN, float32: <= 1e-5 relative;
     the folded model's cached decode (explicit position_ids) matches too."""

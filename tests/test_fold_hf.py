@@ -62,7 +62,7 @@ def run_hf(hf_python, ckpt, ids, tmp_path, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["fp32-bias-r<d", "odd-heads-tied", "bf16", "windows-own-r-R"])
+@pytest.mark.parametrize("variant", ["fp32-bias-r<d", "odd-heads-tied", "bf16", "windows-own-r-R", "premix-off"])
 def test_hf_transformers_loads_fold_and_matches(tmp_path, hf_python, variant):
     overrides = {
         "fp32-bias-r<d": dict(attention_bias=True, vha_q_head_dim=10, num_hidden_layers=3),
@@ -73,6 +73,8 @@ def test_hf_transformers_loads_fold_and_matches(tmp_path, hf_python, variant):
         "windows-own-r-R": dict(sliding_window=4, use_sliding_window=True, num_hidden_layers=3,
                                 layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                                 vha_q_head_dim=12, vha_window_q_head_dim=6, vha_window_postmix_rank=1),
+        # no Premix (the research fork's kv_postmix_only): GQA heads kept, Postmix folded into o_proj
+        "premix-off": dict(vha_premix=False, attention_bias=True, num_attention_heads=6, num_key_value_heads=2),
     }[variant]
     cfg, _ = make_vha(tmp_path / "vha", **overrides)
     # float64 output for the exactness check (fold math in float64, no rounding); bf16 for the storage case

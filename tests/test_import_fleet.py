@@ -105,7 +105,6 @@ def test_upstream_defaults_and_names():
     (dict(vha_q_lora_rank=8, vha_q_head_dim=4), "vha_q_lora_rank=8 and vha_q_head_dim=4 disagree"),
     (dict(use_bias=True), "use_bias=True"),
     (dict(num_attention_heads=2, num_key_value_heads=1), "upstream's default num_attention_heads // 4 is 0"),
-    (dict(vha_enable_premix=False), "vha_enable_premix=False"),
     (dict(vha_postmix_grouped=True), "DeepSeek-V4"),
 ])
 def test_upstream_refusals(over, needle):
@@ -457,6 +456,9 @@ def test_dry_run_and_refusals(tmp_path):
     refused(tmp_path / "ours-cfg", "neither use_vha_attention (PaddleFleet) nor attn_type 'vha'")
     _save(tmp_path / "partial", {**raw, "rotary_percent": 0.5}, t)
     refused(tmp_path / "partial", "rotary_percent=0.5: partial RoPE")
+    _save(tmp_path / "nopremix", {**raw, "vha_enable_premix": False, "vha_q_lora_rank": None, "swa_vha_q_lora_rank": None},
+          t)
+    refused(tmp_path / "nopremix", "vha_enable_premix=false (premix-off VHA)")
     os.makedirs(tmp_path / "out")
     (tmp_path / "out" / "keep.txt").write_text("user data")
     refused(tmp_path / "fleet", "out")

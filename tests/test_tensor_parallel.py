@@ -113,7 +113,8 @@ def tp_run(request, tmp_path_factory):
     n = request.param
     out = str(tmp_path_factory.mktemp(f"tp{n}"))
     cases = (["base", "gated-bias-r9", "kv4"] + (["fused"] if _fused_available() else [])
-             + ["shared-kv", "skv-folded", "window", "fp64", "mea", "mea-rep", "mea-fp64"])
+             + ["shared-kv", "skv-folded", "window", "fp64", "premix-off", "premix-off-fp64", "mea", "mea-rep",
+                "mea-fp64"])
     results = launch(n, out, ",".join(cases))
     return n, results.pop("out_dir", out), cases, results
 

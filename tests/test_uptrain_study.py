@@ -22,8 +22,9 @@ def test_uptrain_study_runs_small_and_caches_its_base(tmp_path):
     print(r.stdout[-4000:])
     assert r.returncode == 0, r.stderr[-3000:]
     data = strict_json(tmp_path / "uptrain.json")
-    starts = {"GQA-2 mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated", "GQA-2 scratch", "VHA scratch"}
-    assert {x["start"] for x in data["runs"]} == starts and len(data["runs"]) == 14
+    starts = {"GQA-2 mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated", "VHA premix-off", "GQA-2 scratch",
+              "VHA scratch"}
+    assert {x["start"] for x in data["runs"]} == starts and len(data["runs"]) == 16
     for x in data["runs"]:
         assert math.isfinite(x["val"]) and x["kl"] >= 0
         if "scratch" in x["start"]:

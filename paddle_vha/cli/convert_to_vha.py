@@ -17,6 +17,10 @@ complete.
     bash tools/env.sh python tools/convert_to_vha.py IN_DIR OUT_DIR --kv-heads 2
     bash tools/env.sh python tools/convert_to_vha.py IN_DIR OUT_DIR --kv-heads 2 --method calibrated --calib-tokens 16384
     bash tools/env.sh python tools/convert_to_vha.py IN_DIR OUT_DIR --kv-heads 2 --q-head-dim 64 --dry-run
+    bash tools/env.sh python tools/convert_to_vha.py IN_DIR OUT_DIR --kv-heads 2 --premix off
+
+--premix off (the research fork's kv_postmix_only): no Premix; q_proj is kept as it is, keys and values are merged as
+below and Postmix is added over the query heads. With --kv-heads equal to the checkpoint's KV heads it is exact.
 
 Methods: mean   queries by the weight-space factorization, keys and values averaged per group (the GQA recipe)
          svd    queries as mean; values by the best rank-d fit of each group, the maps absorbed into o_proj
@@ -42,6 +46,9 @@ def parse_args(argv=None):
     p.add_argument("--q-head-dim", type=int, default=None, metavar="r",
                    help="width of the physical query heads (default: head_dim)")
     p.add_argument("--postmix-rank", type=int, default=4, metavar="R", help="rank of Postmix's head mixing (default 4)")
+    p.add_argument("--premix", default="on", choices=["on", "off"],
+                   help="off: keep every query head as it is and add Postmix only (the research fork's "
+                        "kv_postmix_only, vha_enable_premix false); exact when --kv-heads keeps the KV heads")
     p.add_argument("--method", default="svd", choices=["mean", "svd", "calibrated"], help="default svd")
     p.add_argument("--calib-tokens", type=int, default=8192, metavar="T",
                    help="calibration tokens (random windows of the calibration text) for 'calibrated' (default 8192)")
@@ -67,7 +74,7 @@ def _plan(args):
 
     return plan_convert(args.in_dir, args.out_dir, args.kv_heads, q_head_dim=args.q_head_dim,
                         postmix_rank=args.postmix_rank, method=args.method, dtype=args.dtype, force=args.force,
-                        seed=args.seed, max_shard_size=args.max_shard_size)
+                        seed=args.seed, max_shard_size=args.max_shard_size, premix=args.premix)
 
 
 def _reference(args, plan, text):

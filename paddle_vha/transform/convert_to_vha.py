@@ -16,6 +16,8 @@ In on-disk layout (Linear weights [out, in]), per attention layer:
               [V_1^T | ... | V_m^T] ~= V_g^T [T_1 | ... | T_m], with each d x d map T_t absorbed into the o_proj input
               blocks of the query heads that used old head t (values pass no norm or RoPE, so this is exact algebra).
     Postmix   the identity (V = 0; U small and seeded, as a fresh layer's, so V receives gradients).
+    premix="off" (the research fork's kv_postmix_only): q_proj is copied (its H_q heads are the virtual heads, no
+              Premix); keys, values and Postmix as above. Exact when N = H_kv_old (then only Postmix is added).
     q_norm, k_norm, o_proj (but for the T_t above), MLPs, embeddings: copied.
 
 Exact where the model allows it: a checkpoint that came from a fold (tools/fold.py) has rank-r query blocks in exactly
@@ -40,11 +42,12 @@ from ..transform.plan import open_output
 from ..vha.config import Qwen3VHAConfig
 from ..vha.spec import tensor_shapes as vha_tensor_shapes
 
-__all__ = ["ConvertError", "ConvertPlan", "METHODS", "factor_queries", "merge_kv", "plan_convert", "convert_layer",
+__all__ = ["ConvertError", "ConvertPlan", "METHODS", "PREMIX", "factor_queries", "merge_kv", "plan_convert", "convert_layer",
            "LayerTensors", "convert_state", "calibration_moments", "candidate_weights", "convert_checkpoint",
            "write_candidate", "pool_kv_heads_state"]
 
 METHODS = ("mean", "svd", "calibrated")
+PREMIX = ("on", "off")  # --premix: off keeps the stock query heads (the research fork's kv_postmix_only)
 # what convert_state computes in every attention layer; every other tensor is copied
 CONVERTED = ("q_proj.weight", "vha_premix_weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "vha_postmix_U",
              "vha_postmix_V")
@@ -150,18 +153,19 @@ class ConvertPlan(TransformPlan):
         before = kv_bytes_per_token(arch_from_config(self.in_config), elem, all_layers=True)
         after = kv_bytes_per_token(arch_from_config(self.out_config), elem, all_layers=True)
         h_p = c.num_attention_heads // c.num_key_value_heads
+        queries = (f"{h_p} physical heads (width {c.vha_q_head_dim}) x {c.num_key_value_heads} Premix groups"
+                   if c.vha_premix else "the query heads kept, no Premix (--premix off)")
         return Description(f"convert {self.in_dir} -> {self.out_dir} (method {self.method})", [
             f"Qwen3: {s.num_hidden_layers} layers, {s.num_attention_heads} query heads over {s.num_key_value_heads} "
             f"KV heads, head_dim {s.head_dim}, hidden {s.hidden_size}",
-            f"Qwen3-VHA: {c.num_attention_heads} virtual heads = {h_p} physical heads (width {c.vha_q_head_dim}) x "
-            f"{c.num_key_value_heads} Premix groups over {c.num_key_value_heads} KV heads; Postmix rank "
-            f"{c.vha_postmix_rank} (starts as the identity)",
+            f"Qwen3-VHA: {c.num_attention_heads} virtual heads = {queries} over {c.num_key_value_heads} KV heads; "
+            f"Postmix rank {c.vha_postmix_rank} (starts as the identity)",
             kv_cache_line(st.dtype_name(self.out_code), before, after),
             output_line(self),
         ], notes=self.notes)
 
 
-def _check_request(src_cfg, in_dir: str, kv_heads, q_head_dim, postmix_rank) -> int:
+def _check_request(src_cfg, in_dir: str, kv_heads, q_head_dim, postmix_rank, premix: bool = True) -> int:
     """The physical query head width r of the request, checked against the stock model; ConvertError otherwise."""
     if src_cfg.attention_bias:
         raise ConvertError(f"{in_dir}/config.json: attention_bias=true: the query bias would need its own "
@@ -173,6 +177,9 @@ def _check_request(src_cfg, in_dir: str, kv_heads, q_head_dim, postmix_rank) -> 
     if h_q % kv_heads:
         raise ConvertError(f"--kv-heads {kv_heads}: does not divide the {h_q} query heads")
     r = d if q_head_dim is None else q_head_dim
+    if not premix and r != d:
+        raise ConvertError(f"--q-head-dim {r} with --premix off: without Premix the query heads stay head_dim = {d} "
+                           "wide")
     if not (isinstance(r, int) and 1 <= r <= d):
         raise ConvertError(f"--q-head-dim {r}: must be between 1 and head_dim = {d} (Qwen3-VHA's physical query "
                            "heads are at most head_dim wide)")
@@ -181,12 +188,13 @@ def _check_request(src_cfg, in_dir: str, kv_heads, q_head_dim, postmix_rank) -> 
     return r
 
 
-def _converted_config(raw: dict, in_dir: str, kv_heads: int, r: int, postmix_rank: int, code: str):
+def _converted_config(raw: dict, in_dir: str, kv_heads: int, r: int, postmix_rank: int, code: str,
+                      premix: bool = True):
     """(config.json, Qwen3VHAConfig) of the converted model."""
     out_raw = {k: v for k, v in raw.items() if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
     out_raw.update(model_type=Qwen3VHAConfig.model_type, architectures=["Qwen3VHAForCausalLM"],
                    num_key_value_heads=kv_heads, vha_q_head_dim=r, vha_postmix_rank=postmix_rank,
-                   dtype=st.dtype_name(code))
+                   dtype=st.dtype_name(code), **({} if premix else dict(vha_premix=False)))
     try:
         return out_raw, Qwen3VHAConfig.from_dict(out_raw)
     except (ValueError, TypeError) as e:
@@ -195,16 +203,20 @@ def _converted_config(raw: dict, in_dir: str, kv_heads: int, r: int, postmix_ran
 
 def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = None, postmix_rank: int = 4,
                  method: str = "svd", dtype: str = "auto", force: bool = False, seed: int = 0,
-                 max_shard_size="5GB") -> ConvertPlan:
-    """Validate `src` (a stock Qwen3 checkpoint: path or CheckpointFolder) and the request from headers alone."""
+                 max_shard_size="5GB", premix="on") -> ConvertPlan:
+    """Validate `src` (a stock Qwen3 checkpoint: path or CheckpointFolder) and the request from headers alone.
+    premix "off": keep q_proj as it is, no Premix (the research fork's kv_postmix_only)."""
     if method not in METHODS:
         raise ConvertError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
+    if premix not in PREMIX:
+        raise ConvertError(f"--premix {premix!r}: expected one of {', '.join(PREMIX)}")
+    premix = premix == "on"
     check_dtype(dtype, ConvertError)
     ck, src_cfg = open_stock_qwen3(src, ConvertError, hint="; a Qwen3-VHA checkpoint folds first (tools/fold.py)")
-    r = _check_request(src_cfg, ck.path, kv_heads, q_head_dim, postmix_rank)
+    r = _check_request(src_cfg, ck.path, kv_heads, q_head_dim, postmix_rank, premix)
     open_output(ck, out_dir, force, ConvertError)
     code = output_code(dtype, ck.tensors)
-    out_raw, cfg = _converted_config(ck.config, ck.path, kv_heads, r, postmix_rank, code)
+    out_raw, cfg = _converted_config(ck.config, ck.path, kv_heads, r, postmix_rank, code, premix)
     entries = [Entry(n, tuple(shape), code, "convert" if n.rsplit("self_attn.", 1)[-1] in CONVERTED else "copy",
                      (n,)) for n, shape in vha_tensor_shapes(cfg).items()]
     return ConvertPlan.build(ck, out_dir, entries, max_shard_size, cfg=cfg, out_config=out_raw, out_code=code,
@@ -221,7 +233,10 @@ def convert_layer(plan: ConvertPlan, i: int, method: str, moment: Optional[np.nd
     rng = np.random.default_rng([plan.seed, i])  # Postmix's U of layer i: the same whichever layers run first
     read, p = plan.read_float64, f"model.layers.{i}.self_attn."
     mom = moment if method == "calibrated" else None
-    wq, premix, eq = factor_queries(read(p + "q_proj.weight"), h_v, n_new, d, c.vha_q_head_dim, mom)
+    if c.vha_premix:
+        wq, premix, eq = factor_queries(read(p + "q_proj.weight"), h_v, n_new, d, c.vha_q_head_dim, mom)
+    else:  # no Premix: the stock query heads are kept as they are
+        wq, premix, eq = read(p + "q_proj.weight"), None, 0.0
     wk, _, ek = merge_kv(read(p + "k_proj.weight"), n_old, n_new, d, low_rank=False)
     wv, maps, ev = merge_kv(read(p + "v_proj.weight"), n_old, n_new, d, low_rank=method != "mean", moment=mom)
     wo = read(p + "o_proj.weight")
@@ -229,10 +244,11 @@ def convert_layer(plan: ConvertPlan, i: int, method: str, moment: Optional[np.nd
         wo = absorb_value_maps(wo, maps, h_v, n_old, d)
     rank = c.vha_postmix_rank
     plan.errors[i] = (eq, ek, ev)
-    return {p + "q_proj.weight": wq, p + "vha_premix_weight": premix, p + "k_proj.weight": wk,
-            p + "v_proj.weight": wv, p + "o_proj.weight": wo,
-            p + "vha_postmix_U": rng.normal(0.0, c.vha_postmix_u_init_std, (h_v, rank)),
-            p + "vha_postmix_V": np.zeros((h_v, rank))}
+    out = {p + "q_proj.weight": wq, p + "vha_premix_weight": premix, p + "k_proj.weight": wk,
+           p + "v_proj.weight": wv, p + "o_proj.weight": wo,
+           p + "vha_postmix_U": rng.normal(0.0, c.vha_postmix_u_init_std, (h_v, rank)),
+           p + "vha_postmix_V": np.zeros((h_v, rank))}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 class LayerTensors:

@@ -7,6 +7,7 @@ The math (docs/method.md, "Why it folds"), in on-disk layout (Linear weights [ou
     o_proj:  W_O [h, H_v*d], M = I + V U^T [H_v, H_v]       ->  W_O' [h, H_v*d]
              input block k of W_O' is sum_j M[j, k] W_O[:, j]   (W_O' = W_O (M (x) I_d))
     everything else is copied; vha_premix_weight / vha_postmix_U / vha_postmix_V disappear.
+    Without Premix (vha_premix=false) q_proj is already [H_v*d, h] and is copied; only o_proj changes.
 
 Three levels of API, each used by the next:
     fold_q_proj / fold_q_bias / fold_o_proj    one layer's tensors (float64 numpy)
@@ -126,7 +127,9 @@ def fold_state_dict(state: Mapping[str, np.ndarray], cfg) -> Dict[str, np.ndarra
         p, leaf = m.groups()
         if leaf in VHA_ONLY:
             continue
-        if leaf == "q_proj.weight":
+        if leaf.startswith("q_proj.") and p + "vha_premix_weight" not in state:  # no Premix: already stock
+            out[name] = value
+        elif leaf == "q_proj.weight":
             out[name] = fold_q_proj(value, state[p + "vha_premix_weight"])
         elif leaf == "q_proj.bias":
             out[name] = fold_q_bias(value, state[p + "vha_premix_weight"])
@@ -178,7 +181,8 @@ class FoldPlan(TransformPlan):
         h_v, h_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         header = [
             f"Qwen3-VHA: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {h_v} virtual / "
-            f"H_p {h_v // h_kv} physical query heads (r {cfg.vha_q_head_dim}), H_kv {h_kv}, d {cfg.head_dim}, "
+            f"H_p {cfg.num_physical_heads} physical query heads (r {cfg.vha_q_head_dim}"
+            f"{'' if cfg.vha_premix else ', no Premix'}), H_kv {h_kv}, d {cfg.head_dim}, "
             f"Postmix rank {cfg.vha_postmix_rank}",
             f"-> {family(out['model_type']).label if cfg.vha_shared_kv else 'stock Qwen3'}: "
             f"num_attention_heads {h_v}, num_key_value_heads {h_kv}, head_dim {cfg.head_dim}, "
@@ -219,6 +223,8 @@ def _entry(ck: CheckpointFolder, name: str, shape, code: str) -> Entry:
     """How output tensor `name` is made: q_proj (+ bias) with Premix, o_proj with Postmix, anything else copied."""
     m = _ATTN.match(name)
     p, leaf = m.groups() if m else ("", "")
+    if leaf.startswith("q_proj.") and p + "vha_premix_weight" not in ck.tensors:  # no Premix: q_proj is stock
+        leaf = "copied"
     if leaf == "q_proj.weight":
         return Entry(name, tuple(shape), code, "fold_q", (name, p + "vha_premix_weight"))
     if leaf == "q_proj.bias":

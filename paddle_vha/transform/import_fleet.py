@@ -149,6 +149,10 @@ def _config_of(folder: CheckpointFolder) -> Tuple[Qwen3VHAConfig, str, dict]:
     except (VHAConfigError, ValueError, TypeError) as e:
         raise FleetImportError(f"{folder.path}/config.json: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
             from None
+    if not cfg.vha_premix:
+        raise FleetImportError(f"{folder.path}/config.json: vha_enable_premix=false (premix-off VHA): its config reads "
+                               "(Qwen3VHAConfig), but importing its tensors is not supported; convert the stock source "
+                               "with tools/convert_to_vha.py --premix off instead")
     dialect = "fork" if "attn_type" in raw else "paddlefleet"
     out = cfg.to_dict()
     out["architectures"] = ["Qwen3VHAForCausalLM"]

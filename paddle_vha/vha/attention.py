@@ -14,6 +14,9 @@ Shared KV (vha_shared_kv): one projection S = RoPE(k_norm(x W_S)) (B, S, H_kv, d
 it once, and the attention output is rotated back to the query's position before Postmix:
     Y    = R(-theta s) Attention(Q_v, S, S)                  (on the head width d, per query position s)
 
+Without Premix (vha_premix=false, the research fork's kv_postmix_only): q_proj emits the H_v heads of width d
+themselves (H_p = H_v, r = d), Q_v = Q_p, and the layer is stock GQA attention followed by Postmix.
+
 Every deviation from PaddleFormers' Qwen3Attention is marked `# VHA:`.
 """
 from __future__ import annotations
@@ -77,6 +80,7 @@ class Qwen3VHAAttention(Qwen3Attention):
         self.q_head_dim = config.vha_q_head_dim  # r
         self.postmix_rank = config.vha_postmix_rank  # R
         self.shared_kv = config.vha_shared_kv
+        self.has_premix = config.vha_premix  # False: q_proj's heads are the virtual heads
         # VHA: the tensors paddle_vha/vha/spec.py declares: q_proj emits H_p physical heads of width r; Premix, one
         # (r, d) map per KV group; Postmix U, V over the H_v heads (V = 0: the identity at step 0); one shared K = V
         # projection in place of k_proj and v_proj (vha_shared_kv); the sigmoid output gate (vha_gated_attention).
@@ -117,6 +121,9 @@ class Qwen3VHAAttention(Qwen3Attention):
         """Premix -> q_norm / k_norm -> RoPE. In: (B, S, H_p, r), (B, S, H_kv, d). Out: (B, H_v, S, d), (B, H_kv, S, d)."""
         # VHA: one fused operator when enabled and available (paddle_vha/kernels/); the composed chain below
         # stays the reference and the fallback.
+        if not self.has_premix:  # VHA: no Premix: the physical heads are the virtual heads (B, S, H_v, d)
+            q = self.q_norm(q_phys).transpose([0, 2, 1, 3])  # (B, H_v, S, d)
+            return apply_rotary_pos_emb(q, self.k_norm(k).transpose([0, 2, 1, 3]), cos, sin)
         w = self.premix_weight()
         if should_use_fused(getattr(self.config, "vha_fused_prologue", None), q_phys):
             return fused_prologue(q_phys, k, w, self.q_norm.weight, self.k_norm.weight, cos, sin,

@@ -8,6 +8,9 @@ Notation used throughout the package (see docs/method.md):
     H_p   H_v // H_kv                       physical query heads (what q_proj emits)
     r     vha_q_head_dim (default d)        width of a physical query head
     R     vha_postmix_rank                  rank of the Postmix head-mixing term
+
+With vha_premix=false (the research fork's premix-off mode, `vha_enable_premix: false`) q_proj emits all H_v query heads
+of width d as stock Qwen3 does (H_p = H_v physical heads, r = d) and only Postmix is added.
 """
 from __future__ import annotations
 
@@ -50,10 +53,11 @@ class LayerDims:
     q_head_dim: int  # r
     postmix_rank: int  # R
     rope_theta: float
+    premix: bool = True  # False: no Premix, q_proj emits the H_v heads themselves
 
     @property
     def num_physical_heads(self) -> int:
-        return self.num_heads // self.num_kv_heads
+        return self.num_heads // self.num_kv_heads if self.premix else self.num_heads
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,9 +135,10 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         vha_window_num_key_value_heads: Optional[int] = None,
         vha_window_head_dim: Optional[int] = None,
         vha_window_rope_theta: Optional[float] = None,
+        vha_premix: Optional[bool] = None,
         **kwargs,
     ):
-        ours = dict(vha_q_head_dim=vha_q_head_dim, vha_postmix_rank=vha_postmix_rank,
+        ours = dict(vha_premix=vha_premix, vha_q_head_dim=vha_q_head_dim, vha_postmix_rank=vha_postmix_rank,
                     vha_gated_attention=None if vha_gated_attention is False else vha_gated_attention, vha_window_q_head_dim=vha_window_q_head_dim,
                     vha_window_postmix_rank=vha_window_postmix_rank,
                     vha_window_num_attention_heads=vha_window_num_attention_heads,
@@ -150,6 +155,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         vha_window_num_attention_heads = ours["vha_window_num_attention_heads"]
         vha_window_num_key_value_heads = ours["vha_window_num_key_value_heads"]
         vha_window_head_dim, vha_window_rope_theta = ours["vha_window_head_dim"], ours["vha_window_rope_theta"]
+        self.vha_premix = True if ours["vha_premix"] is None else ours["vha_premix"]
         self.vha_q_head_dim = self.head_dim if vha_q_head_dim is None else vha_q_head_dim
         self.vha_postmix_rank = DEFAULT_POSTMIX_RANK if vha_postmix_rank is None else vha_postmix_rank
         self.vha_gated_attention = vha_gated_attention
@@ -170,8 +176,8 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
     # Derived sizes, named as in the docs.
     @property
     def num_physical_heads(self) -> int:
-        """H_p = H_v / H_kv: physical query heads produced by q_proj."""
-        return self.num_attention_heads // self.num_key_value_heads
+        """H_p = H_v / H_kv: physical query heads produced by q_proj (H_v without Premix)."""
+        return self.full_dims().num_physical_heads
 
     def window_layers(self) -> List[int]:
         """Indices of the sliding-window layers (Qwen3's layer_types with a sliding_window)."""
@@ -182,7 +188,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
     def full_dims(self) -> LayerDims:
         """The attention sizes of the full-attention layers (the usual config fields)."""
         return LayerDims(None, self.num_attention_heads, self.num_key_value_heads, self.head_dim, self.vha_q_head_dim,
-                         self.vha_postmix_rank, _rope_theta(self))
+                         self.vha_postmix_rank, _rope_theta(self), self.vha_premix)
 
     def layer_dims(self, layer_idx: int) -> LayerDims:
         """The attention sizes of decoder layer `layer_idx` (window layers: the vha_window_* values where set)."""
@@ -195,7 +201,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         return LayerDims(self.sliding_window, pick(self.vha_window_num_attention_heads, full.num_heads),
                          pick(self.vha_window_num_key_value_heads, full.num_kv_heads), d,
                          pick(self.vha_window_q_head_dim, r_default), pick(self.vha_window_postmix_rank, full.postmix_rank),
-                         pick(self.vha_window_rope_theta, full.rope_theta))
+                         pick(self.vha_window_rope_theta, full.rope_theta), full.premix)
 
     def stock_shaped_window_layers(self) -> bool:
         """Whether the window layers have the full layers' head counts, head width and RoPE base (their r and R may
@@ -262,7 +268,24 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         if not (_is_int(rank) and rank >= 1):
             raise VHAConfigError(f"{prefix or 'vha_'}postmix_rank must be an int >= 1{where}, got {rank!r}")
 
+    def _check_premix(self) -> None:
+        """vha_premix is a bool; without Premix the physical query heads are the virtual ones, of width d (r = d)."""
+        if not isinstance(self.vha_premix, bool):
+            raise VHAConfigError(f"vha_premix must be a bool, got {self.vha_premix!r}")
+        if self.vha_premix:
+            return
+        if getattr(self, "vha_fused_prologue", None) is True:
+            raise VHAConfigError("vha_fused_prologue=true with vha_premix=false: the fused operator is Premix + q/k "
+                                 "RMSNorm + RoPE; without Premix the layer runs Qwen3's own norms and RoPE")
+        for i in [None] + self.window_layers()[:1]:
+            dims = self.full_dims() if i is None else self.layer_dims(i)
+            if dims.q_head_dim != dims.head_dim:
+                name = "vha_window_q_head_dim" if i is not None else "vha_q_head_dim"
+                raise VHAConfigError(f"{name}={dims.q_head_dim} with vha_premix=false: without Premix the query heads "
+                                     f"are as wide as the keys (head_dim={dims.head_dim})")
+
     def _check_options(self) -> None:
+        self._check_premix()
         if not isinstance(self.vha_gated_attention, bool):
             raise VHAConfigError(f"vha_gated_attention must be a bool, got {self.vha_gated_attention!r}")
         for name in ("vha_premix_init_alpha", "vha_postmix_u_init_std", "vha_postmix_v_init_std"):

@@ -2,7 +2,8 @@
 attention from config.json.
 
 H_p = H_v / H_kv physical query heads of width r; Premix one r x d map per KV group; Postmix M = I + V U^T of rank R
-(two small GEMMs, Z = U^T Y then V Z); an optional sigmoid gate (h -> H_v*d).
+(two small GEMMs, Z = U^T Y then V Z); an optional sigmoid gate (h -> H_v*d). Without Premix (kind "vha_nopremix"):
+H_v query heads of width d from q_proj, Postmix only.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Dict, Optional
 
 from ..spec.cost import Arch, ArchError, AttentionCost
 
-__all__ = ["VHA", "fold_vha", "arch_fields", "window_sizes", "DEFAULT_POSTMIX_RANK"]
+__all__ = ["VHA", "VHA_NO_PREMIX", "fold_vha", "arch_fields", "window_sizes", "DEFAULT_POSTMIX_RANK"]
 
 DEFAULT_POSTMIX_RANK = 4  # Qwen3VHAConfig's default R (paddle_vha/vha/config.py reads it from here)
 
@@ -56,6 +57,29 @@ class VHACost(AttentionCost):
 VHA = VHACost()
 
 
+class VHANoPremixCost(VHACost):
+    """VHA without Premix (vha_premix=false, the research fork's kv_postmix_only): q_proj emits the H_v heads of width
+    d as stock GQA does; only Postmix is added."""
+
+    kind = "vha_nopremix"
+
+    def validate(self, a: Arch) -> None:
+        super().validate(a)
+        if a.q_head_dim != a.head_dim:
+            raise ArchError(f"{a.label}: VHA without Premix has query heads of width head_dim (vha_q_head_dim unset)")
+
+    def physical_heads(self, a: Arch) -> int:
+        return a.num_heads
+
+    def weights(self, a: Arch) -> Dict[str, int]:
+        parts = super().weights(a)
+        del parts["premix"]
+        return parts
+
+
+VHA_NO_PREMIX = VHANoPremixCost()
+
+
 def fold_vha(arch: Arch, label: Optional[str] = None) -> Arch:
     """The stock GQA model a VHA model is served as: H_v query heads of width d, same KV heads, no Premix/Postmix."""
     if not isinstance(arch.cost, VHACost):
@@ -72,7 +96,7 @@ def fold_vha(arch: Arch, label: Optional[str] = None) -> Arch:
 
 def arch_fields(cfg: dict, common: dict) -> dict:
     """H_p = H_v / H_kv physical query heads of width r, Premix per group, Postmix of rank R, optional gate."""
-    return dict(kind="vha", num_kv_heads=cfg.get("num_key_value_heads") or common["num_heads"],
+    return dict(kind="vha" if cfg.get("vha_premix", True) else "vha_nopremix", num_kv_heads=cfg.get("num_key_value_heads") or common["num_heads"],
                 vha_q_head_dim=cfg.get("vha_q_head_dim") or common["head_dim"],
                 vha_postmix_rank=cfg.get("vha_postmix_rank", DEFAULT_POSTMIX_RANK), vha_gated=bool(cfg.get("vha_gated_attention", False)),
                 shared_kv=bool(cfg.get("vha_shared_kv", False)), window_sizes=window_sizes(cfg))

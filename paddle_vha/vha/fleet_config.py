@@ -9,7 +9,8 @@ Two upstream dialects are read:
   fields size them (`swa_vha_q_lora_rank` defaults to the window head width, `swa_vha_postmix_rank` to the window
   layer's heads // 4).
 * The research fork (D-URing/PaddleFleet, `attn_type: "vha"`): `num_attention_heads` counts PHYSICAL heads H_p,
-  so H_v = H_p * H_kv; Premix is [H_kv, d, d] (r = d); `vha_postmix_rank` defaults to 4.
+  so H_v = H_p * H_kv; Premix is [H_kv, d, d] (r = d); `vha_postmix_rank` defaults to 4. With
+  `vha_enable_premix: false` (its "kv_postmix_only" conversion) there is no Premix and `num_attention_heads` is H_v.
 
 Upstream's HF export (paddlefleet/transformer/hf_export.py) writes two of those under other names, read as the Fleet
 name: `use_gated_attn` (= gated_attention) and `hybrid_layer_pattern` (= window_attn_skip_freq, 0-based layers as
@@ -23,7 +24,7 @@ true, which is upstream's DEFAULT: a windowed PaddleFleet config must say false.
 
 A config that uses any upstream name is read with upstream's defaults. What this project cannot represent (partial
 RoPE, a value head width other than head_dim, a value scale, another softmax scale, per-layer q/k norms, a two-sided
-window, Premix or Postmix switched off, ...) raises VHAConfigError with one line naming the field.
+window, Postmix switched off, ...) raises VHAConfigError with one line naming the field.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ _RENAMED = {
     "swa_num_key_value_heads": "vha_window_num_key_value_heads",
     "swa_head_dim": "vha_window_head_dim",
     "swa_rope_theta": "vha_window_rope_theta",
+    "vha_enable_premix": "vha_premix",
 }
 # upstream fields that must hold the value that means "as Qwen3 does it" (None = absent is fine too)
 _MUST_BE = {
@@ -55,7 +57,6 @@ _MUST_BE = {
     "qk_norm_type": ("per_head", "Qwen3's q_norm / k_norm are per head (qk_norm_type 'per_head')"),
     "qk_l2_norm": (False, "Qwen3's q_norm / k_norm are RMSNorms, not L2 norms"),
     "use_bias": (False, "use_bias adds MLP biases, which Qwen3 does not have (attention_bias covers q/k/v)"),
-    "vha_enable_premix": (True, "Premix switched off (the fork's KV-only mode) is not VHA as this project builds it"),
     "vha_enable_postmix": (True, "Postmix switched off is not supported (set vha_postmix_rank instead)"),
     "vha_postmix_grouped": (False, "grouped Postmix is PaddleFleet's DeepSeek-V4 hybrid attention, not Qwen3's"),
     "fuse_inv_rope_into_vha_postmix": (False, "PaddleFleet's DeepSeek-V4 hybrid attention option, not Qwen3's"),
@@ -211,7 +212,8 @@ def _check_representable(up: Dict, kwargs: Dict, head_dim: int) -> None:
 def _read_fork(ours: Dict, kwargs: Dict, get, head_dim: int) -> None:
     """The research fork: num_attention_heads counts physical heads; Premix is d x d; Postmix rank 4 by default."""
     h_p, h_kv = get("num_attention_heads"), get("num_key_value_heads")
-    kwargs["num_attention_heads"] = h_p * h_kv
+    # kv_postmix_only (vha_enable_premix false): its num_attention_heads already counts the virtual heads
+    kwargs["num_attention_heads"] = h_p if ours.get("vha_premix") is False else h_p * h_kv
     _set(ours, "vha_q_head_dim", head_dim, "the fork's Premix (d x d)")
     if ours.get("vha_postmix_rank") is None:
         ours["vha_postmix_rank"] = 4  # the fork's default

@@ -8,6 +8,9 @@ Tensor parallelism, rank k of t (why: paddle_vha/vha/tp_plan.py): q_proj whole o
 heads of its groups) with its gradient summed; K/V (or the shared projection) and Premix split by KV group when
 t <= H_kv, else whole with summed gradients; Postmix U, V and the gate split by virtual head; o_proj row-parallel.
 Fold absorbs Premix into q_proj and Postmix into o_proj.
+
+Without Premix (vha_premix=false): q_proj emits the H_v heads of width d as stock Qwen3's does, column-parallel by
+head; there is no vha_premix_weight, and fold changes o_proj only.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ def vha_sizes(cfg, layer_idx: int) -> SimpleNamespace:
     return SimpleNamespace(h=cfg.hidden_size, inter=cfg.intermediate_size, heads=dims.num_heads,
                            kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, physical=dims.num_physical_heads,
                            q_head_dim=dims.q_head_dim, postmix_rank=dims.postmix_rank, bias=bool(cfg.attention_bias),
-                           shared_kv=bool(cfg.vha_shared_kv), gated=bool(cfg.vha_gated_attention))
+                           shared_kv=bool(cfg.vha_shared_kv), gated=bool(cfg.vha_gated_attention), premix=dims.premix)
 
 
 def init_premix(num_groups: int, r: int, d: int, alpha: float):
@@ -64,20 +67,22 @@ def _normal_or_zero(field: str):
 
 _kv = lambda s: s.kv_heads * s.head_dim  # noqa: E731
 _separate_kv = lambda s: not s.shared_kv  # noqa: E731
+# q_proj: whole on every rank with Premix (each rank needs its groups' physical heads), split by head without it
+_q_shard = lambda lay: SUMMED if getattr(lay, "premix", True) else COLUMN  # noqa: E731
 
 VHA_LAYER = QWEN3_LAYER.replace(
     "qwen3_vha",
     sizes=vha_sizes,
     add=(
-        # q_proj emits H_p physical heads of width r; whole on every rank
-        *linear("self_attn.q_proj", lambda s: s.physical * s.q_head_dim, lambda s: s.h, SUMMED),
+        # q_proj emits H_p physical heads of width r (H_v heads of width d without Premix)
+        *linear("self_attn.q_proj", lambda s: s.physical * s.q_head_dim, lambda s: s.h, _q_shard),
         *linear("self_attn.k_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=_separate_kv),
         *linear("self_attn.v_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=_separate_kv),
         *linear("self_attn.o_proj", lambda s: s.h, lambda s: s.heads * s.head_dim, ROW),
         # one projection that is both keys and values (vha_shared_kv), split as the keys are
         *linear("self_attn.shared_kv_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=lambda s: s.shared_kv),
         Param("self_attn.vha_premix_weight", lambda s: (s.kv_heads, s.q_head_dim, s.head_dim),
-              split_kv(TensorShard(0)), fold="self_attn.q_proj", init=_premix_init),
+              split_kv(TensorShard(0)), fold="self_attn.q_proj", init=_premix_init, when=lambda s: s.premix),
         Param("self_attn.vha_postmix_U", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold="self_attn.o_proj",
               init=_normal_or_zero("vha_postmix_u_init_std")),
         Param("self_attn.vha_postmix_V", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold="self_attn.o_proj",

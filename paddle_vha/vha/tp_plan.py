@@ -21,6 +21,9 @@ Attention, rank k of t (virtual heads are group-major, j = g*H_p + i):
 MLP as Qwen3's: gate_proj / up_proj column-parallel, down_proj row-parallel. Embedding, norms and lm_head stay
 replicated (PaddleFormers' vocab-parallel head needs c_softmax_with_cross_entropy, which has no CPU kernel).
 
+Without Premix (vha_premix=false) the physical heads are the virtual heads: q_proj is column-parallel by head as
+stock Qwen3's (rank k holds its H_v/t heads, whatever t vs H_kv), and the rest is as above.
+
 The layer's two hooks carry the rest: `premix_weight()` reads the rank's group of a whole Premix (KV replicated) and
 `postmix_reduce` is the all-reduce of Z.
 """
@@ -45,6 +48,7 @@ class AttentionLayout:
     groups: Tuple[int, int]  # KV groups (= KV heads) [a, b) this rank reads
     physical: Tuple[int, int]  # physical query heads [a, b) this rank uses
     kv_sharded: bool  # t <= H_kv: KV heads split; else replicated (whole tensors, rank-local slice)
+    premix: bool = True  # False: the physical heads are the virtual heads (q_proj split by head)
 
     @property
     def num_heads(self) -> int:
@@ -87,13 +91,16 @@ def attention_layout(cfg, t: int, rank: int, layer_idx: int = None) -> Attention
     h_v, h_kv = _heads(cfg, layer_idx)
     h_p = h_v // h_kv
     lay = gqa_layout(h_v, h_kv, t, rank)  # virtual heads over KV groups, as any GQA layer
-    if lay.kv_sharded:  # whole groups: all H_p physical heads
+    premix = getattr(cfg, "vha_premix", True)
+    if not premix:  # the rank's own virtual heads are its physical heads
+        physical = lay.heads
+    elif lay.kv_sharded:  # whole groups: all H_p physical heads
         physical = (0, h_p)
     else:  # c = t/H_kv ranks share a group; each uses its H_p/c physical heads
         c = t // h_kv
         n, s = h_p // c, rank % c
         physical = (s * n, (s + 1) * n)
-    return AttentionLayout(t, rank, lay.heads, lay.kv, physical, lay.kv_sharded)
+    return AttentionLayout(t, rank, lay.heads, lay.kv, physical, lay.kv_sharded, premix)
 
 
 def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
@@ -109,7 +116,9 @@ def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
         # K/V and Premix stay whole; this rank computes its KV head and its physical heads only.
         (g0, g1), (p0, p1) = lay.groups, lay.physical
         kv = kv_projections(cfg)
-        columns = {"self_attn.q_proj": (p0 * r, p1 * r), **{f"self_attn.{n}": (g0 * d, g1 * d) for n in kv}}
-        attrs["premix_groups"] = lay.groups
+        columns = {f"self_attn.{n}": (g0 * d, g1 * d) for n in kv}
+        if lay.premix:
+            columns["self_attn.q_proj"] = (p0 * r, p1 * r)
+            attrs["premix_groups"] = lay.groups
     return LayerPlan(params=QWEN3_VHA.layer_shards(cfg, layer_idx, lay), column_slices=columns, attributes={"self_attn": attrs},
                      collectives={"self_attn.postmix_reduce": "all_reduce_partial"})

@@ -57,6 +57,10 @@ CASES = {
     # and those CPU kernels round differently for 8 heads than for 4 (k_norm over 2 KV heads vs 1 differed by 1e-7);
     # in this case only, both the TP = 1 and the TP model use float64 for them (_float64_everywhere).
     "fp64": dict(num_attention_heads=8, vha_fused_prologue=False, dtype="float64", attn="eager_fp64"),
+    # VHA without Premix (the research fork's kv_postmix_only): q_proj column-parallel by head (4 per rank at t = 2,
+    # 2 at t = 4 with the 2 KV heads replicated), Postmix's all-reduce of Z; biases; and the same in float64
+    "premix-off": dict(num_attention_heads=8, vha_premix=False, attention_bias=True),
+    "premix-off-fp64": dict(num_attention_heads=8, vha_premix=False, dtype="float64", attn="eager_fp64"),
     # Qwen3-MEA (paddle_vha/mea/tp_plan.py). Layer 0 stock (n_s = 4 KV heads), layer 1 MEA: H 8 over n_v 4
     # virtual heads composed from n_p 2 physical ones, k_norm after HLC, head norm, biases. t = 2 and 4: HLC columns
     # and stock KV heads split.

@@ -6,6 +6,8 @@ is uptrained with the same tokens (per seed: the same batches, in the same order
     GQA-2 mean-pool     stock Qwen3, each 4 KV heads averaged into one (the GQA paper's uptraining recipe)
     MEA                 tools/compress_kv.py --kv-heads 2 (SVD of the KV heads; HLC rebuilds 8 virtual ones)
     VHA mean|svd|calibrated   tools/convert_to_vha.py --kv-heads 2 --method ...
+    VHA premix-off      tools/convert_to_vha.py --kv-heads 2 --premix off (the research fork's kv_postmix_only: the
+                        16 query heads kept, no Premix, Postmix added; K/V merged as svd does)
 and two references trained from scratch with the base's tokens (--reference-tokens total: plus the uptraining's), what
 the small-cache model reaches without a base: GQA-2 scratch and VHA scratch.
 
@@ -37,7 +39,8 @@ from paddle_vha.cli import command, fail, quiet
 from .report import write_atomic, write_json
 from .toy import toy_fields, check_toy_args
 
-STARTS = ["GQA-2 mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated"]
+PREMIX_OFF = "VHA premix-off"
+STARTS = ["GQA-2 mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated", PREMIX_OFF]
 REFERENCES = ["GQA-2 scratch", "VHA scratch"]
 HEADS, BASE_KV, KV = 16, 8, 2
 
@@ -176,8 +179,8 @@ def start_model(name, args, base_dir, seed, scratch_dir, moments):
         mea.compress_checkpoint(plan, progress=False)
         return load(Qwen3MEAForCausalLM, out)
     if name.startswith("VHA ") and not name.endswith("scratch"):
-        method = name.split()[1]
-        plan = cv.plan_convert(base_dir, out, KV, postmix_rank=args.rank, method=method, seed=seed)
+        method, premix = ("svd", "off") if name == PREMIX_OFF else (name.split()[1], "on")
+        plan = cv.plan_convert(base_dir, out, KV, postmix_rank=args.rank, method=method, seed=seed, premix=premix)
         cv.convert_checkpoint(plan, cv.convert_state(plan, method, moments), progress=False)
         return load(Qwen3VHAForCausalLM, out)
     paddle.seed(seed)
