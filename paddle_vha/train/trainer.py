@@ -24,7 +24,8 @@ from .callbacks import TrainLog, nonfinite_parameter
 from .errors import TrainError
 from .run_lock import LOCK_FILE, hold_run_lock
 from .saving import finish_saved_folder, save_trained, source_float_dtype
-from .paddleformers_trainer import LlmMetaConfig, Trainer, get_last_checkpoint, set_seed
+from .paddleformers_trainer import LlmMetaConfig, get_last_checkpoint, set_seed
+from .resume import CheckpointTrainer
 
 __all__ = ["run", "build_config", "build_data", "describe", "check_arguments"]
 
@@ -244,8 +245,9 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     save = model_saver(model, model_args)
     log = TrainLog(model, os.path.join(training_args.output_dir, "train_log.jsonl"),
                    save if training_args.save_model_in_checkpoints and not sharded else None)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train if training_args.do_train else None,
-                      eval_dataset=val if training_args.do_eval else None, callbacks=[log])
+    trainer = CheckpointTrainer(model=model, args=training_args,
+                                train_dataset=train if training_args.do_train else None,
+                                eval_dataset=val if training_args.do_eval else None, callbacks=[log])
     if training_args.do_train:
         train_model(trainer, log, model, resume)
     if training_args.do_eval:
@@ -372,6 +374,8 @@ def _training_failure(e: Exception, global_step: int, steps_run: int, resume):
 
     if isinstance(e, IdRangeError):
         return f"training stopped at step {global_step + 1}: {e}; nothing saved"
+    if isinstance(e, TrainError):  # already one line (a checkpoint refused at this layout, paddle_vha/train/resume.py)
+        return str(e)
     if isinstance(e, ValueError) and "inf or nan" in str(e):  # PaddleFormers' loss check before each step
         return (f"training stopped: the loss is not finite at step {global_step + 1} ({str(e).split('. ')[-1]}); "
                 "nothing saved (lower learning_rate?)")
