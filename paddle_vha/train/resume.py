@@ -9,18 +9,18 @@ reassembles / re-slices them for the layout that resumes. `CheckpointTrainer` ad
   differs). A checkpoint written before the split parameters were declared holds one rank's slice recorded as if it
   were whole (e.g. gate_proj [64, 88] of [64, 176]); loading it would run with wrong weights;
 * the CPU gap: Paddle 3.3's resharder moves each tensor it reads or sends with `Tensor.cuda()`, which raises
-  "No available device found" on a CPU-only build. On such a build, and only during this load, `.cuda()` returns
-  the (CPU) tensor itself; the collectives then run on gloo. Nothing changes on a GPU build.
+  "No available device found" on a CPU-only build; the load runs inside paddle_vha/train/cpu_device.py's
+  `cuda_is_identity_on_cpu` (nothing changes on a GPU build).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
+from .cpu_device import cuda_is_identity_on_cpu
 from .errors import TrainError
 from .paddleformers_trainer import Trainer
 
-__all__ = ["CheckpointTrainer", "check_resumable", "saved_global_shapes", "cuda_is_identity_on_cpu"]
+__all__ = ["CheckpointTrainer", "check_resumable", "saved_global_shapes"]
 
 MODEL_STATE = "model_state"  # PaddleFormers' MODEL_STATE_DIC
 
@@ -60,23 +60,6 @@ def check_resumable(checkpoint: str, model_sharded: dict) -> None:
             raise TrainError(f"cannot resume from {checkpoint}: it records {name} as {list(saved[name])}, the model's "
                              f"is {list(want)} (a tensor-parallel checkpoint that kept one rank's slice, or another "
                              "model); it cannot be loaded at any layout")
-
-
-@contextlib.contextmanager
-def cuda_is_identity_on_cpu():
-    """On a Paddle build without CUDA / XPU / custom devices, `Tensor.cuda()` returns the tensor itself while the
-    block runs (the module docstring); elsewhere nothing changes."""
-    import paddle
-
-    if paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu() or paddle.device.get_all_custom_device_type():
-        yield
-        return
-    original = paddle.Tensor.cuda
-    paddle.Tensor.cuda = lambda self, *args, **kwargs: self
-    try:
-        yield
-    finally:
-        paddle.Tensor.cuda = original
 
 
 class CheckpointTrainer(Trainer):
