@@ -59,7 +59,8 @@ def check_resumable(checkpoint: str, model_sharded: dict) -> None:
         if tuple(saved[name]) != want:
             raise TrainError(f"cannot resume from {checkpoint}: it records {name} as {list(saved[name])}, the model's "
                              f"is {list(want)} (a tensor-parallel checkpoint that kept one rank's slice, or another "
-                             "model); it cannot be loaded at any layout")
+                             "model); it cannot be loaded at any layout: remove that checkpoint folder or set "
+                             "overwrite_output_dir")
 
 
 class CheckpointTrainer(Trainer):

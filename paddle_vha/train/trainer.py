@@ -276,6 +276,11 @@ def check_device(training_args) -> None:
     if training_args.device.startswith("gpu") and not paddle.is_compiled_with_cuda():
         raise TrainError(f"device={training_args.device}, but this Paddle build has no CUDA (docs/install.md, GPU); "
                          "pass --device cpu to train on the CPU")
+    if training_args.device == "cpu" and training_args.world_size > 1 and not training_args.use_hybrid_parallel \
+            and training_args.recompute_granularity is None:
+        raise TrainError("data parallelism without tensor parallelism on the CPU: Paddle's DataParallel reducer does not "
+                         "sum the gradients on this build (the replicas drift apart); set recompute_granularity full "
+                         "(full recompute: PaddleFormers then all-reduces them itself) or tensor_model_parallel_size")
     if training_args.device == "cpu" and (training_args.bf16 or training_args.fp16):
         raise TrainError("bf16 / fp16 training needs a GPU: Paddle's CPU kernels have no half-precision matmul; "
                          "pass --bf16 false --fp16 false on the CPU")
@@ -423,9 +428,10 @@ def save_trained_model(save, trainer, model_args, training_args, plan_tp: bool, 
         _save_plan_parallel(save.model, training_args.output_dir, dest, save.finish)
     elif sharded:  # stock models under fleet's model parallelism: the Trainer gathers (not run by this project)
         trainer.save_model(dest)
-    elif training_args.should_save:
+    elif training_args.should_save or training_args.world_size > 1:  # collective with several ranks (saving.py)
         save(dest)
-        model_family(model_args.model_type).validate(dest)  # the folder must meet its documented contract
+        if training_args.should_save:
+            model_family(model_args.model_type).validate(dest)  # the folder must meet its documented contract
     if training_args.should_save:
         print(f"saved the trained model to {dest}")
 
