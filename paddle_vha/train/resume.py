@@ -68,6 +68,7 @@ class CheckpointTrainer(Trainer):
     CPU-only Paddle build (the module docstring)."""
 
     def _load_flex_checkpoint(self, resume_from_checkpoint):
-        check_resumable(resume_from_checkpoint, self.model.sharded_state_dict())
+        if not getattr(self.args, "load_from_hf", False):  # a Hugging Face folder has no model_state/ to check
+            check_resumable(resume_from_checkpoint, self.model.sharded_state_dict())
         with cuda_is_identity_on_cpu():
             return super()._load_flex_checkpoint(resume_from_checkpoint)
