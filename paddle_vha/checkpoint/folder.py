@@ -218,7 +218,10 @@ def remove_save_marker(folder: str) -> None:
     """PaddleFormers' save_pretrained leaves a `saved_signal_<rank>` file; it is not part of the checkpoint contract."""
     for name in os.listdir(folder):
         if name.startswith("saved_signal_"):
-            os.remove(os.path.join(folder, name))
+            try:
+                os.remove(os.path.join(folder, name))
+            except FileNotFoundError:  # another rank of a collective save removed it first
+                pass
 
 
 def save_pretrained_atomic(model, dest: str) -> None:

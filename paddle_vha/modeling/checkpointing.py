@@ -5,7 +5,10 @@
   CheckpointError line on a malformed folder, nothing read but headers);
 * PaddleFormers' flex-checkpoint name rules (`_gen_aoa_config` / `_gen_inv_aoa_config`) learn the family's Linears the
   base's rules do not know (each is [out, in] on disk and [in, out] in memory, so it needs a transpose both ways, or
-  PaddleFormers writes it untransposed), and forget the base Linears the family does not have.
+  PaddleFormers writes it untransposed), and forget the base Linears the family does not have;
+* sharded_state_dict (what the Trainer's flex-checkpoint saves as checkpoint-N/model_state, and from which it derives
+  the optimizer moments' shards) declares each parameter paddle_vha.parallel split as this rank's slice of the global
+  tensor (its TensorShard axis), so the save holds whole tensors and a load at any degree reassembles them.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import os
 from ..checkpoint.folder import remove_save_marker
 from ..spec.validate import validate
 
-__all__ = ["ContractCheckpointMixin", "linear_rules"]
+__all__ = ["ContractCheckpointMixin", "linear_rules", "declare_tp_shards"]
 
 
 def linear_rules(cls, aoa: dict, config, to_disk: bool) -> dict:
@@ -31,12 +34,37 @@ def linear_rules(cls, aoa: dict, config, to_disk: bool) -> dict:
     return aoa
 
 
+def declare_tp_shards(sharded: dict, state) -> dict:
+    """flex-checkpoint's sharded state dict with every split parameter of `state` (paddle_vha.parallel's TPState:
+    t, rank, shards by parameter name) declared as rank `state.rank`'s part of the global tensor along its axis
+    (rank k holds [k*n, (k+1)*n) of t*n). Whole parameters stay replicated entries (written once)."""
+    from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
+
+    split = {name: s.axis for name, s in state.shards.items() if s.axis is not None}
+    missing = sorted(set(split) - set(sharded))
+    if missing:  # a split parameter saved under another name would be written as if it were whole
+        raise RuntimeError(f"sharded_state_dict has no entry for the tensor-parallel parameter {missing[0]}")
+    for name, axis in split.items():
+        sw = sharded[name]
+        local = tuple(sw.local_tensor.shape)
+        glob = tuple(n * state.t if a == axis else n for a, n in enumerate(local))
+        offset = tuple(state.rank * n if a == axis else 0 for a, n in enumerate(local))
+        sharded[name] = ShardedWeight(key=sw.key, local_tensor=sw.local_tensor, local_shape=local, global_shape=glob,
+                                      global_offset=offset)
+    return sharded
+
+
 class ContractCheckpointMixin:
     """Class attributes set by paddle_vha.modeling.factory: family_spec, family_base, family_label."""
 
     def save_pretrained(self, save_dir, *args, **kwargs):
         super().save_pretrained(save_dir, *args, **kwargs)
         remove_save_marker(save_dir)
+
+    def sharded_state_dict(self, *args, **kwargs):
+        sharded = super().sharded_state_dict(*args, **kwargs)
+        state = getattr(self, "_vha_tp_state", None)  # set by paddle_vha.parallel.parallelize_model
+        return sharded if state is None or state.t == 1 else declare_tp_shards(sharded, state)
 
     @classmethod
     def validate_checkpoint(cls, folder):

@@ -66,7 +66,8 @@ def _write(path: str, tensors: Dict[str, np.ndarray]) -> None:
 
 
 def save_tp_checkpoint(model, out_dir: str) -> None:
-    """Every rank of a parallelized model writes its slices into out_dir (collective: call on every rank)."""
+    """Every rank of a parallelized model writes its slices into out_dir (collective: call on every rank). Under
+    data parallelism only the tensor-parallel group of global rank 0 writes (the replicas' files would be the same)."""
     import paddle.distributed as dist
 
     from ..parallel.apply import tp_state
@@ -90,8 +91,11 @@ def save_tp_checkpoint(model, out_dir: str) -> None:
         tensors[name] = {"shape": shape, "dtype": _CODES[str(a.dtype)], "axis": axis}
         if axis is not None or k == 0:
             local[name] = a
-    _write(os.path.join(out_dir, _rank_file(k, t)), local)
-    if k == 0:
+    ranks = getattr(state.group, "ranks", None)
+    writes = ranks is None or 0 in ranks  # data-parallel replicas hold the same slices: one tensor-parallel group writes
+    if writes:
+        _write(os.path.join(out_dir, _rank_file(k, t)), local)
+    if writes and k == 0:
         import copy
 
         cfg = copy.deepcopy(model.config)

@@ -5,7 +5,8 @@ PdArgumentParser as its own pretraining entry point does: `model_type` (a family
 `model_config` (the model's config.json fields, inline or a path), the data arguments (`dataset`: stdlib | pretrain,
 `input_dir`, `max_seq_len`, ...) and any PaddleFormers TrainingArguments (`output_dir`, `max_steps`, `learning_rate`,
 `bf16`, `tensor_model_parallel_size`, `recompute_granularity`, `save_steps`, ...); the command line overrides it
-(`--key value`). Names from PaddleNLP-era configs are renamed (LEGACY_KEYS). Guide: docs/training.md.
+(`--key value`). Names from PaddleNLP-era configs are renamed (LEGACY_KEYS); `sharding` / `split_param` get defaults
+under which a data-parallel run trains in float32 (sharding_defaults). Guide: docs/training.md.
 
 A config or argument that cannot be read is a one-line TrainError (paddle_vha/train/errors.py).
 """
@@ -21,12 +22,16 @@ from .errors import TrainError
 from .paddleformers_trainer import PdArgumentParser, TrainingArguments, llmmetaclass
 
 __all__ = ["ModelArguments", "DataArguments", "VHATrainingArguments", "LEGACY_KEYS", "read_config", "parse",
-           "print_help", "requested_parallelism", "tensor_parallel_degree"]
+           "print_help", "requested_parallelism", "sharding_defaults", "tensor_parallel_degree"]
 
 # Names from PaddleNLP-era configs that PaddleFormers 1.0.0 spells differently.
 LEGACY_KEYS = {
     "tensor_parallel_degree": "tensor_model_parallel_size",
     "pipeline_parallel_degree": "pipeline_model_parallel_size",
+    "sharding_parallel_degree": "sharding_parallel_size",
+    "sep_parallel_degree": "sep_parallel_size",
+    "context_parallel_degree": "context_parallel_size",
+    "expert_parallel_degree": "expert_model_parallel_size",
     "max_seq_length": "max_seq_len",
 }
 
@@ -121,6 +126,7 @@ def parse(argv, usage: str = __doc__):
             a = "--" + LEGACY_KEYS[a[2:]]
         cmd.append(a)
     args = read_config(argv[0]) + cmd
+    args = sharding_defaults(args) + args
     try:
         parsed = parser.common_parse(args, return_remaining_strings=False)
     except ValueError as e:
@@ -151,6 +157,31 @@ def parse(argv, usage: str = __doc__):
         if "--model_type" not in cmd and isinstance(checkpoint_type, str):
             model_args.model_type = checkpoint_type
     return (*parsed, requested_parallelism(args))
+
+
+def _last_value(args: list, key: str):
+    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == f"--{key}"]
+    return values[-1] if values else None
+
+
+def sharding_defaults(args: list) -> list:
+    """Defaults that make a multi-rank run without tensor parallelism train as written (PaddleFormers 1.0.0 defaults
+    `sharding` to stage1 with `split_param`, which refuses to run without `amp_master_grad`):
+
+    * no `sharding` given: plain data parallelism (`sharding ""`), or stage1 when a sharding degree > 1 is asked for;
+    * no `split_param` given and no `amp_master_grad`: stage1 v1 (`split_param false`), which runs in float32.
+    Returned as arguments to put before the user's (which they never override)."""
+    out = []
+    if _last_value(args, "sharding") is None:
+        degree = _last_value(args, "sharding_parallel_size") or _last_value(args, "sharding_degree") or "-1"
+        try:
+            out += ["--sharding", "stage1" if int(degree) > 1 else ""]
+        except ValueError:
+            pass  # PdArgumentParser refuses the degree in one line
+    if _last_value(args, "split_param") is None and str(_last_value(args, "amp_master_grad")).lower() not in (
+            "true", "1", "yes"):
+        out += ["--split_param", "false"]
+    return out
 
 
 def requested_parallelism(args: list) -> dict:

@@ -14,7 +14,8 @@ __all__ = ["TrainLog", "nonfinite_parameter"]
 
 class TrainLog(TrainerCallback):
     """Prints each log record in one line and appends it to OUTPUT_DIR/train_log.jsonl (PaddleFormers 1.0.0 keeps no
-    log history in trainer_state.json); on each save, writes checkpoint-N/model in the documented format.
+    log history in trainer_state.json); on each save, writes checkpoint-N/model in the documented format (on every rank
+when several run: the save is collective).
 
     A NaN or Inf loss, gradient norm or validation loss, or a parameter holding one (checked at every log step: with
     NaN weights PaddleFormers' loss can still read as a finite ln(vocab)), stops training at once (`nonfinite` says
@@ -62,10 +63,13 @@ class TrainLog(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if self.nonfinite is not None:
             return
-        if self.save_model is not None and args.should_save:
-            ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            if os.path.isdir(ckpt):
-                self.save_model(os.path.join(ckpt, "model"))
+        if self.save_model is None:
+            return
+        ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if args.world_size > 1:  # save_pretrained is collective (paddle_vha/train/saving.py): every rank calls it
+            self.save_model(os.path.join(ckpt, "model"))
+        elif args.should_save and os.path.isdir(ckpt):
+            self.save_model(os.path.join(ckpt, "model"))
 
 
 def nonfinite_parameter(model):

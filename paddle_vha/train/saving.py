@@ -14,6 +14,11 @@ finished before it is renamed into place:
   own dtype: the float32 shards are narrowed tensor by tensor (round to nearest even), config.json's dtype says so.
 
 Everything happens in the temporary folder of `atomic_dir`: the result appears complete or not at all.
+
+With several ranks (data parallel, no model parallelism) PaddleFormers' save_pretrained is collective: it gathers
+through flex-checkpoint, each rank writes its share of the tensors (files of its own) and all wait in a barrier. So
+every rank calls `save_trained`; rank 0 picks the temporary folder (broadcast), writes config.json, finishes and
+renames it.
 """
 from __future__ import annotations
 
@@ -105,7 +110,32 @@ def finish_saved_folder(folder: str, source: Optional[str], save_dtype: Optional
 
 def save_trained(model, dest: str, source: Optional[str] = None, save_dtype: Optional[str] = None) -> None:
     """model.save_pretrained into a temporary sibling of `dest`, finished (finish_saved_folder) and renamed into
-    place: `dest` appears complete or not at all (an existing one is replaced only then)."""
+    place: `dest` appears complete or not at all (an existing one is replaced only then). Collective when several
+    ranks run: call it on every rank (the module docstring)."""
+    import paddle.distributed as dist
+
+    if dist.get_world_size() > 1:
+        _save_trained_collective(model, dest, source, save_dtype)
+        return
     with atomic_dir(dest) as tmp:
         model.save_pretrained(tmp)
         finish_saved_folder(tmp, source, save_dtype)
+
+
+def _save_trained_collective(model, dest: str, source: Optional[str], save_dtype: Optional[str]) -> None:
+    import contextlib
+
+    import paddle.distributed as dist
+
+    from .cpu_device import cuda_is_identity_on_cpu
+
+    first = dist.get_rank() == 0
+    with (atomic_dir(dest) if first else contextlib.nullcontext()) as tmp:
+        folder = [tmp]
+        dist.broadcast_object_list(folder, src=0)
+        with cuda_is_identity_on_cpu():
+            model.save_pretrained(folder[0], is_main_process=first)
+        dist.barrier()  # every rank's files are written
+        if first:
+            finish_saved_folder(tmp, source, save_dtype)
+    dist.barrier()  # `dest` is in place

@@ -24,7 +24,8 @@ from .callbacks import TrainLog, nonfinite_parameter
 from .errors import TrainError
 from .run_lock import LOCK_FILE, hold_run_lock
 from .saving import finish_saved_folder, save_trained, source_float_dtype
-from .paddleformers_trainer import LlmMetaConfig, Trainer, get_last_checkpoint, set_seed
+from .paddleformers_trainer import LlmMetaConfig, get_last_checkpoint, set_seed
+from .resume import CheckpointTrainer
 
 __all__ = ["run", "build_config", "build_data", "describe", "check_arguments"]
 
@@ -246,8 +247,9 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     save = model_saver(model, model_args)
     log = TrainLog(model, os.path.join(training_args.output_dir, "train_log.jsonl"),
                    save if training_args.save_model_in_checkpoints and not sharded else None)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train if training_args.do_train else None,
-                      eval_dataset=val if training_args.do_eval else None, callbacks=[log])
+    trainer = CheckpointTrainer(model=model, args=training_args,
+                                train_dataset=train if training_args.do_train else None,
+                                eval_dataset=val if training_args.do_eval else None, callbacks=[log])
     if training_args.do_train:
         train_model(trainer, log, model, resume)
     if training_args.do_eval:
@@ -292,6 +294,11 @@ def check_device(training_args) -> None:
     if training_args.device.startswith("gpu") and not paddle.is_compiled_with_cuda():
         raise TrainError(f"device={training_args.device}, but this Paddle build has no CUDA (docs/install.md, GPU); "
                          "pass --device cpu to train on the CPU")
+    if training_args.device == "cpu" and training_args.world_size > 1 and not training_args.use_hybrid_parallel \
+            and training_args.recompute_granularity is None:
+        raise TrainError("data parallelism without tensor parallelism on the CPU: Paddle's DataParallel reducer does not "
+                         "sum the gradients on this build (the replicas drift apart); set recompute_granularity full "
+                         "(full recompute: PaddleFormers then all-reduces them itself) or tensor_model_parallel_size")
     if training_args.device == "cpu" and (training_args.bf16 or training_args.fp16):
         raise TrainError("bf16 / fp16 training needs a GPU: Paddle's CPU kernels have no half-precision matmul; "
                          "pass --bf16 false --fp16 false on the CPU")
@@ -420,6 +427,8 @@ def _training_failure(e: Exception, global_step: int, steps_run: int, resume):
 
     if isinstance(e, IdRangeError):
         return f"training stopped at step {global_step + 1}: {e}; nothing saved"
+    if isinstance(e, TrainError):  # already one line (a checkpoint refused at this layout, paddle_vha/train/resume.py)
+        return str(e)
     if isinstance(e, ValueError) and "inf or nan" in str(e):  # PaddleFormers' loss check before each step
         return (f"training stopped: the loss is not finite at step {global_step + 1} ({str(e).split('. ')[-1]}); "
                 "nothing saved (lower learning_rate?)")
@@ -467,9 +476,10 @@ def save_trained_model(save, trainer, model_args, training_args, plan_tp: bool, 
         _save_plan_parallel(save.model, training_args.output_dir, dest, save.finish)
     elif sharded:  # stock models under fleet's model parallelism: the Trainer gathers (not run by this project)
         trainer.save_model(dest)
-    elif training_args.should_save:
+    elif training_args.should_save or training_args.world_size > 1:  # collective with several ranks (saving.py)
         save(dest)
-        model_family(model_args.model_type).validate(dest)  # the folder must meet its documented contract
+        if training_args.should_save:
+            model_family(model_args.model_type).validate(dest)  # the folder must meet its documented contract
     if training_args.should_save:
         print(f"saved the trained model to {dest}")
 
