@@ -412,8 +412,9 @@ def test_the_layout_flags_matter(tmp_path):
     """--qkv-layout states how the fused projection is laid out (--verify reads the input the same way, so it cannot
     tell a wrong statement): a grouped checkpoint imported as concat gives other K weights."""
     make_fork(tmp_path / "fork", qkv_layout="grouped")
-    assert run_tool(tmp_path / "fork", tmp_path / "a").returncode == 0
-    r = run_tool(tmp_path / "fork", tmp_path / "b", "--qkv-layout", "concat")
+    assert run_tool(tmp_path / "fork", tmp_path / "a", "--qkv-layout", "grouped", "--up-gate-order",
+                    "gate-up").returncode == 0
+    r = run_tool(tmp_path / "fork", tmp_path / "b", "--qkv-layout", "concat", "--up-gate-order", "gate-up")
     assert r.returncode == 0
     a, b = load_checkpoint_numpy(tmp_path / "a"), load_checkpoint_numpy(tmp_path / "b")
     assert not np.array_equal(a["model.layers.0.self_attn.k_proj.weight"], b["model.layers.0.self_attn.k_proj.weight"])
