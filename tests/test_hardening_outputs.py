@@ -294,3 +294,17 @@ def test_next_run_removes_scratch_of_a_killed_run_only(tmp_path, monkeypatch):
     with scratch_dir("vha-logits-") as s:
         assert os.path.isfile(os.path.join(s, MARKER))
     assert not stale.exists() and (mine / "data").exists() and not os.path.exists(s)
+
+
+def test_output_under_a_file_parent_is_one_line(tmp_path, capsys):
+    """export / merge / fold with OUT under a parent that is a file: one line naming the output (export and merge
+    raised OSError: [Errno 20])."""
+    from paddle_vha.cli import export_onnx, fold, merge_tp_checkpoint
+
+    (tmp_path / "afile").write_text("not a folder")
+    cases = ((fold, save_vha(tmp_path / "vha"), []), (export_onnx, save_stock(tmp_path / "stock"), []),
+             (merge_tp_checkpoint, fake_shards(tmp_path / "shards"), []))
+    before = tree(tmp_path)
+    for tool, src, argv in cases:
+        refused(tool.main, [src, str(tmp_path / "afile" / "out"), *argv], capsys, "out")
+        assert tree(tmp_path) == before, tool.__name__

@@ -206,9 +206,12 @@ def atomic_dir(dest: str, tool: str = "paddle-vha", replace: bool = True, error=
     """
     dest = os.path.abspath(dest)
     parent = os.path.dirname(dest)
-    os.makedirs(parent, exist_ok=True)
-    remove_stale_temporaries(dest, log)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.tmp-", dir=parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        remove_stale_temporaries(dest, log)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.tmp-", dir=parent)
+    except OSError as e:  # a parent that is a file, read-only, on a full disk: one line, nothing written
+        raise error(f"{dest}: cannot create the output folder in {parent} ({e.strerror or e})") from None
     old = None
     try:
         _write_marker(tmp, tool)
