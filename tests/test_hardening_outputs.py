@@ -308,3 +308,23 @@ def test_output_under_a_file_parent_is_one_line(tmp_path, capsys):
     for tool, src, argv in cases:
         refused(tool.main, [src, str(tmp_path / "afile" / "out"), *argv], capsys, "cannot create the output folder")
         assert tree(tmp_path) == before, tool.__name__
+
+
+@pytest.mark.parametrize("how", ["inside", "link"])
+def test_calib_data_inside_out_is_refused(tmp_path, capsys, how):
+    """--calib-data FILE that lies in OUT (or is a link into it): --force would delete the text the run reads."""
+    from paddle_vha.cli import compress_kv, convert_to_vha
+
+    for n, (tool, argv) in enumerate(((compress_kv, ["--kv-heads", "1"]),
+                                      (convert_to_vha, ["--kv-heads", "1", "--no-compare"]))):
+        src, out = save_stock(tmp_path / f"stock{n}"), tmp_path / f"out{n}"
+        out.mkdir()
+        (out / MARKER).write_text(json.dumps({"tool": "compress_kv", "pid": os.getpid(), "host": socket.gethostname()}))
+        (out / "calib.txt").write_text("some text to calibrate on " * 50)
+        calib = out / "calib.txt"
+        if how == "link":
+            calib = tmp_path / f"calib{n}.txt"
+            os.symlink(out / "calib.txt", calib)
+        before = tree(tmp_path)
+        refused(tool.main, [src, str(out), "--force", "--calib-data", str(calib), *argv], capsys, "--calib-data")
+        assert tree(tmp_path) == before, tool.__name__

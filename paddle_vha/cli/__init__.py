@@ -188,9 +188,12 @@ def run_transform(args, plan: Callable, write: Callable, what: str, done: Callab
     result and returns the exit status. The callbacks import Paddle-dependent modules themselves, after quiet()."""
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
+    from paddle_vha.checkpoint.fsutil import check_no_overlap
     from paddle_vha.transform import format_plan
 
     try:
+        if getattr(args, "calib_data", None):  # a text file the transform reads: never inside what --force replaces
+            check_no_overlap(args.out_dir, [args.calib_data], input_label="--calib-data")
         made = plan(args)
     except CheckpointError as e:
         fail(str(e))
