@@ -498,7 +498,8 @@ def test_import_research_fork_at_realistic_width(tmp_path):
 
     raw = make_fork_checkpoint(str(tmp_path / "fork"), shape="1.7b", layers=1, tokenizer=False)
     before = snapshot(tmp_path / "fork")
-    r = run_tool(tmp_path / "fork", tmp_path / "ours", "--verify", "1", "--verify-len", "8")
+    r = run_tool(tmp_path / "fork", tmp_path / "ours", "--qkv-layout", "grouped", "--up-gate-order", "gate-up",
+                 "--verify", "1", "--verify-len", "8")
     assert r.returncode == 0, r.stderr
     assert [ln for ln in r.stdout.splitlines() if ln.startswith("verify")][0].endswith("-> OK")
     assert snapshot(tmp_path / "fork") == before, "the input is untouched"
