@@ -104,3 +104,10 @@ def test_generate_refuses_a_cache_bigger_than_memory(capsys, export_dir, monkeyp
 
     monkeypatch.setattr(machine, "available_memory_bytes", lambda: 1 << 30)
     refused(main, [export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", str(10**9)], capsys, "KV cache")
+
+
+def test_generate_refuses_a_prompt_that_is_not_utf8(capsys, export_dir):
+    """argv bytes that are not UTF-8 (they arrive as lone surrogates) are refused in one line (it was a traceback)."""
+    from paddle_vha.cli.generate import main
+
+    refused(main, [export_dir, "--prompt", "def \udcff", "--max-new-tokens", "2"], capsys, "not valid UTF-8")

@@ -50,6 +50,41 @@ def test_outputs_never_overwrite_inputs_or_foreign_folders(tmp_path, capsys, mon
         assert tree(tmp_path) == before, f"{tool.__name__}: nothing may change"
 
 
+@pytest.mark.parametrize("into", ["out", "temporary"])
+@pytest.mark.parametrize("what", ["shard", "config.json"])
+def test_no_input_file_reached_through_a_link_into_out(tmp_path, capsys, into, what):
+    """An input whose shard or side file is a symlink into OUT (or into a temporary of OUT that the next run deletes):
+    every tool that writes refuses before --force replaces OUT, which would take the input's only copy with it."""
+    from paddle_vha.cli import compress_kv, convert_to_vha, export_onnx, fold, import_fleet, merge_tp_checkpoint
+    from test_import_fleet import make_fork
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    work = tmp_path / "work"
+    work.mkdir()
+    make_fork(str(work / "fork"))
+    cases = ((fold, save_vha(work / "vha"), []), (compress_kv, save_stock(work / "stock"), ["--kv-heads", "1"]),
+             (convert_to_vha, save_stock(work / "stock2"), ["--kv-heads", "1", "--no-compare"]),
+             (export_onnx, save_stock(work / "stock3"), []), (merge_tp_checkpoint, fake_shards(work / "shards"), []),
+             (import_fleet, str(work / "fork"), ["--qkv-layout", "grouped", "--up-gate-order", "gate-up"]))
+    for n, (tool, src, argv) in enumerate(cases):
+        out = work / f"out{n}"
+        out.mkdir()
+        (out / MARKER).write_text(json.dumps({"tool": "fold", "pid": os.getpid(), "host": socket.gethostname()}))
+        holder = out
+        if into == "temporary":  # a temporary of a dead run into OUT: atomic_dir removes it first
+            holder = work / f".out{n}.tmp-dead"
+            holder.mkdir()
+            (holder / MARKER).write_text(json.dumps({"tool": "fold", "pid": dead.pid, "host": socket.gethostname(),
+                                                     "start": None}))
+        name = what if what == "config.json" else sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))[0]
+        os.rename(os.path.join(src, name), holder / name)
+        os.symlink(holder / name, os.path.join(src, name))
+        before = tree(tmp_path)
+        line = refused(tool.main, [src, str(out), "--force", *argv], capsys, "writing there would destroy the input")
+        assert name in line and tree(tmp_path) == before, f"{tool.__name__}: nothing may change"
+
+
 def fake_shards(path, poison=None):
     """A tensor-parallel sharded save of a tiny Qwen3-VHA model, as save_tp_checkpoint writes it (t = 2);
     poison=(rank, value): that rank's first split tensor gets `value` (NaN, Inf) at one element."""
@@ -204,3 +239,92 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(fold, "fold_checkpoint", interrupted)
     refused(fold_cli.main, [src, str(tmp_path / "out"), "--no-progress"], capsys, "interrupted", code=130)
     assert tree(tmp_path) == before
+
+
+SIGTERM_CHILD = r"""
+import os, sys, time
+from paddle_vha.checkpoint.fsutil import atomic_dir, scratch_dir
+from paddle_vha.cli import command
+
+@command
+def main(argv=None):
+    with scratch_dir("vha-logits-") as scratch, atomic_dir(sys.argv[1]) as tmp:
+        open(os.path.join(tmp, "half.bin"), "wb").write(b"x" * 1000)
+        print(scratch, tmp, flush=True)
+        time.sleep(60)
+    return 0
+
+sys.exit(main())
+"""
+
+
+def test_sigterm_removes_temporaries_and_scratch(tmp_path):
+    """SIGTERM mid-write (a job scheduler's kill): exit 143 with one line, the output's temporary and the scratch
+    folder under the system temp folder removed, no OUT (both used to stay: 51 MB of /tmp/vha-* per killed run)."""
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"), PYTHONPATH=ROOT)
+    (tmp_path / "tmp").mkdir()
+    child = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD, str(tmp_path / "out")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    scratch, tmp = child.stdout.readline().split()
+    assert os.path.isdir(scratch) and os.path.isdir(tmp)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    print(err)
+    assert child.returncode == 143 and err.strip().splitlines() == ["error: terminated (SIGTERM); temporaries removed"]
+    assert not os.path.exists(scratch) and not os.path.exists(tmp) and not (tmp_path / "out").exists()
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_next_run_removes_scratch_of_a_killed_run_only(tmp_path, monkeypatch):
+    """kill -9 cannot clean up: the next scratch_dir of the same prefix removes folders whose marker proves a dead
+    writer of this host, and keeps a look-alike without one (a user's)."""
+    import tempfile
+
+    from paddle_vha.checkpoint.fsutil import scratch_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale, mine = tmp_path / "vha-logits-killed", tmp_path / "vha-logits-notes"
+    for d in (stale, mine):
+        d.mkdir()
+        (d / "data").write_bytes(b"\0" * 4096)
+    (stale / MARKER).write_text(json.dumps({"tool": "verify", "pid": dead.pid, "host": socket.gethostname(),
+                                            "start": None}))
+    with scratch_dir("vha-logits-") as s:
+        assert os.path.isfile(os.path.join(s, MARKER))
+    assert not stale.exists() and (mine / "data").exists() and not os.path.exists(s)
+
+
+def test_output_under_a_file_parent_is_one_line(tmp_path, capsys):
+    """export / merge / fold with OUT under a parent that is a file: one line naming the output (export and merge
+    raised OSError: [Errno 20])."""
+    from paddle_vha.cli import export_onnx, fold, merge_tp_checkpoint
+
+    (tmp_path / "afile").write_text("not a folder")
+    cases = ((fold, save_vha(tmp_path / "vha"), []), (export_onnx, save_stock(tmp_path / "stock"), []),
+             (merge_tp_checkpoint, fake_shards(tmp_path / "shards"), []))
+    before = tree(tmp_path)
+    for tool, src, argv in cases:
+        refused(tool.main, [src, str(tmp_path / "afile" / "out"), *argv], capsys, "cannot create the output folder")
+        assert tree(tmp_path) == before, tool.__name__
+
+
+@pytest.mark.parametrize("how", ["inside", "link"])
+def test_calib_data_inside_out_is_refused(tmp_path, capsys, how):
+    """--calib-data FILE that lies in OUT (or is a link into it): --force would delete the text the run reads."""
+    from paddle_vha.cli import compress_kv, convert_to_vha
+
+    for n, (tool, argv) in enumerate(((compress_kv, ["--kv-heads", "1"]),
+                                      (convert_to_vha, ["--kv-heads", "1", "--no-compare"]))):
+        src, out = save_stock(tmp_path / f"stock{n}"), tmp_path / f"out{n}"
+        out.mkdir()
+        (out / MARKER).write_text(json.dumps({"tool": "compress_kv", "pid": os.getpid(), "host": socket.gethostname()}))
+        (out / "calib.txt").write_text("some text to calibrate on " * 50)
+        calib = out / "calib.txt"
+        if how == "link":
+            calib = tmp_path / f"calib{n}.txt"
+            os.symlink(out / "calib.txt", calib)
+        before = tree(tmp_path)
+        refused(tool.main, [src, str(out), "--force", "--calib-data", str(calib), *argv], capsys, "--calib-data")
+        assert tree(tmp_path) == before, tool.__name__

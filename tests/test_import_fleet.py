@@ -412,8 +412,9 @@ def test_the_layout_flags_matter(tmp_path):
     """--qkv-layout states how the fused projection is laid out (--verify reads the input the same way, so it cannot
     tell a wrong statement): a grouped checkpoint imported as concat gives other K weights."""
     make_fork(tmp_path / "fork", qkv_layout="grouped")
-    assert run_tool(tmp_path / "fork", tmp_path / "a").returncode == 0
-    r = run_tool(tmp_path / "fork", tmp_path / "b", "--qkv-layout", "concat")
+    assert run_tool(tmp_path / "fork", tmp_path / "a", "--qkv-layout", "grouped", "--up-gate-order",
+                    "gate-up").returncode == 0
+    r = run_tool(tmp_path / "fork", tmp_path / "b", "--qkv-layout", "concat", "--up-gate-order", "gate-up")
     assert r.returncode == 0
     a, b = load_checkpoint_numpy(tmp_path / "a"), load_checkpoint_numpy(tmp_path / "b")
     assert not np.array_equal(a["model.layers.0.self_attn.k_proj.weight"], b["model.layers.0.self_attn.k_proj.weight"])
@@ -497,7 +498,8 @@ def test_import_research_fork_at_realistic_width(tmp_path):
 
     raw = make_fork_checkpoint(str(tmp_path / "fork"), shape="1.7b", layers=1, tokenizer=False)
     before = snapshot(tmp_path / "fork")
-    r = run_tool(tmp_path / "fork", tmp_path / "ours", "--verify", "1", "--verify-len", "8")
+    r = run_tool(tmp_path / "fork", tmp_path / "ours", "--qkv-layout", "grouped", "--up-gate-order", "gate-up",
+                 "--verify", "1", "--verify-len", "8")
     assert r.returncode == 0, r.stderr
     assert [ln for ln in r.stdout.splitlines() if ln.startswith("verify")][0].endswith("-> OK")
     assert snapshot(tmp_path / "fork") == before, "the input is untouched"

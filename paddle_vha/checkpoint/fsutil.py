@@ -2,7 +2,9 @@
 
 The rule (`check_output_dir`, then `atomic_dir`), shared by fold, compress_kv, export, merge and train:
 
-* OUT may not be an input folder, lie inside one, or contain one; nor be (or contain) the current folder;
+* OUT may not be an input folder, lie inside one, or contain one; nor be (or contain) the current folder; nor hold
+  (or its temporaries hold) any file an input reaches through a link (a shard, the index, a side file symlinked into
+  OUT would be deleted with the folder --force replaces);
 * an existing OUT is replaced only with --force, and only if this project wrote it (it holds MARKER): --force never
   deletes arbitrary content;
 * OUT is written in a temporary sibling folder and renamed into place once complete. Without --force the rename
@@ -25,7 +27,8 @@ from typing import Iterable, Optional
 
 from .contract import CheckpointError
 
-__all__ = ["MARKER", "atomic_dir", "check_output_dir", "check_no_overlap", "linked_view", "remove_stale_temporaries"]
+__all__ = ["MARKER", "atomic_dir", "check_output_dir", "check_no_overlap", "linked_view", "remove_stale_temporaries",
+           "scratch_dir"]
 
 MARKER = ".paddle_vha_output"  # in every folder a paddle-vha tool writes: {"tool", "pid", "start", "created"}
 
@@ -34,10 +37,42 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+_MAX_LINKS_WALKED = 100_000  # entries looked at per input folder (a checkpoint has tens)
+
+
+def _links(inp: str):
+    """(path, resolved target) of `inp` itself and of every symlink under it (not following folder links): the files a
+    tool reads from an input folder may live anywhere through these."""
+    yield inp, os.path.realpath(inp)
+    if not os.path.isdir(inp):
+        return
+    seen = 0
+    for root, dirs, files in os.walk(inp):
+        for name in dirs + files:
+            seen += 1
+            if seen > _MAX_LINKS_WALKED:
+                return
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                yield path, os.path.realpath(path)
+
+
+def _in_out_or_temporaries(target: str, out: str) -> bool:
+    """`target` lies in `out` or in one of its temporaries (.OUT.tmp-*, .OUT.old-*, which atomic_dir deletes)."""
+    parent, base = os.path.split(out)
+    if _inside(target, out):
+        return True
+    if not _inside(target, parent) or target == parent:
+        return False
+    first = os.path.relpath(target, parent).split(os.sep, 1)[0]
+    return first.startswith(f".{base}.tmp-") or first.startswith(f".{base}.old-")
+
+
 def check_no_overlap(out_dir: str, inputs: Iterable[str] = (), error=CheckpointError, input_label: str = "IN_DIR",
                      out_label: str = "OUT_DIR") -> None:
-    """Refuse (raising `error` with one line) an output folder that is, lies inside or contains an input, or is or
-    contains the current folder."""
+    """Refuse (raising `error` with one line) an output folder that is, lies inside or contains an input, holds (or
+    whose temporaries hold) a file an input links to, or is or contains the current folder. `inputs`: the folders
+    and files the tool reads; every link inside an input folder is resolved (os.path.realpath)."""
     out = os.path.realpath(out_dir)
     for inp in inputs:
         if inp is None:
@@ -46,6 +81,10 @@ def check_no_overlap(out_dir: str, inputs: Iterable[str] = (), error=CheckpointE
         if _inside(out, src) or _inside(src, out):
             raise error(f"{out_dir}: {out_label} must be a different folder from {input_label} {inp}, neither inside "
                         "the other")
+        for path, target in _links(inp):
+            if _in_out_or_temporaries(target, out):
+                raise error(f"{out_dir}: {out_label} holds {path} of {input_label} {inp} (a link to {target}); "
+                            "writing there would destroy the input: choose another folder for the output")
     if _inside(os.path.realpath(os.getcwd()), out):
         raise error(f"{out_dir}: {out_label} is or contains the current folder; choose a new folder for the output")
 
@@ -121,6 +160,36 @@ def remove_stale_temporaries(dest: str, log=None) -> list:
     return removed
 
 
+def _remove_stale_scratch(prefix: str) -> list:
+    """Remove the system temp folder's `prefix`* folders whose marker proves a dead writer of this host (a run killed
+    with -9 cannot clean up); returns their paths."""
+    root, removed = tempfile.gettempdir(), []
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path) and not _writer_alive(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+@contextmanager
+def scratch_dir(prefix: str, tool: str = "paddle-vha"):
+    """A scratch folder under the system temp folder (`prefix` names it, e.g. "vha-logits-"), with MARKER inside:
+    removed when the block ends (also by an exception, Ctrl-C, or SIGTERM through paddle_vha.cli.command), and, if
+    the process was killed outright, by the next run that asks for one with the same prefix."""
+    _remove_stale_scratch(prefix)
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        _write_marker(path, tool)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
@@ -137,9 +206,12 @@ def atomic_dir(dest: str, tool: str = "paddle-vha", replace: bool = True, error=
     """
     dest = os.path.abspath(dest)
     parent = os.path.dirname(dest)
-    os.makedirs(parent, exist_ok=True)
-    remove_stale_temporaries(dest, log)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.tmp-", dir=parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        remove_stale_temporaries(dest, log)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.tmp-", dir=parent)
+    except OSError as e:  # a parent that is a file, read-only, on a full disk: one line, nothing written
+        raise error(f"{dest}: cannot create the output folder in {parent} ({e.strerror or e})") from None
     old = None
     try:
         _write_marker(tmp, tool)

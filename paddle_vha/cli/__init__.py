@@ -48,17 +48,37 @@ def quiet() -> None:
         logging.getLogger(name).addFilter(_DropNoise())
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every `finally` / atomic_dir / scratch_dir cleanup runs."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
 def command(main):
-    """Decorator for a tool's main(argv=None): Ctrl-C ends it with one line and exit status 130, not a traceback
-    (outputs are written through temporary folders, so an interrupted run leaves nothing half-written)."""
+    """Decorator for a tool's main(argv=None): Ctrl-C ends it with one line and exit status 130, SIGTERM with one line
+    and 143, not a traceback; both unwind through the cleanups (outputs are written through temporary folders and
+    scratch space is removed, so an interrupted run leaves nothing behind)."""
 
     @functools.wraps(main)
     def wrapped(argv=None):
+        import signal
+        import threading
+
+        ours = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _raise_terminated) if ours else None
         try:
             return main(argv)
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
             return 130
+        except Terminated:
+            print("error: terminated (SIGTERM); temporaries removed", file=sys.stderr)
+            return 143
+        finally:
+            if ours:
+                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
     return wrapped
 
@@ -168,9 +188,12 @@ def run_transform(args, plan: Callable, write: Callable, what: str, done: Callab
     result and returns the exit status. The callbacks import Paddle-dependent modules themselves, after quiet()."""
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
+    from paddle_vha.checkpoint.fsutil import check_no_overlap
     from paddle_vha.transform import format_plan
 
     try:
+        if getattr(args, "calib_data", None):  # a text file the transform reads: never inside what --force replaces
+            check_no_overlap(args.out_dir, [args.calib_data], input_label="--calib-data")
         made = plan(args)
     except CheckpointError as e:
         fail(str(e))

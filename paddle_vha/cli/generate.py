@@ -145,6 +145,11 @@ def _prompts(args, info: dict, codec):
     from paddle_vha.serve.text import render_chat
 
     if args.prompt:
+        for i, t in enumerate(args.prompt):
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates
+                fail(f"--prompt {i + 1}: not valid UTF-8 text (byte {e.start} of it); give text, or --prompt-ids")
         if codec is None:
             fail(f"vocab_size {info['vocab_size']} is not byte-level and {args.export_dir} has no tokenizer.json: "
                  "use --prompt-ids")

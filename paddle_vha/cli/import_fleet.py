@@ -12,6 +12,10 @@ IN_DIR is never modified; OUT_DIR appears only when complete.
 
 --verify runs upstream's forward pass (float64 numpy on IN_DIR's own tensors, upstream's einsum and layouts,
 paddle_vha/transform/fleet_reference.py) and the imported model (Paddle float32) on random tokens and compares logits.
+It catches what the import itself gets wrong (a transpose, a split, a name mapped to the wrong tensor, Premix / Postmix
+order, a dropped tensor); it cannot catch a wrong --qkv-layout / --up-gate-order, because the reference reads the
+fused tensors under the same statement. Upstream's config.json records neither, so a fused qkv_proj (with more than
+one KV group) or up_gate_proj is refused unless the flag is given: take it from the code that wrote the checkpoint.
 Memory: one tensor at a time (a fused one read whole: ~6 x the largest input tensor's elements x 8 B) + ~0.6 GB;
 --verify adds the float64 reference's largest tensor and the imported model's layer-by-layer forward. Printed first,
 refused up front in one line when /proc/meminfo's MemAvailable is lower.
@@ -30,11 +34,11 @@ def parse_args(argv=None):
     p = converter_parser(__doc__, "upstream VHA", "Qwen3-VHA")
     p.add_argument("--layout", default="paddle", choices=["paddle", "hf"],
                    help="Linear weights stored [in, out] (paddle, upstream's; default) or [out, in] (hf)")
-    p.add_argument("--qkv-layout", default="grouped", choices=QKV_LAYOUTS,
-                   help="a fused qkv_proj: per KV group [query heads | K | V] (grouped, default) or [all Q | all K | "
-                        "all V] (concat)")
-    p.add_argument("--up-gate-order", default="gate-up", choices=UP_GATE_ORDERS,
-                   help="a fused up_gate_proj: gate then up (default) or up then gate")
+    p.add_argument("--qkv-layout", default=None, choices=QKV_LAYOUTS,
+                   help="a fused qkv_proj: per KV group [query heads | K | V] (grouped) or [all Q | all K | all V] "
+                        "(concat); required for one (upstream's config.json does not record it), unless one KV group")
+    p.add_argument("--up-gate-order", default=None, choices=UP_GATE_ORDERS,
+                   help="a fused up_gate_proj: gate then up, or up then gate; required for one")
     add_converter_options(p, dtype_help="output dtype; auto = each tensor's input dtype (default)")
     add_verify_options(p, 2, 16, 1e-4, "after importing, compare upstream's forward on IN_DIR with the imported model "
                                        "on N random sequences (default 2)",
@@ -82,8 +86,18 @@ def _done(args, plan, seconds: float, written) -> int:
     print(f"wrote {plan.out_dir}: {plan.bytes_out / 1e6:.3f} MB in {seconds:.2f} s")
     return verify_step(args, lambda: verify_import(plan, num_sequences=args.verify, seq_len=args.verify_len),
                        args.verify_tol, f"{args.verify} x {args.verify_len} random tokens, upstream forward on "
-                       "IN_DIR (float64) vs the imported Qwen3-VHA (Paddle float32)",
+                       "IN_DIR (float64) vs the imported Qwen3-VHA (Paddle float32)" + _assumed(plan),
                        sides=("upstream's", "the imported model's"))
+
+
+def _assumed(plan) -> str:
+    """What --verify cannot check: the fused layouts it reads the input under (empty when nothing is fused)."""
+    said = []
+    if any("qkv_proj" in n for n in plan.inputs):
+        said.append(f"--qkv-layout {plan.qkv_layout}")
+    if any("up_gate_proj" in n for n in plan.inputs):
+        said.append(f"--up-gate-order {plan.up_gate_order}")
+    return f"; both read the fused tensors as {' and '.join(said)}, which it cannot check" if said else ""
 
 
 @command

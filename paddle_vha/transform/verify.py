@@ -8,13 +8,12 @@ text.py. The folders compared are never modified.
 from __future__ import annotations
 
 import os
-import tempfile
 from contextlib import contextmanager
 from typing import Dict, Iterable, Sequence
 
 import numpy as np
 
-from ..checkpoint.fsutil import linked_view
+from ..checkpoint.fsutil import linked_view, scratch_dir
 
 __all__ = ["random_tokens", "model_logits", "nonfinite_sides", "left_unchanged"]
 
@@ -39,7 +38,7 @@ def model_logits(model_dir: str, token_batches: Iterable[np.ndarray], model_cls,
         w = folder_weights(model_dir, model_cls)
         hidden = final_hidden(w, [x % w.config.vocab_size for x in batches])  # (N, S, h)
         return np.concatenate([(hidden @ block.T).astype(np.float64) for _, block in w.rows(w.head)], axis=-1)
-    with tempfile.TemporaryDirectory(prefix="vha-logits-") as tmp:
+    with scratch_dir("vha-logits-") as tmp:
         model = model_cls.from_pretrained(linked_view(model_dir, os.path.join(tmp, "m")), dtype=dtype)
         model.eval()
         vocab = model.config.vocab_size
