@@ -15,6 +15,13 @@ is (tools/fixtures/qwen3_shaped.py: sharded bf16 safetensors, a BPE tokenizer, g
     compress   tools/compress_kv.py --kv-heads 2 of the stock checkpoint (Qwen3-MEA)
     export     tools/export_onnx.py of the fold, --cache concat and --cache buffer
     generate   tools/generate.py on the concat export, 64 new tokens
+    paddle     the same with --runtime paddle (Paddle Inference on the export's model.pdiparams)
+    import     tools/import_fleet.py --verify of a research-fork Qwen3-VHA at the shape (tools/fixtures/fork_shaped.py)
+    merge      tools/merge_tp_checkpoint.py of the converted checkpoint cut into a 2-way sharded save
+               (tools/fixtures/tp_split.py)
+    train      tools/train.py, 2 AdamW steps of batch 1 x 128 from the converted checkpoint, on pretraining data
+               tokenized with the checkpoint's tokenizer (tools/make_pretrain_data.py), a checkpoint at step 2; it
+               refuses up front where the machine lacks the memory it states (a row with rc 2)
     decode     batch 1, a 128-token prompt, 64 new tokens (greedy), in one run, one process each, same threads:
                paddle-vha's onnxruntime session on the export, Hugging Face transformers (torch, fp32) on the fold,
                onnxruntime-genai on the export (the last two in the side environment, tools/hf_env.sh)
@@ -36,7 +43,9 @@ import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ("fixture", "convert", "fold", "compress", "export", "generate", "decode")
+STEPS = ("fixture", "convert", "fold", "compress", "export", "generate", "paddle", "import", "merge", "train", "decode")
+# steps whose command makes an input for the next one (not a product command): reused when their output exists
+INPUTS = ("fixture", "fork fixture", "tp split", "pretrain data")
 PROMPT_LEN, NEW_TOKENS = 128, 64
 
 
@@ -87,7 +96,28 @@ def pipeline_steps(args, w):
               ("export", "export --cache buffer", tool("export_onnx") + [w("folded"), w("onnx-buffer"), "--cache",
                                                                           "buffer"]),
               ("generate", "generate (64 new tokens)", tool("generate") + [
-                  w("onnx"), "--prompt", "def fibonacci(n):", "--max-new-tokens", str(NEW_TOKENS), "--ignore-eos"])]
+                  w("onnx"), "--prompt", "def fibonacci(n):", "--max-new-tokens", str(NEW_TOKENS), "--ignore-eos"]),
+              ("paddle", "generate --runtime paddle (64 new tokens)", tool("generate") + [
+                  w("onnx"), "--runtime", "paddle", "--prompt", "def fibonacci(n):", "--max-new-tokens",
+                  str(NEW_TOKENS), "--ignore-eos"]),
+              ("import", "fork fixture", [sys.executable, os.path.join(ROOT, "tools", "fixtures", "fork_shaped.py"),
+                                          w("fork"), "--shape", args.shape]
+               + (["--layers", str(args.layers)] if args.layers else [])),
+              ("import", "import_fleet --verify", tool("import_fleet") + [w("fork"), w("imported"), "--verify",
+                                                                         "--qkv-layout", "grouped", "--up-gate-order",
+                                                                         "gate-up", "--no-progress"]),
+              ("merge", "tp split", [sys.executable, os.path.join(ROOT, "tools", "fixtures", "tp_split.py"),
+                                     w(f"vha-{first}"), w("tp2")]),
+              ("merge", "merge_tp_checkpoint (t = 2)", tool("merge_tp_checkpoint") + [w("tp2"), w("merged")]),
+              ("train", "pretrain data", tool("make_pretrain_data") + ["stdlib", "--tokenizer", w("src"),
+                                                                      "--corpus-mb", "1", "--out", w("data/stdlib"),
+                                                                      "--no-progress"]),
+              ("train", "train 2 steps (batch 1 x 128)", tool("train") + [
+                  os.path.join(ROOT, "configs", "tiny-vha.json"), "--model_name_or_path", w(f"vha-{first}"),
+                  "--dataset", "pretrain", "--input_dir", w("data/stdlib"), "--max_steps", "2", "--save_steps", "2",
+                  "--max_seq_len", "128", "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "1",
+                  "--max_eval_samples", "1", "--eval_steps", "2", "--warmup_steps", "0", "--logging_steps", "1",
+                  "--disable_tqdm", "true", "--output_dir", w("train"), "--overwrite_output_dir", "true"])]
     return [s for s in steps if s[0] in args.steps]
 
 
@@ -225,10 +255,11 @@ def main(argv=None) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     step_rows = []
     for kind, label, cmd in pipeline_steps(args, w):
-        if kind == "fixture" and os.path.isdir(w("src")) and os.listdir(w("src")):
-            log(f"fixture: reusing {w('src')}")
+        made = {"fixture": w("src"), "fork fixture": w("fork"), "tp split": w("tp2"), "pretrain data": w("data")}
+        if label in INPUTS and os.path.isdir(made[label]) and os.listdir(made[label]):
+            log(f"{label}: reusing {made[label]}")
             continue
-        if kind not in ("fixture", "generate") and "--force" not in cmd:
+        if label not in INPUTS and kind not in ("generate", "paddle", "train") and "--force" not in cmd:
             cmd = cmd + ["--force"]
         wall, rss, rc, tail = run_measured(cmd, log)
         log(tail.strip()[-1500:])

@@ -18,7 +18,14 @@ PY="${PYTHON:-python3}"
 PINS="torch==2.13.0 transformers==4.57.6 safetensors==0.8.0 numpy==1.26.4 optimum-onnx==0.1.0 onnxruntime==1.32.0 onnxruntime-genai==0.18.0"
 STAMP="$VENV/.hf_env"
 
-if [ ! -x "$VENV/bin/python" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$PINS" ]; then
+needs_setup() { [ ! -x "$VENV/bin/python" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$PINS" ]; }
+if needs_setup; then
+  # One set-up at a time (the test suite's workers may both ask): wait for the lock, then look again.
+  mkdir -p "$(dirname "$VENV")"
+  exec 9>"$VENV.lock"
+  flock 9
+fi
+if needs_setup; then
   echo "[hf-env] setting up $VENV ($PINS)" >&2
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   # shellcheck disable=SC2086
