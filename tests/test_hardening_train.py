@@ -146,3 +146,35 @@ def test_train_refuses_up_front_when_memory_is_short(tmp_path, capsys, monkeypat
     print(f"stated need {need_gb} GB, expected about {expect_gb:.2f} GB")
     assert abs(need_gb - expect_gb) / expect_gb < 0.05 and "MemAvailable is 4 GB" in err
     assert tree(tmp_path) == before
+
+
+def test_a_full_disk_during_a_save_stops_in_one_line_and_leaves_no_half_checkpoint(tmp_path):
+    """The Trainer's save hitting ENOSPC (what a full disk raises; the real OSError, from writing to /dev/full) ends in
+    one TrainError line naming it; the half-written checkpoint-N (no trainer_state.json) is removed so a resume cannot
+    pick it, and the complete checkpoint before it is kept."""
+    import errno
+    from types import SimpleNamespace
+
+    from paddle_vha.train.errors import TrainError
+    from paddle_vha.train.trainer import train_model
+
+    out = tmp_path / "run"
+    (out / "checkpoint-1").mkdir(parents=True)
+    (out / "checkpoint-1" / "trainer_state.json").write_text("{}")
+
+    class SavingTrainer:  # stands in for trainer.train: writes checkpoint-2's first file onto a full disk
+        args = SimpleNamespace(output_dir=str(out))
+        state = SimpleNamespace(global_step=2)
+
+        def train(self, resume_from_checkpoint=None):
+            (out / "checkpoint-2" / "model_state").mkdir(parents=True)
+            (out / "checkpoint-2" / "model_state" / "part.distcp").write_bytes(b"partial")
+            with open("/dev/full", "wb", buffering=0) as f:
+                f.write(b"x" * 4096)
+
+    with pytest.raises(TrainError) as e:
+        train_model(SavingTrainer(), log=None, model=None, resume=None)
+    print(e.value)
+    assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.ENOSPC
+    assert "no space left on the device" in str(e.value) and "\n" not in str(e.value)
+    assert not (out / "checkpoint-2").exists() and (out / "checkpoint-1" / "trainer_state.json").is_file()

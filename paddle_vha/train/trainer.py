@@ -11,6 +11,7 @@ paddle_vha/cli/train.py prints them and exits with status 2.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -404,6 +405,8 @@ def train_model(trainer, log: TrainLog, model, resume) -> None:
     try:
         result = trainer.train(resume_from_checkpoint=resume)
     except Exception as e:  # noqa: BLE001 - reported in one line where the cause is known
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise TrainError(_disk_full(trainer.args.output_dir, trainer.state.global_step, e)) from e
         why = _training_failure(e, trainer.state.global_step, log.steps_run, resume)
         if why is None:
             raise  # not a resume problem: the whole traceback is the useful report
@@ -419,6 +422,21 @@ def train_model(trainer, log: TrainLog, model, resume) -> None:
     if "loss" in log.last:
         step, loss = log.last["loss"]
         print(f"train: {result.global_step} steps; loss {loss:.4f} at step {step}")
+
+
+def _disk_full(output_dir: str, step: int, e: OSError) -> str:
+    """The one line for a disk that filled up during training; a checkpoint-N the failed save left half-written (no
+    trainer_state.json, which the Trainer writes last) is removed, so that resuming never picks it."""
+    import shutil
+
+    partial = os.path.join(output_dir, f"checkpoint-{step}")
+    removed = ""
+    if os.path.isdir(partial) and not os.path.isfile(os.path.join(partial, "trainer_state.json")):
+        shutil.rmtree(partial, ignore_errors=True)
+        removed = f"; removed the half-written {partial}"
+    where = f" writing {e.filename}" if e.filename else ""
+    return (f"training stopped at step {step}: no space left on the device{where}{removed}; free disk space and run "
+            "again (it resumes from the last complete checkpoint)")
 
 
 def _training_failure(e: Exception, global_step: int, steps_run: int, resume):
