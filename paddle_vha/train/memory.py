@@ -4,7 +4,7 @@ Per process, for W weights of which this process holds W / (tensor x pipeline de
 
     BASE                 Paddle, PaddleFormers and the Trainer imported                                 ~ 0.8 GB
     state                float32 weights, gradients and AdamW's two moments: 16 per weight
-    save                 a checkpoint-N / model save: the state's copies on their way to disk: 12 per weight
+    save                 a checkpoint-N / model save: the state's copies on their way to disk: 16 per weight
     activations          the logits' float32 forward and backward: 16 x batch x sequence x vocabulary, plus
                          the decoder layers' activations: 4 x batch x sequence x layers x (12 h + 4 I)
 
@@ -23,7 +23,7 @@ __all__ = ["BASE", "STATE_PER_WEIGHT", "SAVE_PER_WEIGHT", "weight_count", "train
 
 BASE = 800 << 20
 STATE_PER_WEIGHT = 16
-SAVE_PER_WEIGHT = 12
+SAVE_PER_WEIGHT = 16
 
 
 def weight_count(config) -> int:
