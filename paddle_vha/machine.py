@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["available_memory_bytes", "resident_bytes"]
+__all__ = ["available_memory_bytes", "resident_bytes", "shortfall_line"]
 
 
 def _proc_field(path: str, key: str) -> Optional[int]:
@@ -27,3 +27,14 @@ def available_memory_bytes() -> Optional[int]:
 def resident_bytes() -> int:
     """This process's resident memory (VmRSS), 0 where unknown."""
     return _proc_field("/proc/self/status", "VmRSS") or 0
+
+
+def shortfall_line(need: int, have: Optional[int], what: str, verb: str, hint: str) -> Optional[str]:
+    """The one-line refusal every tool gives when MemAvailable (`have`, None where unknown) is below `need` bytes, or
+    None when the need fits; `what` says where the need comes from, `hint` what the user can lower."""
+    if have is None or have >= need:
+        return None
+    from .units import fmt_bytes
+
+    return (f"needs about {fmt_bytes(need)} of memory ({what}), but MemAvailable is {fmt_bytes(have)}; "
+            f"refusing to {verb} ({hint})")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 
-from ..machine import available_memory_bytes
+from ..machine import available_memory_bytes, shortfall_line
 from ..units import fmt_bytes
 
 __all__ = ["BASE", "STATE_PER_WEIGHT", "SAVE_PER_WEIGHT", "weight_count", "train_need", "refuse_if_short"]
@@ -60,8 +60,8 @@ def refuse_if_short(need: int, formula: str, error) -> str:
     """The memory line to print; raises `error` (one line) when MemAvailable is below `need`."""
     have = available_memory_bytes()
     line = f"memory: needs about {fmt_bytes(need)} ({formula})" + (f"; MemAvailable {fmt_bytes(have)}" if have else "")
-    if have is not None and have < need:
-        raise error(f"needs about {fmt_bytes(need)} of memory ({formula}), but MemAvailable is {fmt_bytes(have)}; "
-                    "refusing to train (free memory, lower per_device_train_batch_size / max_seq_len, or shard the "
-                    "model with tensor_model_parallel_size)")
+    refusal = shortfall_line(need, have, formula, "train", "free memory, lower per_device_train_batch_size / "
+                             "max_seq_len, or shard the model with tensor_model_parallel_size")
+    if refusal is not None:
+        raise error(refusal)
     return line

@@ -16,8 +16,7 @@ The constants are from measured peaks (docs/conversion.md, "Memory"). `refuse_if
 """
 from __future__ import annotations
 
-from ..units import fmt_bytes
-from ..machine import available_memory_bytes as mem_available
+from ..machine import available_memory_bytes as mem_available, shortfall_line
 
 __all__ = ["BASE", "mem_available", "tensor_bytes", "forward_bytes", "logits_bytes", "verify_logits_bytes",
            "moments_bytes", "total", "refuse_if_short"]
@@ -68,7 +67,6 @@ HINT = "free memory, or lower --pass-tokens / --eval-batches / --calib-tokens"
 
 def refuse_if_short(need: int, what: str, error, verb: str, hint: str = HINT) -> None:
     """`error` (one line) if MemAvailable is below `need` bytes; `what` says where the need comes from."""
-    have = mem_available()
-    if have is not None and have < need:
-        raise error(f"needs about {fmt_bytes(need)} of memory ({what}), but MemAvailable is {fmt_bytes(have)}; "
-                    f"refusing to {verb} ({hint})")
+    line = shortfall_line(need, mem_available(), what, verb, hint)
+    if line is not None:
+        raise error(line)
