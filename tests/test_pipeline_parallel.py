@@ -9,10 +9,12 @@ plain causal LM.
   does not;
 * PP = 2 on 2 gloo ranks (one launch, --mode pp2): 3 SGD-momentum steps of 2 micro-batches through fleet's
   PipelineParallel give the plain model's loss at every step and its parameters on each stage (tied LM head too);
-* PP = 2 through tools/train.py (PaddleFormers' Trainer, one launch) against the same run in one process: the loss of
-  every logged step.
+* PP = 2 and PP = 2 x TP = 2 through tools/train.py (PaddleFormers' Trainer) against the same run in one process: the
+  loss of every logged step, the validation loss, and the saved model/ (the single-device format, one shard per
+  stage); PP = 2's checkpoint-2 resumes at PP = 2 and in one process with the uninterrupted run's losses.
 
-The CPU shims (ParallelEnv's device id; one stage's no-recompute query) are in tests/pp/, not in the product
+The CPU shims (ParallelEnv's device id; one stage's no-recompute query; a barrier after each new_group for 4 gloo
+ranks) are in tests/pp/ and tests/tp/train_shimmed.py, not in the product
 (docs/training.md, "Pipeline parallelism"). Printed errors are max |diff| / max |ref| (worst tensor named).
 """
 from __future__ import annotations
@@ -22,11 +24,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "pp", "pp_worker.py")
-TRAIN = os.path.join(ROOT, "tests", "pp", "train_shimmed.py")
+TRAIN = os.path.join(ROOT, "tests", "tp", "train_shimmed.py")
 CASES = ["vha", "vha-tied", "vha-shared-kv", "mea", "skv"]
 TOL = 1e-5
 
@@ -136,7 +139,9 @@ TRAIN_ARGS = dict(model_type="qwen3_vha", dataset="stdlib", corpus_mb=1, max_seq
                   do_train=True, do_eval=True, max_eval_samples=8, per_device_eval_batch_size=2, max_steps=4,
                   per_device_train_batch_size=2,
                   gradient_accumulation_steps=2, learning_rate=0.003, lr_scheduler_type="constant", weight_decay=0.0,
-                  max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
+                  max_grad_norm=1.0, logging_steps=1, save_strategy="steps", save_steps=2, report_to="none",
+                  disable_tqdm=True)
+PP = ("--pipeline_model_parallel_size", "2", "--batch_p2p_comm", "false")
 
 
 def _losses(run_dir: str) -> list:
@@ -146,27 +151,92 @@ def _losses(run_dir: str) -> list:
     return [r["loss"] for r in rows if "loss" in r] + [r["eval_loss"] for r in rows if "eval_loss" in r]
 
 
-@pytest.mark.slow
-@pytest.mark.multirank
-def test_trainer_pp2_equals_one_process(tmp_path):
-    """tools/train.py at pipeline_model_parallel_size 2 (2 micro-batches of 2 a step, AdamW, grad clipping) from the
-    same starting checkpoint as the same run in one process: the same loss at every step, the same validation loss
-    (the Trainer's pipeline evaluation)."""
+def _step_losses(run_dir: str) -> dict:
+    with open(os.path.join(run_dir, "train_log.jsonl")) as f:
+        return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+
+
+def _weights(folder: str) -> dict:
+    from safetensors.numpy import load_file
+
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(folder, name)))
+    return out
+
+
+def _assert_same_model(label: str, got_dir: str, ref_dir: str) -> None:
+    """got_dir/model holds the same tensors as ref_dir/model (names, shapes, values within TOL of the largest)."""
+    from _utils import validate_vha_checkpoint
+
+    validate_vha_checkpoint(os.path.join(got_dir, "model"))
+    got, ref = _weights(os.path.join(got_dir, "model")), _weights(os.path.join(ref_dir, "model"))
+    assert sorted(got) == sorted(ref), (sorted(set(got) ^ set(ref)))
+    worst = max((float(np.abs(got[k].astype(np.float64) - ref[k]).max() / np.abs(ref[k]).max()), k) for k in ref)
+    print(f"{label}: model/ {len(got)} tensors, files {sorted(f for f in os.listdir(os.path.join(got_dir, 'model')) if f.endswith('.safetensors'))}; "
+          f"worst {worst[0]:.1e} ({worst[1]})")
+    assert all(got[k].shape == ref[k].shape for k in ref) and worst[0] <= TOL, worst
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The starting checkpoint, the run's config, and the reference run in one process (checkpoint-2, model/)."""
     import paddle
 
     from paddle_vha.families import family
 
+    tmp = tmp_path_factory.mktemp("pp-trainer")
     fam = family("qwen3_vha")
     paddle.seed(3)
-    fam.model_class(fam.config_class(**TRAIN_MODEL)).save_pretrained(str(tmp_path / "init"))
-    with open(tmp_path / "cfg.json", "w") as f:
-        json.dump({**TRAIN_ARGS, "model_name_or_path": str(tmp_path / "init")}, f)
-    cfg = str(tmp_path / "cfg.json")
-    _run([sys.executable, os.path.join(ROOT, "tools", "train.py"), cfg, "--output_dir", str(tmp_path / "one")],
-         str(tmp_path))
-    _launch(2, str(tmp_path), TRAIN, cfg, "--pipeline_model_parallel_size", "2", "--batch_p2p_comm", "false",
-            "--output_dir", str(tmp_path / "pp2"))
-    one, pp2 = _losses(str(tmp_path / "one")), _losses(str(tmp_path / "pp2"))
-    dl = max(abs(a - b) / abs(b) for a, b in zip(pp2, one))
-    print(f"losses (4 steps, then validation) PP = 2 {pp2}\n       one process {one}\nmax rel {dl:.1e}")
-    assert len(one) == len(pp2) > TRAIN_ARGS["max_steps"] and dl <= TOL
+    fam.model_class(fam.config_class(**TRAIN_MODEL)).save_pretrained(str(tmp / "init"))
+    with open(tmp / "cfg.json", "w") as f:
+        json.dump({**TRAIN_ARGS, "model_name_or_path": str(tmp / "init")}, f)
+    cfg = str(tmp / "cfg.json")
+    _run([sys.executable, os.path.join(ROOT, "tools", "train.py"), cfg, "--output_dir", str(tmp / "one")], str(tmp))
+    return cfg, str(tmp / "one")
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_trainer_pp2_equals_one_process_saves_and_resumes(one_process, tmp_path):
+    """tools/train.py at pipeline_model_parallel_size 2 (2 micro-batches of 2 a step, AdamW, grad clipping) from the
+    same starting checkpoint as the same run in one process: the same loss at every step, the same validation loss
+    (the Trainer's pipeline evaluation), the same model/ (one shard per stage, validated). Its checkpoint-2 (whole
+    tensors, PaddleFormers' flex-checkpoint under the pipe's name mapping) resumes at PP = 2 and in one process with
+    the uninterrupted PP run's losses at steps 3-4."""
+    cfg, one = one_process
+    pp2 = str(tmp_path / "pp2")
+    _launch(2, str(tmp_path), TRAIN, cfg, *PP, "--output_dir", pp2)
+    got, ref = _losses(pp2), _losses(one)
+    dl = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+    print(f"losses (4 steps, then validation) PP = 2 {got}\n       one process {ref}\nmax rel {dl:.1e}")
+    assert len(ref) == len(got) > TRAIN_ARGS["max_steps"] and dl <= TOL
+    _assert_same_model("PP = 2", pp2, one)
+
+    ckpt = os.path.join(pp2, "checkpoint-2")
+    _launch(2, str(tmp_path / "r"), TRAIN, cfg, *PP, "--output_dir", str(tmp_path / "pp2-pp2"),
+            "--resume_from_checkpoint", ckpt)
+    _run([sys.executable, os.path.join(ROOT, "tools", "train.py"), cfg, "--output_dir", str(tmp_path / "pp2-one"),
+          "--resume_from_checkpoint", ckpt], str(tmp_path))
+    want = _step_losses(pp2)
+    for label in ("pp2-pp2", "pp2-one"):
+        resumed = _step_losses(str(tmp_path / label))
+        rel = max(abs(resumed[s] - want[s]) / abs(want[s]) for s in (3, 4))
+        print(f"{label}: steps 3-4 {[resumed[s] for s in (3, 4)]} vs {[want[s] for s in (3, 4)]}; max rel {rel:.1e}")
+        assert sorted(resumed) == [3, 4] and rel <= TOL, (label, resumed)
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_trainer_pp2_tp2_equals_one_process(one_process, tmp_path):
+    """PP = 2 x TP = 2 on 4 gloo ranks (each stage built whole, then sharded by the family's plan over fleet's
+    model-parallel group): the one-process run's losses, validation loss and model/."""
+    cfg, one = one_process
+    out = str(tmp_path / "pp2tp2")
+    _launch(4, str(tmp_path), TRAIN, cfg, *PP, "--tensor_parallel_degree", "2", "--output_dir", out)
+    got, ref = _losses(out), _losses(one)
+    dl = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+    print(f"losses (4 steps, then validation) PP = 2 x TP = 2 {got}\n       one process {ref}\nmax rel {dl:.1e}")
+    assert len(ref) == len(got) > TRAIN_ARGS["max_steps"] and dl <= TOL
+    _assert_same_model("PP = 2 x TP = 2", out, one)

@@ -19,7 +19,10 @@ pipeline_model_parallel_size > 1 (paddle_vha/train/trainer.py). Needs fleet's hy
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
+
+from .checkpointing import declare_tp_shards
 
 __all__ = ["build_pipe", "causal_mask", "load_stage_weights"]
 
@@ -85,7 +88,37 @@ def build_pipe(parent: type, variant, decoder_layer: type, causal_lm: type) -> t
             if why is not None:
                 raise config.runtime_error(f"pipeline parallelism: {variant.label} with {why} is not supported") \
                     if hasattr(config, "runtime_error") else ValueError(f"pipeline parallelism: {why}")
+            object.__setattr__(self, "_stage_config", None)  # before nn.Layer's own __init__ has run
             parent.__init__(self, config, **kwargs)
+            self.config.tensor_model_parallel_size = 1  # the parent recorded fleet's degree; the layers are whole
+
+        def add_sequential_layer(self, layer_desc, name_prefix=""):
+            # Deviation: every stage layer is built single-device, as the plain model under the family's TP plan
+            # (paddle_vha.parallel shards it afterwards), not with fleet's mp layers at fleet's degree.
+            kwargs = getattr(layer_desc, "kwargs", None)
+            if isinstance(kwargs, dict) and "config" in kwargs:
+                kwargs["config"] = self._single_device(kwargs["config"])
+            parent.add_sequential_layer(self, layer_desc, name_prefix)
+
+        def get_loss_fn(self, config):
+            return parent.get_loss_fn(self, self._single_device(config))  # deviation: full logits, plain loss
+
+        def _single_device(self, config):
+            if self._stage_config is None:
+                import copy
+
+                stage = copy.deepcopy(config)
+                stage.tensor_model_parallel_size, stage.tensor_parallel_output = 1, False
+                object.__setattr__(self, "_stage_config", stage)
+            return self._stage_config
+
+        def sharded_state_dict(self, *args, **kwargs):
+            sharded = parent.sharded_state_dict(self, *args, **kwargs)  # named as the plain model's tensors
+            state = getattr(self, "_vha_tp_state", None)  # set by paddle_vha.parallel.parallelize_model
+            if state is None or state.t == 1:
+                return sharded
+            single = self._pp_to_single_mapping  # the stage's own names -> the plain model's
+            return declare_tp_shards(sharded, replace(state, shards={single[n]: s for n, s in state.shards.items()}))
 
     Pipe.__name__ = Pipe.__qualname__ = variant.prefix + "ForCausalLMPipe"
     Pipe.__module__ = variant.module

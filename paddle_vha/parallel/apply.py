@@ -21,7 +21,6 @@ collectives.py on plain dist.all_reduce / all_gather (gloo and NCCL alike).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -57,7 +56,6 @@ __all__ = [
     "tp_state",
 ]
 
-_LAYER = re.compile(r"^(.*layers\.(\d+)\.)(.+)$")
 COLLECTIVES = {"all_reduce_partial": all_reduce_partial}  # what a plan may name for a layer hook
 
 
@@ -174,8 +172,23 @@ def _sync_from_first_rank(model, group):
 
 
 def _decoder_layers(model):
-    base = model.model if hasattr(model, "model") and hasattr(model.model, "layers") else model
-    return list(base.layers)
+    """(parameter-name prefix, layer index, layer) of every decoder layer `model` holds: a causal LM's or a backbone's
+    `layers`, or the decoder layers of one pipeline stage (paddle_vha/modeling/pipe.py: the stage's sublayers are
+    named by their place in the pipe's sequence, and each knows its index)."""
+    if hasattr(model, "model") and hasattr(model.model, "layers"):
+        return [(f"model.layers.{i}.", i, layer) for i, layer in enumerate(model.model.layers)]
+    if hasattr(model, "layers"):
+        return [(f"layers.{i}.", i, layer) for i, layer in enumerate(model.layers)]
+    return [(f"{name}.", layer.self_attn.layer_idx, layer) for name, layer in model.named_children()
+            if hasattr(layer, "self_attn")]
+
+
+def _layer_of(name: str, layers):
+    """(layer index, name inside the layer) of parameter `name` if a decoder layer holds it, else None."""
+    for prefix, i, _ in layers:
+        if name.startswith(prefix):
+            return i, name[len(prefix):]
+    return None
 
 
 def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> TPState:
@@ -194,7 +207,7 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
     layers = _decoder_layers(model)
     fam = family_of(config)
     if fam.tp_plan is None:
-        kinds = sorted({type(layer.self_attn).__name__ for layer in layers})
+        kinds = sorted({type(layer.self_attn).__name__ for _, _, layer in layers})
         labels = [f.label for f in trainable_with_plan()]
         listed = ", ".join(labels[:-1]) + f" and {labels[-1]}" if len(labels) > 1 else labels[0]
         raise TypeError(f"paddle_vha.parallel shards {listed} attention only; this model has {', '.join(kinds)}")
@@ -205,9 +218,9 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
 
     shards: Dict[str, TensorShard] = {}
     for name, p in dict(model.named_parameters()).items():
-        m = _LAYER.match(name)
-        rule = plans[int(m.group(2))].params.get(m.group(3)) if m else None
-        if m and rule is None:  # every tensor of a decoder layer is declared with its shard (the family's spec.py)
+        where = _layer_of(name, layers)
+        rule = plans[where[0]].params.get(where[1]) if where else None
+        if where and rule is None:  # every tensor of a decoder layer is declared with its shard (the family's spec.py)
             raise RuntimeError(f"{name}: the {fam.label} tensor-parallel plan has no rule for this parameter")
         if rule is None or t == 1:
             continue
@@ -225,8 +238,8 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
         _replace_param(owner, attr, local, distributed=True)
 
     if t > 1:
-        for layer, plan in zip(layers, plans):
-            _apply_layer_plan(layer, plan, group)
+        for _, i, layer in layers:
+            _apply_layer_plan(layer, plans[i], group)
     state = TPState(t=t, rank=rank, group=group, shards=shards)
     model._vha_tp_state = state
     return state

@@ -11,6 +11,7 @@ paddle_vha/cli/train.py prints them and exits with status 2.
 """
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import math
@@ -365,9 +366,6 @@ def _build_pipeline_model(model_cls, config, model_args, training_args, plan_tp:
     pp = training_args.pipeline_model_parallel_size
     if getattr(model_cls, "pipe_class", None) is None:
         raise TrainError(f"pipeline_model_parallel_size={pp}: {model_cls.__name__} has no pipeline-parallel form")
-    if plan_tp:
-        raise TrainError(f"pipeline_model_parallel_size={pp} with tensor_model_parallel_size="
-                         f"{training_args.tensor_model_parallel_size} is not supported yet; use one of the two")
     if not hasattr(dist.ParallelEnv(), "_device_id"):  # Paddle's CPU build (docs/training.md, Pipeline parallelism)
         raise TrainError(f"pipeline_model_parallel_size={pp} needs a GPU build of Paddle: fleet's PipelineLayer "
                          "reads ParallelEnv().device_id, which this build does not set")
@@ -375,12 +373,29 @@ def _build_pipeline_model(model_cls, config, model_args, training_args, plan_tp:
         raise TrainError(f"pipeline_model_parallel_size={pp} on the CPU needs --batch_p2p_comm false (gloo has no "
                          "send / recv on the calculation stream, which batched p2p uses)")
     try:
+        if plan_tp:  # PP x TP: each stage built whole (as at TP = 1), then sharded by the family's plan
+            config.check_runtime_support(tensor_parallel_plan=True)
+            config = copy.deepcopy(config)
+            config.tensor_model_parallel_size = 1
         model = model_cls.pipe_class(config)
         if model_args.model_name_or_path:
             load_stage_weights(model, model_args.model_name_or_path)
     except (ValueError, CheckpointError) as e:  # VHAConfigError / MEAConfigError: what the pipe refuses
         raise TrainError(str(e)) from None
+    if plan_tp:
+        _shard_stage(model, training_args)
     return model
+
+
+def _shard_stage(model, training_args) -> None:
+    """This pipeline stage's decoder layers sharded over fleet's model-parallel group (paddle_vha.parallel)."""
+    from paddle.distributed import fleet
+
+    from ..parallel.apply import parallelize_model
+
+    if training_args.device == "cpu":  # as in _build_plan_parallel_model: every mp rank reads the same batches
+        fleet.fleet._user_defined_strategy.hybrid_configs["mp_configs"].need_broadcast_data = False
+    parallelize_model(model, fleet.get_hybrid_communicate_group().get_model_parallel_group())
 
 
 def _build_plan_parallel_model(model_cls, config, model_args, training_args):
@@ -490,7 +505,13 @@ def save_trained_model(save, trainer, model_args, training_args, plan_tp: bool, 
     """OUTPUT_DIR/model in the documented format: merged from paddle_vha.parallel's shards (plan_tp), gathered by
     the Trainer (other model parallelism), or saved and validated from rank 0."""
     dest = os.path.join(training_args.output_dir, "model")
-    if plan_tp:
+    if training_args.pipeline_model_parallel_size > 1:  # PP, PP x TP: one shard per stage (paddle_vha.parallel)
+        from ..parallel.pipe_save import save_pipeline_model
+
+        save_pipeline_model(save.model, dest, save.finish)
+        if training_args.process_index == 0:
+            model_family(model_args.model_type).validate(dest)
+    elif plan_tp:
         _save_plan_parallel(save.model, training_args.output_dir, dest, save.finish)
     elif sharded:  # stock models under fleet's model parallelism: the Trainer gathers (not run by this project)
         trainer.save_model(dest)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "train.py")
+SHIMMED = os.path.join(ROOT, "tests", "tp", "train_shimmed.py")  # tools/train.py with the harness's CPU shims
 
 
 @dataclass
@@ -33,10 +34,12 @@ def _rank_logs(log_dir: str) -> str:
                    for p in sorted(glob.glob(os.path.join(str(log_dir), "workerlog.*"))))
 
 
-def launch_train(log_dir, *args, nproc: int = 2, timeout: int = 300) -> Run:
-    """tools/train.py *args under paddle.distributed.launch on nproc CPU ranks."""
+def launch_train(log_dir, *args, nproc: int = 2, timeout: int = 300, shimmed: bool = False) -> Run:
+    """tools/train.py *args under paddle.distributed.launch on nproc CPU ranks; `shimmed`: through
+    tests/tp/train_shimmed.py (a barrier after each new_group, which 4 gloo ranks need here; the CPU device id that
+    pipeline parallelism reads)."""
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir",
-           str(log_dir), TOOL, *[str(a) for a in args]]
+           str(log_dir), SHIMMED if shimmed else TOOL, *[str(a) for a in args]]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
