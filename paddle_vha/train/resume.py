@@ -11,9 +11,16 @@ reassembles / re-slices them for the layout that resumes. `CheckpointTrainer` ad
 * the CPU gap: Paddle 3.3's resharder moves each tensor it reads or sends with `Tensor.cuda()`, which raises
   "No available device found" on a CPU-only build; the load runs inside paddle_vha/train/cpu_device.py's
   `cuda_is_identity_on_cpu` (nothing changes on a GPU build).
+
+And one thing around the save: under hybrid parallelism with data-parallel replicas (DP x TP, DP x PP) PaddleFormers
+1.0.0 saves the optimizer state on replica 0's ranks only (`dp_group.rank <= 0`), but flex-checkpoint's
+`save_state_dict` synchronises over every rank by default, so replica 0 waits for ranks that never come (a gloo /
+NCCL timeout at the first checkpoint-N). The other replicas hold the same moments; `CheckpointTrainer` hands that
+save a process group of replica 0's ranks (created once, on every rank, when the Trainer is built).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from .cpu_device import cuda_is_identity_on_cpu
@@ -67,8 +74,52 @@ class CheckpointTrainer(Trainer):
     """PaddleFormers' Trainer whose flex-checkpoint resume refuses a checkpoint the model cannot take and runs on a
     CPU-only Paddle build (the module docstring)."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._replica_zero = _replica_zero_group(self.args)
+
+    def _save_flex_optimizer_state(self, output_dir):
+        with _save_state_dict_over(self._replica_zero):
+            return super()._save_flex_optimizer_state(output_dir)
+
     def _load_flex_checkpoint(self, resume_from_checkpoint):
         if not getattr(self.args, "load_from_hf", False):  # a Hugging Face folder has no model_state/ to check
             check_resumable(resume_from_checkpoint, self.model.sharded_state_dict())
         with cuda_is_identity_on_cpu():
             return super()._load_flex_checkpoint(resume_from_checkpoint)
+
+
+def _replica_zero_group(args):
+    """The process group of data-parallel replica 0's ranks under hybrid parallelism with replicas, else None.
+    Collective: every rank creates it (the module docstring)."""
+    import paddle.distributed as dist
+
+    if not getattr(args, "use_hybrid_parallel", False) or dist.get_world_size() == 1:
+        return None
+    from paddle.distributed import fleet
+
+    hcg = fleet.get_hybrid_communicate_group()
+    if hcg.get_data_parallel_world_size() == 1:
+        return None
+    return dist.new_group(hcg.topology().get_axis_list("data", 0))
+
+
+@contextlib.contextmanager
+def _save_state_dict_over(group):
+    """paddle.distributed.save_state_dict synchronising over `group` (None: unchanged) inside the block."""
+    import paddle.distributed as dist
+
+    if group is None:
+        yield
+        return
+    save = dist.save_state_dict
+
+    def over_group(*args, **kwargs):
+        kwargs.setdefault("process_group", group)
+        return save(*args, **kwargs)
+
+    dist.save_state_dict = over_group
+    try:
+        yield
+    finally:
+        dist.save_state_dict = save
