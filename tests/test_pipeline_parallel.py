@@ -231,12 +231,16 @@ def test_trainer_pp2_equals_one_process_saves_and_resumes(one_process, tmp_path)
 @pytest.mark.multirank
 def test_trainer_pp2_tp2_equals_one_process(one_process, tmp_path):
     """PP = 2 x TP = 2 on 4 gloo ranks (each stage built whole, then sharded by the family's plan over fleet's
-    model-parallel group): the one-process run's losses, validation loss and model/."""
+    model-parallel group): the one-process run's losses and validation loss, and the model/ of the same run at TP = 2
+    without PP. (Against the one-process model/ the weights differ by up to ~3e-4 of the largest after 4 AdamW steps,
+    as at TP = 2 alone: the all-reduce sums the partial products in another order, and AdamW's normalised step turns
+    last-bit gradient differences into ~lr-sized ones; the losses still agree to 4e-7.)"""
     cfg, one = one_process
-    out = str(tmp_path / "pp2tp2")
+    out, tp2 = str(tmp_path / "pp2tp2"), str(tmp_path / "tp2")
     _launch(4, str(tmp_path), TRAIN, cfg, *PP, "--tensor_parallel_degree", "2", "--output_dir", out)
     got, ref = _losses(out), _losses(one)
     dl = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"losses (4 steps, then validation) PP = 2 x TP = 2 {got}\n       one process {ref}\nmax rel {dl:.1e}")
     assert len(ref) == len(got) > TRAIN_ARGS["max_steps"] and dl <= TOL
-    _assert_same_model("PP = 2 x TP = 2", out, one)
+    _launch(2, str(tmp_path / "t"), TRAIN, cfg, "--tensor_parallel_degree", "2", "--output_dir", tp2)
+    _assert_same_model("PP = 2 x TP = 2 vs TP = 2", out, tp2)
