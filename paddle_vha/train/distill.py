@@ -80,13 +80,19 @@ def _mask(labels, shape_bn):
 
 def kl_term(student_logits, teacher_logits, temperature: float, labels=None):
     """T^2 * mean KL(softmax(z_t / T) || softmax(z_s / T)) over the counted positions; logits [B, S, V]."""
-    import paddle.nn.functional as F
-
     T = float(temperature)
-    log_ps = F.log_softmax(student_logits.astype("float32") / T, axis=-1)  # [B, S, V]
-    log_pt = F.log_softmax(teacher_logits.astype("float32") / T, axis=-1)
+    log_ps = _log_softmax(student_logits.astype("float32") / T)  # [B, S, V]
+    log_pt = _log_softmax(teacher_logits.astype("float32") / T)
     per_pos = (log_pt.exp() * (log_pt - log_ps)).sum(axis=-1)  # [B, S]
     return T * T * _masked_mean(per_pos, _mask(labels, per_pos.shape))
+
+
+def _log_softmax(z):
+    """z - logsumexp(z) over the last axis. Paddle 3.3's CPU log_softmax kernel is pathologically slow over a large
+    class axis (measured: 138 s for 8 rows of 151,936 classes, vs 1.7 s for 128 rows this way)."""
+    import paddle
+
+    return z - paddle.logsumexp(z, axis=-1, keepdim=True)
 
 
 def hidden_term(student_hidden: Sequence, teacher_hidden: Sequence, mapping: Sequence[int], labels=None):
