@@ -253,6 +253,7 @@ def test_distillation_tp2_equals_one_process(tmp_path):
 # ---- realistic width ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_teacher_load_at_qwen3_0_6b_width(tmp_path):
     """A 2-layer Qwen3-0.6B-shaped hub checkpoint (sharded bf16, head_dim 128 != hidden / heads, tied embeddings) as
     the teacher: loaded frozen in float32, its logits those of PaddleFormers' own from_pretrained of the folder, and
