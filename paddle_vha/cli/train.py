@@ -4,6 +4,7 @@
     bash tools/env.sh python tools/train.py configs/tiny-vha.json --max_steps 200  # command line overrides JSON
     bash tools/env.sh python tools/train.py configs/vha-1.7b.json --dry_run true   # check a config, print sizes
     python -m paddle.distributed.launch --nproc_per_node 2 tools/train.py configs/tiny-vha-tp2.json   # tensor parallel
+    bash tools/env.sh python tools/train.py CONFIG.json --teacher ORIGINAL --distill_temperature 2  # distillation
 
 The config holds model, data and training arguments in one flat object, parsed by PaddleFormers'
 PdArgumentParser as its own pretraining entry point does: `model_type` (qwen3_vha, qwen3,
@@ -13,7 +14,9 @@ TrainingArguments (`output_dir`, `max_steps`, `learning_rate`, `bf16`, `tensor_m
 `recompute_granularity`, `save_steps`, ...). Re-running with the same output_dir resumes from its last
 checkpoint-N. The trained model is written to OUTPUT_DIR/model (and each checkpoint-N/model) in the
 documented checkpoint format (docs/checkpoint.md), which tools/fold.py reads, with the starting checkpoint's
-tokenizer files, generation config and chat template; a bfloat16 checkpoint is trained in float32 on the CPU and saved
+tokenizer files, generation config and chat template; `--teacher PATH` distils from a frozen checkpoint of any
+family (CE + T^2 KL + hidden-state MSE, docs/training.md "Distillation"; the teacher's float32 weights count in the
+memory need); a bfloat16 checkpoint is trained in float32 on the CPU and saved
 back in bfloat16. Data whose ids do not fit the model, or byte data for a model with a tokenizer, is refused: tokenize
 with tools/make_pretrain_data.py --tokenizer CHECKPOINT. Guide: docs/training.md.
 Installed as `paddle-vha-train`.

@@ -72,6 +72,19 @@ class VHATrainingArguments(TrainingArguments):
     save_model_in_checkpoints: bool = field(default=True, metadata={
         "help": "also write each checkpoint-N/model in the Qwen3-VHA checkpoint format (docs/checkpoint.md), "
                 "next to the Trainer's resumable state"})
+    teacher: Optional[str] = field(default=None, metadata={
+        "help": "distil from this checkpoint folder (any registered family, same vocabulary; frozen, float32, "
+                "replicated under tensor parallelism): the loss becomes the distill_* mix (docs/training.md, "
+                "Distillation)"})
+    distill_ce_weight: float = field(default=1.0, metadata={"help": "with teacher: weight of the cross-entropy"})
+    distill_kl_weight: float = field(default=1.0, metadata={
+        "help": "with teacher: weight of T^2 KL(teacher || student) of the logits at distill_temperature"})
+    distill_temperature: float = field(default=1.0, metadata={"help": "with teacher: softmax temperature T > 0"})
+    distill_hidden_weight: float = field(default=0.0, metadata={
+        "help": "with teacher: weight of the decoder-layer output MSE (equal widths; equal depths or a teacher a "
+                "multiple as deep)"})
+    distill_schedule: str = field(default="constant", metadata={
+        "help": "with teacher: the KD weights over steps: constant, or linear (decaying to 0 at max_steps)"})
 
 
 class _Parser(PdArgumentParser):

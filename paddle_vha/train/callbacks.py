@@ -22,7 +22,9 @@ when several run: the save is collective).
     what and when): it is written to the log as null (strict JSON) and `run` stops with a one-line TrainError, saving
     nothing."""
 
-    KEYS = ("loss", "eval_loss", "learning_rate", "global_norm")
+    # the distillation terms and weights are there when a teacher is (paddle_vha/train/distill_trainer.py)
+    KEYS = ("loss", "eval_loss", "learning_rate", "global_norm", "ce", "kd_kl", "kd_hidden", "kd_kl_weight",
+            "kd_hidden_weight")
 
     def __init__(self, model, path: str, save_model=None):
         self.model, self.path, self.save_model = model, path, save_model  # save_model(dest), or None: no copies

@@ -7,6 +7,9 @@ Per process, for W weights of which this process holds W / (tensor x pipeline de
     save                 a checkpoint-N / model save: the state's copies on their way to disk: 16 per weight
     activations          the logits' float32 forward and backward: 16 x batch x sequence x vocabulary, plus
                          the decoder layers' activations: 4 x batch x sequence x layers x (12 h + 4 I)
+    teacher              with --teacher: its float32 weights, whole on every process (replicated): 4 per teacher
+                         weight, plus the KD logit terms (teacher logits, both softmaxes at T, their difference and
+                         the KL's backward): 32 x batch x sequence x vocabulary
 
 The per-weight constants are from measured peaks (docs/training.md, "Memory"). Processes launched on one machine
 share its memory: the need is multiplied by the launcher's local process count (PADDLE_LOCAL_SIZE).
@@ -19,11 +22,13 @@ import os
 from ..machine import available_memory_bytes, shortfall_line
 from ..units import fmt_bytes
 
-__all__ = ["BASE", "STATE_PER_WEIGHT", "SAVE_PER_WEIGHT", "weight_count", "train_need", "refuse_if_short"]
+__all__ = ["BASE", "STATE_PER_WEIGHT", "SAVE_PER_WEIGHT", "TEACHER_PER_WEIGHT", "KD_PER_LOGIT", "weight_count", "train_need", "refuse_if_short"]
 
 BASE = 800 << 20
 STATE_PER_WEIGHT = 16
 SAVE_PER_WEIGHT = 16
+TEACHER_PER_WEIGHT = 4
+KD_PER_LOGIT = 32
 
 
 def weight_count(config) -> int:
@@ -33,14 +38,18 @@ def weight_count(config) -> int:
     return sum(math.prod(s) for s in family_of(config).spec.tensor_shapes(config).values())
 
 
-def train_need(config, batch: int, seq_len: int, model_parallel: int = 1, saves: bool = True, local_procs: int = 1):
-    """(bytes, formula) of a run: every term of the module docstring, summed over the local processes."""
+def train_need(config, batch: int, seq_len: int, model_parallel: int = 1, saves: bool = True, local_procs: int = 1,
+               teacher_weights: int = 0):
+    """(bytes, formula) of a run: every term of the module docstring, summed over the local processes
+    (teacher_weights: the teacher's weight count, 0 without one)."""
     w = weight_count(config) / max(1, model_parallel)
     tokens = batch * seq_len
     parts = {"base": BASE, "weights, grads, AdamW": STATE_PER_WEIGHT * w,
              "save copies": SAVE_PER_WEIGHT * w if saves else 0,
              "activations": 16 * tokens * config.vocab_size + 4 * tokens * config.num_hidden_layers
              * (12 * config.hidden_size + 4 * config.intermediate_size)}
+    if teacher_weights:
+        parts["teacher"] = TEACHER_PER_WEIGHT * teacher_weights + KD_PER_LOGIT * tokens * config.vocab_size
     per_proc = int(sum(parts.values()))
     formula = " + ".join(f"{k} {fmt_bytes(v)}" for k, v in parts.items() if v)
     if local_procs > 1:

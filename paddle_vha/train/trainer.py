@@ -28,6 +28,7 @@ from .run_lock import LOCK_FILE, hold_run_lock
 from .saving import finish_saved_folder, save_trained, source_float_dtype
 from .paddleformers_trainer import LlmMetaConfig, get_last_checkpoint, set_seed
 from .resume import CheckpointTrainer
+from .teacher import distill_plan, load_teacher
 
 __all__ = ["run", "build_config", "build_data", "describe", "check_arguments"]
 
@@ -193,7 +194,8 @@ def check_arguments(model_args, data_args, training_args) -> None:
     out = training_args.output_dir
     if os.path.lexists(out) and not os.path.isdir(out):
         raise TrainError(f"output_dir {out}: exists and is not a folder")
-    inputs = [model_args.model_name_or_path, data_args.input_dir if data_args.dataset == "pretrain" else None]
+    inputs = [model_args.model_name_or_path, data_args.input_dir if data_args.dataset == "pretrain" else None,
+              training_args.teacher]
     if model_args.model_config and not model_args.model_config.lstrip().startswith("{"):
         inputs.append(model_args.model_config)
     inputs = [p for p in inputs if p and " " not in p.strip()]  # input_dir may also be a weighted blend "w1 P1 ..."
@@ -228,10 +230,14 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     training_args.dataloader_shuffle = False
     tp = tensor_parallel_degree(requested, training_args)
     config, model_cls = build_config(model_args, data_args, training_args, tp)
+    distill = distill_plan(training_args, config)  # None, or (teacher family, teacher config, settings)
     check_data_fits(model_args, data_args, config)
     train, val, data_desc = build_data(data_args, training_args, config.vocab_size)
     _print_run(config, model_args, data_args, training_args, tp, (train, val, data_desc))
-    memory_line = check_memory(config, data_args, training_args, tp, refuse=not training_args.dry_run)
+    if distill is not None:
+        print(_distill_line(training_args.teacher, *distill))
+    memory_line = check_memory(config, data_args, training_args, tp, refuse=not training_args.dry_run,
+                               teacher=distill[1] if distill else None)
     print(memory_line)
     if training_args.dry_run:
         print("dry run: configuration is valid; nothing trained")
@@ -249,9 +255,7 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     save = model_saver(model, model_args)
     log = TrainLog(model, os.path.join(training_args.output_dir, "train_log.jsonl"),
                    save if training_args.save_model_in_checkpoints and not sharded else None)
-    trainer = CheckpointTrainer(model=model, args=training_args,
-                                train_dataset=train if training_args.do_train else None,
-                                eval_dataset=val if training_args.do_eval else None, callbacks=[log])
+    trainer = make_trainer(model, training_args, train, val, log, distill)
     if training_args.do_train:
         train_model(trainer, log, model, resume)
     if training_args.do_eval:
@@ -273,15 +277,39 @@ def _print_run(config, model_args, data_args, training_args, tp: int, data) -> N
               f"--nproc_per_node N tools/train.py ..., N a multiple of {tp}")
 
 
-def check_memory(config, data_args, training_args, tp: int, refuse: bool = True) -> str:
+def _distill_line(path: str, fam, cfg, settings) -> str:
+    s = settings
+    mix = f"{s.ce_weight:g} ce + {s.kl_weight:g} T^2 KL(teacher || student) at T={s.temperature:g}"
+    if s.hidden_weight:
+        mix += f" + {s.hidden_weight:g} hidden-state MSE"
+    return (f"distill: teacher {path} ({fam.label}, {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query / "
+            f"{cfg.num_key_value_heads} KV heads; frozen, float32, replicated on every rank); loss {mix}; KD weights "
+            f"{s.schedule}")
+
+
+def make_trainer(model, training_args, train, val, log, distill):
+    """The Trainer of the run: CheckpointTrainer, or DistillTrainer with the frozen teacher (built here, after the
+    student, without touching the RNG state) when `distill` is (teacher family, config, settings)."""
+    kwargs = dict(model=model, args=training_args, train_dataset=train if training_args.do_train else None,
+                  eval_dataset=val if training_args.do_eval else None, callbacks=[log])
+    if distill is None:
+        return CheckpointTrainer(**kwargs)
+    from .distill_trainer import DistillTrainer
+
+    fam, cfg, settings = distill
+    return DistillTrainer(**kwargs, teacher=load_teacher(training_args.teacher, fam, cfg), distill=settings)
+
+
+def check_memory(config, data_args, training_args, tp: int, refuse: bool = True, teacher=None) -> str:
     """The run's memory line (paddle_vha/train/memory.py); TrainError, before anything is built, when the machine
-    lacks it (refuse)."""
-    from .memory import local_process_count, refuse_if_short, train_need
+    lacks it (refuse). `teacher`: the teacher's config, whose weights count in full on every process."""
+    from .memory import local_process_count, refuse_if_short, train_need, weight_count
 
     batch = max(training_args.per_device_train_batch_size, training_args.per_device_eval_batch_size)
     need, formula = train_need(config, batch, data_args.max_seq_len,
                                model_parallel=tp * max(1, training_args.pipeline_model_parallel_size),
-                               saves=training_args.do_train, local_procs=local_process_count())
+                               saves=training_args.do_train, local_procs=local_process_count(),
+                               teacher_weights=weight_count(teacher) if teacher is not None else 0)
     if not refuse:
         from ..units import fmt_bytes
 

@@ -1,0 +1,106 @@
+"""The frozen teacher of a distillation run (tools/train.py --teacher PATH): any family the registry knows, checked
+against the student, loaded in float32 and frozen.
+
+Frozen means: every parameter has stop_gradient set (no gradient is computed for it), the model is in eval mode, it
+is not an attribute of the student (so the optimizer, which takes the student's parameters, holds no state for it,
+and no checkpoint-N or saved model contains it), and the RNG state is the same before and after it is built (the
+student's initialisation and data order do not depend on whether a teacher is loaded).
+
+Under tensor parallelism every rank holds the whole teacher (replicated): the student's plan keeps the hidden states
+and the logits whole on every rank (row-parallel closes each block with an all-reduce; the LM head is replicated), so
+each rank computes the same teacher outputs for the same tokens with no collective, and any family loads the same way
+(docs/training.md, "Distillation").
+"""
+from __future__ import annotations
+
+import os
+
+from ..checkpoint.contract import CheckpointError
+from ..checkpoint.folder import CheckpointFolder
+from ..families import UnknownFamily, family_of
+from .errors import TrainError
+
+__all__ = ["teacher_config", "load_teacher", "freeze", "distill_plan"]
+
+
+def teacher_config(path: str, student_config, need_hidden: bool):
+    """(family, typed config) of the teacher folder; one-line TrainError for a folder that is missing or not a
+    checkpoint, an unknown family, or a teacher the student cannot be distilled from (another vocabulary; for the
+    hidden-state term another width or a depth without a layer map)."""
+    from .distill import layer_map
+
+    if not os.path.isdir(path):
+        raise TrainError(f"teacher {path}: no such folder")
+    try:
+        ck = CheckpointFolder.open(path)
+        fam = family_of(ck)
+        cfg = fam.validate(ck)
+    except UnknownFamily as e:
+        raise TrainError(f"teacher {e}") from None
+    except (CheckpointError, ValueError, OSError) as e:
+        raise TrainError(f"teacher {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if cfg.vocab_size != student_config.vocab_size:
+        raise TrainError(f"teacher {path}: vocab_size {cfg.vocab_size} differs from the student's "
+                         f"{student_config.vocab_size} (the logit KL needs the same vocabulary)")
+    if need_hidden:
+        if cfg.hidden_size != student_config.hidden_size:
+            raise TrainError(f"teacher {path}: hidden_size {cfg.hidden_size} differs from the student's "
+                             f"{student_config.hidden_size} (hidden-state MSE compares them; set distill_hidden_weight 0)")
+        try:
+            layer_map(student_config.num_hidden_layers, cfg.num_hidden_layers)
+        except ValueError as e:
+            raise TrainError(f"teacher {path}: {e}") from None
+    return fam, cfg
+
+
+def freeze(model):
+    """stop_gradient on every parameter and eval mode; returns the model."""
+    for p in model.parameters():
+        p.stop_gradient = True
+    model.eval()
+    return model
+
+
+def load_teacher(path: str, fam, cfg):
+    """The teacher model holding the folder's weights (float32; the folder was checked against its family's contract
+    by teacher_config), frozen. The global RNG state is restored afterwards."""
+    import paddle
+
+    from ..checkpoint.load import load_tensors_into
+
+    state = paddle.get_rng_state()
+    try:
+        cfg.dtype = "float32"
+        model = fam.model_class(cfg)
+        load_tensors_into(model, CheckpointFolder.open(path).read_all(float32=True), source=path)
+    except CheckpointError as e:
+        raise TrainError(f"teacher {path}: {e}") from None
+    finally:
+        paddle.set_rng_state(state)
+    return freeze(model)
+
+
+def distill_plan(training_args, student_config):
+    """None without --teacher; else (family, teacher config, DistillSettings), checked in one line each (TrainError)
+    before anything is built: the settings, the layouts distillation runs under, the teacher folder."""
+    from .distill import DistillSettings
+
+    path = training_args.teacher
+    if not path:
+        return None
+    a = training_args
+    settings = DistillSettings(ce_weight=a.distill_ce_weight, kl_weight=a.distill_kl_weight,
+                               temperature=a.distill_temperature, hidden_weight=a.distill_hidden_weight,
+                               schedule=a.distill_schedule)
+    try:
+        settings.check()
+    except ValueError as e:
+        raise TrainError(str(e)) from None
+    if a.pipeline_model_parallel_size > 1:
+        raise TrainError("teacher with pipeline_model_parallel_size > 1 is not supported (the pipeline schedule "
+                         "computes its own loss); use tensor or data parallelism")
+    if settings.hidden_weight and a.recompute_granularity:
+        raise TrainError("distill_hidden_weight > 0 with recompute_granularity: recomputed decoder layers do not "
+                         "expose their outputs to the loss; turn recompute off or set distill_hidden_weight 0")
+    fam, cfg = teacher_config(path, student_config, need_hidden=bool(settings.hidden_weight))
+    return fam, cfg, settings
