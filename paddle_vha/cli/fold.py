@@ -1,4 +1,5 @@
-"""Fold a Qwen3-VHA checkpoint into a stock Qwen3 GQA checkpoint that computes the same function.
+"""Fold a Qwen3-VHA checkpoint into a stock Qwen3 GQA checkpoint that computes the same function (a Qwen3-MoE-VHA
+checkpoint into a stock Qwen3-MoE one: the router and the experts copied, the attention folded the same way).
 
 Premix folds into q_proj and Postmix into o_proj (float64 math, one rounding to the output dtype); all other
 tensors, tokenizer and generation files are copied. The output loads in stock PaddleFormers or Hugging Face
@@ -70,7 +71,7 @@ def _done(args, plan, seconds: float, written) -> int:
     tol = args.verify_tol if args.verify_tol is not None else fold.DEFAULT_VERIFY_TOL[dtype_name(plan.out_code)]
     return verify_step(args, lambda: fold.verify_fold(args.in_dir, args.out_dir, num_sequences=args.verify,
                                                       seq_len=args.verify_len),
-                       tol, f"{args.verify} x {args.verify_len} random tokens, Paddle float32, VHA vs folded",
+                       tol, f"{args.verify} x {args.verify_len} random tokens, {plan.verify_how}",
                        sides=("the VHA model's", "the folded model's"))
 
 
