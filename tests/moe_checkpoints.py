@@ -61,3 +61,61 @@ def make_moe_vha(folder, seed=0, dtype=np.float64, **overrides):
     t = moe_vha_tensors(c, seed)
     write_checkpoint(folder, c, t, dtype)
     return c, {k: np.asarray(v, dtype).astype(np.float64) for k, v in t.items()}
+
+
+def add_shared_expert(t, c, width, seed=1, gated=True):
+    """The shared expert (Hugging Face Qwen2-MoE names, as this family declares them) on every MoE layer of t."""
+    rng = np.random.default_rng(seed)
+    h = c["hidden_size"]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}.mlp."
+        if p + "gate.weight" not in t:
+            continue
+        t[p + "shared_expert.gate_proj.weight"] = rng.standard_normal((width, h)) * 0.2
+        t[p + "shared_expert.up_proj.weight"] = rng.standard_normal((width, h)) * 0.2
+        t[p + "shared_expert.down_proj.weight"] = rng.standard_normal((h, width)) * 0.2
+        if gated:
+            t[p + "shared_expert_gate.weight"] = rng.standard_normal((1, h)) * 0.3
+    return t
+
+
+def upstream_config(c, shared=None, gated=False):
+    """c as upstream PaddleFleet writes a VHA + MoE config: use_vha_attention, vha_q_lora_rank, n_routed_experts,
+    the router's fields, the shared expert's."""
+    out = {k: v for k, v in c.items() if k not in ("vha_q_head_dim", "num_experts", "architectures")}
+    out.update(model_type="qwen3_moe", use_vha_attention=True, vha_q_lora_rank=c["vha_q_head_dim"],
+               n_routed_experts=c["num_experts"], scoring_func="softmax", topk_method="greedy",
+               routed_scaling_factor=1.0, moe_shared_expert_intermediate_size=shared, moe_shared_expert_gate=gated)
+    return out
+
+
+def to_upstream(t, grouped=False):
+    """Our (HF-named, [out, in]) tensors as PaddleFleet stores them: no `model.` prefix, embedding.embed_tokens,
+    Linear weights [in, out], gate | up fused per MLP and per expert (or stacked grouped-GEMM weight1 / weight2), the
+    router [E, h] as it is, shared_experts.* with gate_weight [h, 1]."""
+    out, experts = {}, {}
+    for name, v in t.items():
+        n = name[len("model."):] if name.startswith("model.") else name
+        if n == "embed_tokens.weight":
+            out["embedding.embed_tokens.weight"] = v
+        elif name == "lm_head.weight" or name.endswith("_proj.weight"):
+            out[n] = v.T
+        elif n.endswith("shared_expert_gate.weight"):
+            out[n.replace("shared_expert_gate.weight", "shared_experts.gate_weight")] = v.T
+        else:
+            out[n] = v
+    for n in [k for k in out if k.endswith("gate_proj.weight") and ".self_attn." not in k]:
+        base = n[: -len("gate_proj.weight")]
+        up = base + "up_proj.weight"
+        out[base + "up_gate_proj.weight"] = np.concatenate([out.pop(n), out.pop(up)], axis=1)  # [h, 2 I]: gate | up
+    for n in [k for k in out if ".shared_expert." in k]:
+        out[n.replace(".shared_expert.", ".shared_experts.")] = out.pop(n)
+    if grouped:
+        for n in sorted(k for k in out if ".mlp.experts." in k):
+            layer, rest = n.split(".mlp.experts.")
+            e, what = rest.split(".", 1)
+            experts.setdefault((layer, what), {})[int(e)] = out.pop(n)
+        for (layer, what), per in experts.items():
+            w = "weight1" if what.startswith("up_gate") else "weight2"
+            out[f"{layer}.mlp.grouped_gemm_experts.{w}"] = np.stack([per[e] for e in sorted(per)])  # (E, in, out)
+    return out

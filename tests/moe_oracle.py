@@ -7,7 +7,8 @@ equations (docs/method.md, Hugging Face's Qwen3MoeSparseMoeBlock), importing not
     MoE MLP    p = softmax(x W_r^T) over all experts; the top-k of p; weights renormalised to sum 1 when
                norm_topk_prob; out = sum over chosen e of w_e * down_e(silu(gate_e x) * up_e x).
                Here every expert is evaluated on every token and masked (a different order of work from the
-               package's per-expert gather), so the two share no code and little structure.
+               package's per-expert gather), so the two share no code and little structure. A shared expert
+               (upstream PaddleFleet's) adds silu-SwiGLU_s(x), times sigmoid(x w_g) when it has its gate.
 """
 import numpy as np
 
@@ -77,6 +78,11 @@ def moe(x, t, p, c):
     for ex in range(c["num_experts"]):
         q = f"{p}mlp.experts.{ex}."
         out += w[..., ex:ex + 1] * swiglu(x, t[q + "gate_proj.weight"], t[q + "up_proj.weight"], t[q + "down_proj.weight"])
+    s = p + "mlp.shared_expert."
+    if s + "gate_proj.weight" in t:  # a shared expert every token goes through, sigmoid-gated if it has the gate
+        y = swiglu(x, t[s + "gate_proj.weight"], t[s + "up_proj.weight"], t[s + "down_proj.weight"])
+        g = p + "mlp.shared_expert_gate.weight"
+        out += y * (1 / (1 + np.exp(-(x @ t[g].T)))) if g in t else y
     return out
 
 

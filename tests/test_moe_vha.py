@@ -142,3 +142,22 @@ def test_hf_qwen3_moe_loads_fold_and_matches_oracle(tmp_path, hf_python):
           f"{margin:.1e}; loading info {info}")
     assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == []
     assert err <= 1e-6
+
+
+@pytest.mark.parametrize("folded", [False, True], ids=["moe-vha", "folded-qwen3-moe"])
+def test_export_refuses_moe_in_one_line(tmp_path, folded):
+    """tools/export_onnx.py on a MoE checkpoint: exit 2 and one line naming why (no routed experts in the exported
+    decoder), nothing written."""
+    import sys
+    make_moe_vha(tmp_path / "in")
+    src = tmp_path / "in"
+    if folded:
+        fold_checkpoint(plan_fold(str(src), str(tmp_path / "out")), progress=False)
+        src = tmp_path / "out"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "tools/export_onnx.py", str(src), str(tmp_path / "onnx")], capture_output=True,
+                       text=True, cwd=root)
+    print(r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "no routed experts" in lines[0]
+    assert not os.path.exists(tmp_path / "onnx")

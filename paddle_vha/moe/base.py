@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..qwen3.contract import check_config, check_config_fields
 from ..spec.base import Base
-from .config import check_moe_fields
+from .fields import check_moe_fields
 from .spec import QWEN3_MOE
 
 __all__ = ["QWEN3_MOE_BASE", "NO_MODEL"]

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from .config import moe_layers
+from .fields import moe_layers
 
 __all__ = ["reference_logits"]
 

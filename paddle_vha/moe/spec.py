@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 from ..qwen3.spec import QWEN3_LAYER, TOP, top_sizes
 from ..spec.params import WHOLE, LayerSpec, ModelSpec, Param, linear
-from .config import moe_layers
+from .fields import moe_layers
 
 __all__ = ["DENSE_MLP", "moe_params", "with_moe_mlp", "moe_model_spec", "QWEN3_MOE", "tensor_shapes"]
 

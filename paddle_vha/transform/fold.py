@@ -39,7 +39,7 @@ from ..shared_kv.config import Qwen3SharedKVConfig
 from ..transform import Description, Entry, Table, TransformPlan, check_dtype, layer_pattern, output_code, write_plan
 from ..transform.describe import files_line, group, skipped_lines
 from ..transform.plan import open_output
-from ..transform.verify import left_unchanged, model_logits, random_tokens
+from ..transform.verify import folder_logits, left_unchanged, model_logits, random_tokens
 from ..units import fmt_bytes
 from ..vha.config import Qwen3VHAConfig
 from ..vha.spec import VHA_ONLY
@@ -193,9 +193,14 @@ class FoldPlan(TransformPlan):
     error = FoldError
 
     @property
+    def verify_numpy(self) -> bool:
+        """Whether --verify runs the float64 numpy forward (a MoE fold: no Paddle model) instead of Paddle."""
+        return isinstance(self.cfg, Qwen3MoeVHAConfig)
+
+    @property
     def verify_how(self) -> str:
         """What --verify runs: both models in Paddle, or (a MoE fold, no Paddle model) both checkpoints in numpy."""
-        if isinstance(self.cfg, Qwen3MoeVHAConfig):
+        if self.verify_numpy:
             return "float64 numpy forward of both checkpoints, MoE-VHA vs folded"
         return "Paddle float32, VHA vs folded"
 
@@ -316,16 +321,6 @@ def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int 
         a = model_logits(in_dir, [ids], Qwen3VHAForCausalLM, dtype)
         b = model_logits(out_dir, [ids], family_of(out_dir).model_class, dtype)  # stock Qwen3, or Qwen3 shared-KV
     return compare_logits(a, b)
-
-
-def folder_logits(folder: str, ids: np.ndarray) -> np.ndarray:
-    """Logits of a Qwen3-MoE(-VHA) checkpoint folder from its tensors in float64 numpy (paddle_vha/moe/reference.py),
-    read one tensor at a time as the layers ask for them."""
-    from ..moe.reference import reference_logits
-
-    ck = CheckpointFolder.open(folder)
-    cfg = family_of(ck).load_config(ck)
-    return reference_logits(ids, lambda n: st.to_float64(ck.read(n)), lambda n: n in ck.tensors, cfg)
 
 
 def verify_fold_numpy(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int = 32,
