@@ -94,7 +94,7 @@ class Family:
     @property
     def model_class(self):
         if self.model_ref is None:
-            raise CheckpointError(f"{self.label}: {self.base.name} {NO_MODEL}")
+            raise CheckpointError(f"{self.label} has no Paddle model here: {NO_MODEL}")
         return _resolve(self.model_ref)
 
     @property

@@ -161,3 +161,14 @@ def test_export_refuses_moe_in_one_line(tmp_path, folded):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "no routed experts" in lines[0]
     assert not os.path.exists(tmp_path / "onnx")
+
+
+def test_training_a_moe_family_is_refused_in_one_line():
+    from paddle_vha.train.errors import TrainError
+    from paddle_vha.train.trainer import model_family
+
+    for model_type in ("qwen3_moe_vha", "qwen3_moe"):
+        with pytest.raises(TrainError, match="has no Paddle model here: PaddleFormers 1.0.0's qwen3_moe") as e:
+            model_family(model_type)
+        print(e.value)
+        assert "\n" not in str(e.value)

@@ -11,8 +11,8 @@ from .spec import QWEN3_MOE
 __all__ = ["QWEN3_MOE_BASE", "NO_MODEL"]
 
 # Why a Qwen3-MoE family has no Paddle model here (Family.model_class says it in one line).
-NO_MODEL = ("no Paddle model: PaddleFormers 1.0.0's qwen3_moe modeling imports paddlefleet, which is not on PyPI; "
-            "Qwen3-MoE checkpoints are validated, folded, imported and costed here, not trained or run")
+NO_MODEL = ("PaddleFormers 1.0.0's qwen3_moe modeling imports paddlefleet, which is not on PyPI; Qwen3-MoE checkpoints "
+            "are validated, folded, imported and costed here, not trained or run")
 
 
 def _check_fields(fields: dict) -> None:
