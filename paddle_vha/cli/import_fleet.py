@@ -72,7 +72,9 @@ def _memory(args, plan):
     from paddle_vha.transform import memory as mem
 
     c = plan.cfg
-    computed = [math.prod(plan.inputs[s].shape) for e in plan.entries if e.how != "copy" for s in e.sources]
+    # a grouped-GEMM expert weight [E, in, out] is read one expert's block at a time
+    computed = [math.prod(plan.inputs[s].shape[1 if e.how == "expert" else 0:]) for e in plan.entries
+                if e.how != "copy" for s in e.sources]
     parts = {"base": mem.BASE, "tensor math": mem.tensor_bytes(max(computed or [0]))}
     if args.verify:
         tokens = args.verify * args.verify_len

@@ -368,12 +368,12 @@ def _make(plan: ImportPlan, e: Entry) -> np.ndarray:
     """A tensor that is not a plain copy: zeros, a transposed Linear weight, or a part of a fused one."""
     if e.how == "zeros":
         return np.zeros(e.shape, np.float64)
+    if e.how == "expert":  # one expert's block of a grouped-GEMM weight [E, in, out] (its rows only), some columns
+        expert, cols = e.take
+        return st.read_rows(plan.inputs[e.sources[0]], expert, expert + 1)[0][:, cols].T
     a = plan.source.read(e.sources[0])
     if e.how == "transpose":
         return a.T
-    if e.how == "expert":  # one expert's block of a grouped-GEMM weight [E, in, out], some output columns
-        expert, cols = e.take
-        return a[expert][:, cols].T
     axis, rows = e.take  # "split"
     a = np.take(a, rows, axis=axis)
     return a.T if axis == 1 and a.ndim == 2 else a
