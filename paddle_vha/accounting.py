@@ -30,6 +30,7 @@ __all__ = [
     "ArchError",
     "KINDS",
     "NAMED_SHAPES",
+    "active_weights",
     "named_shape",
     "paper_variants",
     "fold_vha",
@@ -330,6 +331,18 @@ def model_weights(a: Arch) -> Dict[str, int]:
     mlp += (3 * h * a.moe_intermediate_size * a.num_experts + h * a.num_experts) * n_moe
     emb = a.vocab_size * h * (1 if a.tie_word_embeddings else 2)
     return {"attention": attn, "mlp": mlp, "embeddings": emb, "total": attn + mlp + emb}
+
+
+def active_weights(a: Arch) -> Dict[str, int]:
+    """The weights one token uses (a MoE model's "A3B"): the attention, the dense MLPs, on each MoE layer the router
+    and num_experts_per_tok of the experts, and the embeddings (as model_weights counts them). Equal to model_weights
+    for a dense model."""
+    full = model_weights(a)
+    n_moe = (a.num_layers if a.num_moe_layers is None else a.num_moe_layers) if a.num_experts else 0
+    idle = 3 * a.hidden_size * a.moe_intermediate_size * (a.num_experts - a.num_experts_per_tok) * n_moe
+    mlp = full["mlp"] - idle
+    return {"attention": full["attention"], "mlp": mlp, "embeddings": full["embeddings"],
+            "total": full["attention"] + mlp + full["embeddings"]}
 
 
 def variants_for_config(a: Arch) -> List[Arch]:

@@ -26,6 +26,9 @@ from .checkpoint.folder import CheckpointFolder
 from .mea import cost as mea_cost
 from .mea import tp_plan as mea_tp_plan
 from .mea.spec import QWEN3_MEA
+from .moe.base import NO_MODEL, QWEN3_MOE_BASE
+from .moe.spec import QWEN3_MOE
+from .moe_vha.spec import QWEN3_MOE_VHA
 from .qwen3 import cost as qwen3_cost
 from .qwen3.base import QWEN3_BASE
 from .qwen3.spec import QWEN3
@@ -58,7 +61,7 @@ class Family:
     model_type: str
     label: str  # how messages name it: "Qwen3-VHA"
     config_ref: str  # "module:Class" of the config (a PaddleFormers PretrainedConfig)
-    model_ref: str  # "module:Class" of the causal LM
+    model_ref: Optional[str]  # "module:Class" of the causal LM; None: a checkpoint-level family (no Paddle model)
     spec: ModelSpec  # its tensors, declared once (paddle_vha/spec/params.py): contract, shards, checkpoint rules
     # Tensor parallelism through paddle_vha.parallel: a module with check(cfg, t) and layer_plan(cfg, t, rank, i) ->
     # parallel.plan.LayerPlan; None: the family is not sharded by this project.
@@ -84,13 +87,20 @@ class Family:
         return _resolve(self.config_ref)
 
     @property
+    def has_model(self) -> bool:
+        """Whether this project builds a Paddle model of the family (False: checkpoints only, e.g. Qwen3-MoE)."""
+        return self.model_ref is not None
+
+    @property
     def model_class(self):
+        if self.model_ref is None:
+            raise CheckpointError(f"{self.label} has no Paddle model here: {NO_MODEL}")
         return _resolve(self.model_ref)
 
     @property
     def pipe_class(self):
         """The causal LM's pipeline-parallel form (paddle_vha/modeling/pipe.py), or None if the family has none."""
-        return getattr(self.model_class, "pipe_class", None)
+        return getattr(self.model_class, "pipe_class", None) if self.has_model else None
 
     @property
     def servable(self) -> bool:
@@ -176,6 +186,28 @@ FAMILIES: Dict[str, Family] = {
             tp_plan=shared_kv_tp_plan,
             serving_ref="paddle_vha.shared_kv.serving",
             cost=shared_kv_cost,
+        ),
+        Family(
+            model_type="qwen3_moe",
+            label="Qwen3-MoE",
+            config_ref="paddle_vha.moe.config:Qwen3MoeConfig",
+            model_ref=None,
+            spec=QWEN3_MOE,
+            cost=qwen3_cost,
+            base=QWEN3_MOE_BASE,
+            not_exported=("the exported decoder has no routed experts (no top-k gating in its graph); serve it with a "
+                          "runtime that runs Qwen3-MoE (Hugging Face Qwen3MoeForCausalLM, vLLM, SGLang)"),
+        ),
+        Family(
+            model_type="qwen3_moe_vha",
+            label="Qwen3-MoE-VHA",
+            config_ref="paddle_vha.moe_vha.config:Qwen3MoeVHAConfig",
+            model_ref=None,
+            spec=QWEN3_MOE_VHA,
+            cost=vha_cost,
+            base=QWEN3_MOE_BASE,
+            not_exported=("fold it first (python tools/fold.py IN OUT: a stock Qwen3-MoE checkpoint), then serve that "
+                          "with a runtime that runs Qwen3-MoE; the exported decoder has no routed experts"),
         ),
     )
 }

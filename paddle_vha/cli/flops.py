@@ -20,6 +20,7 @@ import sys
 from paddle_vha.accounting import (
     ArchError,
     forward_flops_per_token,
+    active_weights,
     model_weights,
     query_weights_per_layer,
     attention_weights_per_layer,
@@ -78,6 +79,7 @@ def rows_for(spec: str, args):
             query_weights_per_layer_served=query_weights_per_layer(served),
             attention_weights_per_layer=attention_weights_per_layer(m)["total"],
             model_weights=model_weights(m)["total"],
+            active_weights=active_weights(m)["total"],
             forward_gflops=g(fwd["total"]), training_gflops=g(3 * fwd["total"]),
             training_delta_gflops=g(3 * (ref_fwd["total"] - fwd["total"])),
             training_saving=(ref_fwd["total"] - fwd["total"]) / ref_fwd["total"],
@@ -114,6 +116,11 @@ def print_tables(spec, rows, args):
         print(f"Served folded, the forward saving is the K/V share only: "
               f"{ref['forward_gflops'] - vha['serving_gflops']:.3f} of {ref['forward_gflops']:.2f} G "
               f"({vha['serving_saving']:.1%}).")
+    for r in rows:
+        if r["active_weights"] != r["model_weights"]:  # MoE: FLOPs above count the routed experts a token uses
+            print(f"{r['variant']}: weights {r['model_weights'] / 1e9:.2f} B in all, {r['active_weights'] / 1e9:.2f} B "
+                  "active per token (attention, router, the top-k experts, embeddings); the MLP FLOPs above are "
+                  "the active experts'")
     if any(r["kind"] == "mla" for r in rows):
         print("note: MLA counted un-absorbed, DeepSeek-V2 style: latent 512, RoPE key 64, nope/value widths = head_dim, "
               "no query LoRA (assumptions; the paper does not state them).")

@@ -1,4 +1,5 @@
-"""Fold a Qwen3-VHA checkpoint into a stock Qwen3 GQA checkpoint that computes the same function.
+"""Fold a Qwen3-VHA checkpoint into a stock Qwen3 GQA checkpoint that computes the same function (a Qwen3-MoE-VHA
+checkpoint into a stock Qwen3-MoE one: the router and the experts copied, the attention folded the same way).
 
 Premix folds into q_proj and Postmix into o_proj (float64 math, one rounding to the output dtype); all other
 tensors, tokenizer and generation files are copied. The output loads in stock PaddleFormers or Hugging Face
@@ -10,7 +11,9 @@ OUT_DIR appears only when complete (written to a temporary folder, then renamed)
     bash tools/env.sh python tools/fold.py IN OUT --dtype bfloat16 --force
 
 Memory: one tensor at a time (its float64 math: ~6 x the largest folded tensor's elements x 8 B) + ~0.6 GB; --verify
-runs both models one decoder layer at a time (float32) and holds N x len x vocabulary x 8 B x 7 of logits. Printed
+runs both models one decoder layer at a time (float32) and holds N x len x vocabulary x 8 B x 7 of logits; a MoE
+fold's --verify (float64 numpy) holds the largest tensor as read and as float64 (~10 B per element) instead of the
+Paddle forward (measured at the 30B-A3B widths, 2 layers, 128 experts, float16: 3.39 GB peak, 4.17 GB printed). Printed
 first, refused up front in one line when /proc/meminfo's MemAvailable is lower.
 Exit status: 0 done, 2 refused (one line on stderr says why), 1 --verify above tolerance.
 """
@@ -56,7 +59,11 @@ def _memory(args, plan):
                                                                     if e.how != "copy"] or [0]))}
     if args.verify:
         tokens = args.verify * args.verify_len
-        parts[f"verify forward of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len)
+        if plan.verify_numpy:  # MoE: both checkpoints in float64 numpy, one tensor at a time (as read + as float64)
+            largest = max(math.prod(r.shape) for r in plan.inputs.values())
+            parts[f"verify numpy forward of {tokens} tokens"] = (8 + 2) * largest
+        else:
+            parts[f"verify forward of {tokens} tokens"] = mem.forward_bytes(c, tokens, args.verify_len)
         parts["verify logits"] = mem.verify_logits_bytes(c, tokens)
     return mem.total(parts)
 
@@ -70,7 +77,7 @@ def _done(args, plan, seconds: float, written) -> int:
     tol = args.verify_tol if args.verify_tol is not None else fold.DEFAULT_VERIFY_TOL[dtype_name(plan.out_code)]
     return verify_step(args, lambda: fold.verify_fold(args.in_dir, args.out_dir, num_sequences=args.verify,
                                                       seq_len=args.verify_len),
-                       tol, f"{args.verify} x {args.verify_len} random tokens, Paddle float32, VHA vs folded",
+                       tol, f"{args.verify} x {args.verify_len} random tokens, {plan.verify_how}",
                        sides=("the VHA model's", "the folded model's"))
 
 

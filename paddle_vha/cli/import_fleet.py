@@ -19,6 +19,9 @@ one KV group) or up_gate_proj is refused unless the flag is given: take it from 
 Memory: one tensor at a time (a fused one read whole: ~6 x the largest input tensor's elements x 8 B) + ~0.6 GB;
 --verify adds the float64 reference's largest tensor and the imported model's layer-by-layer forward. Printed first,
 refused up front in one line when /proc/meminfo's MemAvailable is lower.
+A MoE-VHA checkpoint (n_routed_experts / num_experts in config.json: routed experts, per-expert or grouped-GEMM
+up_gate_proj, a shared expert) imports into Qwen3-MoE-VHA; its --verify compares upstream's forward with the imported
+checkpoint through this project's float64 numpy forward (there is no Paddle Qwen3-MoE model here).
 Exit status: 0 done, 2 refused (one line on stderr says why), 1 --verify above tolerance.
 """
 from __future__ import annotations
@@ -69,7 +72,9 @@ def _memory(args, plan):
     from paddle_vha.transform import memory as mem
 
     c = plan.cfg
-    computed = [math.prod(plan.inputs[s].shape) for e in plan.entries if e.how != "copy" for s in e.sources]
+    # a grouped-GEMM expert weight [E, in, out] is read one expert's block at a time
+    computed = [math.prod(plan.inputs[s].shape[1 if e.how == "expert" else 0:]) for e in plan.entries
+                if e.how != "copy" for s in e.sources]
     parts = {"base": mem.BASE, "tensor math": mem.tensor_bytes(max(computed or [0]))}
     if args.verify:
         tokens = args.verify * args.verify_len
@@ -86,7 +91,7 @@ def _done(args, plan, seconds: float, written) -> int:
     print(f"wrote {plan.out_dir}: {plan.bytes_out / 1e6:.3f} MB in {seconds:.2f} s")
     return verify_step(args, lambda: verify_import(plan, num_sequences=args.verify, seq_len=args.verify_len),
                        args.verify_tol, f"{args.verify} x {args.verify_len} random tokens, upstream forward on "
-                       "IN_DIR (float64) vs the imported Qwen3-VHA (Paddle float32)" + _assumed(plan),
+                       f"IN_DIR (float64) vs {plan.verify_how}" + _assumed(plan),
                        sides=("upstream's", "the imported model's"))
 
 

@@ -35,9 +35,15 @@ __all__ = ["run", "build_config", "build_data", "describe", "check_arguments"]
 
 def model_family(model_type: str):
     try:
-        return family(model_type)
+        fam = family(model_type)
     except UnknownFamily as e:
         raise TrainError(str(e))
+    if not fam.has_model:  # a checkpoint-level family (Qwen3-MoE): nothing to train here, said in one line
+        try:
+            fam.model_class
+        except CheckpointError as e:
+            raise TrainError(f"model_type {model_type}: {e}") from None
+    return fam
 
 
 def model_config_dict(model_args) -> dict:

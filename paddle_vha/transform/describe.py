@@ -52,8 +52,9 @@ def format_plan(plan) -> str:
 
 
 def layer_pattern(name: str) -> str:
-    """model.layers.3.mlp.up_proj.weight -> model.layers.{i}.mlp.up_proj.weight (one table row for all layers)."""
-    return re.sub(r"layers\.\d+\.", "layers.{i}.", name)
+    """model.layers.3.mlp.up_proj.weight -> model.layers.{i}.mlp.up_proj.weight (one table row for all layers; a MoE
+    layer's experts.7. -> experts.{e}., one row for all experts)."""
+    return re.sub(r"experts\.\d+\.", "experts.{e}.", re.sub(r"layers\.\d+\.", "layers.{i}.", name))
 
 
 def group(items: Iterable, key: Callable[[object], Hashable]) -> Dict[Hashable, list]:

@@ -9,6 +9,10 @@ Per layer (PaddleFleet SelfAttentionVHA; the research fork is the same with r = 
     q_v, k = RoPE(rms(q_v) w_q), RoPE(rms(k) w_k);  y = softmax(q_v k^T / sqrt(d) + mask) v   (head h reads h // g)
     y'  = (I + V U^T) y over heads;  y' * sigmoid(x W_gate) if gated;  out = y' W_o
 Sliding-window layers hide keys at or before q - W and use their own sizes and RoPE base.
+MoE layers (a router `mlp.gate.weight` [E, h], PaddleFleet's StandardMoERouter with scoring softmax, greedy top-k):
+    p = softmax(x W^T);  top_gate, top_idx = top-k of p;  top_gate /= (sum + 1e-20) with norm_topk_prob
+    out = sum_j top_gate_j * SwiGLU_{top_idx_j}(x)  (+ shared expert, times sigmoid(x w_g) when it has its gate)
+with each expert's up_gate_proj [h, 2 I_e] chunked gate | up, or the grouped-GEMM weight1 / weight2 [E, ...].
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ def reference_logits(ids: np.ndarray, get: Callable[[str], np.ndarray], names: D
         hdn = _rms(x, get(names[L + "input_layernorm.weight"]), eps)
         x = x + lin(L + "self_attn.o_proj.weight", _attention(hdn, i, get, names, lin, cfg, pos, qkv_layout))
         hdn = _rms(x, get(names[L + "post_attention_layernorm.weight"]), eps)
-        x = x + _mlp(hdn, L, names, lin, up_gate_order)
+        x = x + _mlp(hdn, L, names, lin, up_gate_order, get, cfg)
     x = _rms(x, get(names["norm"]), eps)
     if "lm_head" in names:
         return lin("lm_head", x)
@@ -127,11 +131,53 @@ def _softmax_attention(qv, k, v, g: int, window):
     return np.einsum("bhst,bthd->bshd", w / w.sum(-1, keepdims=True), vv)  # (B, S, H_v, d)
 
 
-def _mlp(hdn, L: str, names: Dict[str, str], lin, up_gate_order: str):
-    """The SwiGLU MLP, from a fused up_gate_proj (in up_gate_order) or separate gate / up projections."""
-    if L + "mlp.up_gate_proj.weight" in names:
-        first, second = np.split(lin(L + "mlp.up_gate_proj.weight", hdn), 2, axis=-1)
+def _mlp(hdn, L: str, names: Dict[str, str], lin, up_gate_order: str, get=None, cfg=None):
+    """The SwiGLU MLP, from a fused up_gate_proj (in up_gate_order) or separate gate / up projections; on a MoE layer
+    (a router mlp.gate.weight) upstream's routed experts (_moe)."""
+    if L + "mlp.gate.weight" in names:
+        return _moe(hdn, L, names, lin, up_gate_order, get, cfg)
+    return _swiglu(hdn, L + "mlp.", names, lin, up_gate_order)
+
+
+def _swiglu(hdn, m: str, names: Dict[str, str], lin, up_gate_order: str):
+    """silu(gate) * up, then down, for the MLP whose keys start with m ('L0.mlp.', 'L0.mlp.experts.3.', ...)."""
+    if m + "up_gate_proj.weight" in names:
+        first, second = np.split(lin(m + "up_gate_proj.weight", hdn), 2, axis=-1)  # paddle.chunk(x, 2): gate | up
         gate, up = (first, second) if up_gate_order == "gate-up" else (second, first)
     else:
-        gate, up = lin(L + "mlp.gate_proj.weight", hdn), lin(L + "mlp.up_proj.weight", hdn)
-    return lin(L + "mlp.down_proj.weight", gate / (1.0 + np.exp(-gate)) * up)
+        gate, up = lin(m + "gate_proj.weight", hdn), lin(m + "up_proj.weight", hdn)
+    return lin(m + "down_proj.weight", gate / (1.0 + np.exp(-gate)) * up)
+
+
+def _moe(hdn, L: str, names: Dict[str, str], lin, up_gate_order: str, get, cfg):
+    """Upstream's MoE layer (StandardMoERouter + experts + shared expert), tokens (B, S, h): logits = x W^T with the
+    router W [E, h] as stored, softmax, greedy top-k, top_gate / (sum + 1e-20) when norm_topk_prob; out = sum of the
+    chosen experts' SwiGLU times their gate, plus the shared expert (times sigmoid(x w_g) if it has its gate)."""
+    m = L + "mlp."
+    logits = hdn @ get(names[m + "gate.weight"]).T  # (B, S, E)
+    gates = np.exp(logits - logits.max(-1, keepdims=True))
+    gates = gates / gates.sum(-1, keepdims=True)
+    top_idx = np.argsort(-gates, axis=-1, kind="stable")[..., : cfg.num_experts_per_tok]  # (B, S, k), sorted
+    top_gate = np.take_along_axis(gates, top_idx, -1)
+    if cfg.norm_topk_prob:
+        top_gate = top_gate / (top_gate.sum(-1, keepdims=True) + 1e-20)
+    grouped = m + "grouped_gemm_experts.weight1" in names
+    w1 = get(names[m + "grouped_gemm_experts.weight1"]) if grouped else None  # (E, h, 2 I_e)
+    w2 = get(names[m + "grouped_gemm_experts.weight2"]) if grouped else None  # (E, I_e, h)
+    out = np.zeros_like(hdn)
+    for e in np.unique(top_idx):
+        b, s, slot = np.nonzero(top_idx == e)
+        x = hdn[b, s]  # (n, h): the tokens routed to expert e
+        if grouped:  # paddle.chunk(x W1[e], 2): gate | up (as the fused per-expert form)
+            first, second = np.split(x @ w1[e], 2, axis=-1)
+            gate, up = (first, second) if up_gate_order == "gate-up" else (second, first)
+            y = (gate / (1.0 + np.exp(-gate)) * up) @ w2[e]
+        else:
+            y = _swiglu(x, f"{m}experts.{e}.", names, lin, up_gate_order)
+        np.add.at(out, (b, s), top_gate[b, s, slot][:, None] * y)
+    if m + "shared_experts.down_proj.weight" in names:
+        shared = _swiglu(hdn, m + "shared_experts.", names, lin, up_gate_order)
+        if m + "shared_experts.gate_weight" in names:  # [h, 1]: F.linear(x, w) = x w, then sigmoid
+            shared = shared / (1.0 + np.exp(-lin(m + "shared_experts.gate_weight", hdn)))
+        out = out + shared
+    return out

@@ -33,11 +33,13 @@ from ..checkpoint.contract import INDEX_FILE, CheckpointError
 from ..checkpoint.folder import CheckpointFolder
 from ..evaluate import compare_logits
 from ..families import family, family_of
+from ..moe.config import Qwen3MoeConfig
+from ..moe_vha.config import Qwen3MoeVHAConfig, fold_refusal
 from ..shared_kv.config import Qwen3SharedKVConfig
 from ..transform import Description, Entry, Table, TransformPlan, check_dtype, layer_pattern, output_code, write_plan
 from ..transform.describe import files_line, group, skipped_lines
 from ..transform.plan import open_output
-from ..transform.verify import left_unchanged, model_logits, random_tokens
+from ..transform.verify import folder_logits, left_unchanged, model_logits, random_tokens
 from ..units import fmt_bytes
 from ..vha.config import Qwen3VHAConfig
 from ..vha.spec import VHA_ONLY
@@ -98,6 +100,9 @@ _ATTN = re.compile(r"^(model\.layers\.\d+\.self_attn\.)(.+)$")
 
 
 def _check_foldable(cfg, where: str) -> None:
+    why = fold_refusal(cfg) if isinstance(cfg, Qwen3MoeVHAConfig) else None  # what stock Qwen3-MoE cannot hold
+    if why:
+        raise FoldError(f"{where}: {why}; refusing to fold")
     windows = cfg.window_layers() if hasattr(cfg, "window_layers") else []
     if windows and not cfg.stock_shaped_window_layers():
         full, win = cfg.full_dims(), cfg.layer_dims(windows[0])
@@ -147,15 +152,26 @@ SHARED_KV_NOTE = ("vha_shared_kv: the folded model keeps one shared K = V projec
 
 
 def folded_model_type(raw: Mapping) -> str:
-    """The model_type a Qwen3-VHA config.json folds into: stock qwen3, or qwen3_shared_kv with vha_shared_kv."""
+    """The model_type a Qwen3-VHA config.json folds into: stock qwen3, or qwen3_shared_kv with vha_shared_kv; a
+    Qwen3-MoE-VHA one folds into stock qwen3_moe."""
+    if raw.get("model_type") == Qwen3MoeVHAConfig.model_type:
+        return Qwen3MoeConfig.model_type
     return Qwen3SharedKVConfig.model_type if raw.get("vha_shared_kv") else Qwen3Config.model_type
 
 
+# The causal LM class each folded model_type names in config.json's architectures (what Hugging Face loads).
+_ARCHITECTURES = {Qwen3Config.model_type: "Qwen3ForCausalLM", Qwen3SharedKVConfig.model_type: "Qwen3SharedKVForCausalLM",
+                  Qwen3MoeConfig.model_type: "Qwen3MoeForCausalLM"}
+# Keys of a Qwen3-MoE-VHA config.json that stock Qwen3-MoE does not have (a shared expert is refused before this).
+_MOE_ONLY = ("moe_shared_expert_intermediate_size", "moe_shared_expert_gate")
+
+
 def fold_config(raw: Mapping, dtype: Optional[str] = None) -> dict:
-    """config.json of the folded model: stock qwen3 (or Qwen3 shared-KV), num_attention_heads = H_v, no vha_* keys."""
-    out = {k: v for k, v in raw.items() if not k.startswith("vha_") and k != "auto_map"}
+    """config.json of the folded model: stock qwen3 (or Qwen3 shared-KV, or stock qwen3_moe), num_attention_heads =
+    H_v, no vha_* keys."""
+    out = {k: v for k, v in raw.items() if not k.startswith("vha_") and k not in ("auto_map", *_MOE_ONLY)}
     out["model_type"] = folded_model_type(raw)
-    out["architectures"] = ["Qwen3SharedKVForCausalLM" if raw.get("vha_shared_kv") else "Qwen3ForCausalLM"]
+    out["architectures"] = [_ARCHITECTURES[out["model_type"]]]
     if dtype is not None:
         if "dtype" in raw:
             out["dtype"] = dtype
@@ -176,18 +192,35 @@ class FoldPlan(TransformPlan):
     tool = verb = "fold"
     error = FoldError
 
+    @property
+    def verify_numpy(self) -> bool:
+        """Whether --verify runs the float64 numpy forward (a MoE fold: no Paddle model) instead of Paddle."""
+        return isinstance(self.cfg, Qwen3MoeVHAConfig)
+
+    @property
+    def verify_how(self) -> str:
+        """What --verify runs: both models in Paddle, or (a MoE fold, no Paddle model) both checkpoints in numpy."""
+        if self.verify_numpy:
+            return "float64 numpy forward of both checkpoints, MoE-VHA vs folded"
+        return "Paddle float32, VHA vs folded"
+
     def describe(self) -> Description:
         cfg, out = self.cfg, self.out_config
         h_v, h_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        source, target = family(self.in_config["model_type"]).label, family(out["model_type"]).label
         header = [
-            f"Qwen3-VHA: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {h_v} virtual / "
+            f"{source}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {h_v} virtual / "
             f"H_p {cfg.num_physical_heads} physical query heads (r {cfg.vha_q_head_dim}"
             f"{'' if cfg.vha_premix else ', no Premix'}), H_kv {h_kv}, d {cfg.head_dim}, "
             f"Postmix rank {cfg.vha_postmix_rank}",
-            f"-> {family(out['model_type']).label if cfg.vha_shared_kv else 'stock Qwen3'}: "
+            f"-> {target if cfg.vha_shared_kv else 'stock ' + target}: "
             f"num_attention_heads {h_v}, num_key_value_heads {h_kv}, head_dim {cfg.head_dim}, "
             f"dtype {st.dtype_name(self.out_code)}",
         ]
+        if isinstance(cfg, Qwen3MoeVHAConfig):
+            header.append(f"routed experts: {cfg.num_experts} per MoE layer, top-{cfg.num_experts_per_tok}, width "
+                          f"{cfg.moe_intermediate_size}, norm_topk_prob {cfg.norm_topk_prob}; MoE layers "
+                          f"{cfg.moe_layer_indices}: router and experts copied")
         windows = cfg.window_layers()
         if windows:
             win = cfg.layer_dims(windows[0])
@@ -241,7 +274,8 @@ def plan_fold(src, out_dir: str, dtype: str = "auto", force: bool = False, max_s
     and describe every output tensor. Reads no tensor data."""
     check_dtype(dtype, FoldError)
     ck = CheckpointFolder.open(src)
-    vha = family(Qwen3VHAConfig.model_type)
+    moe = ck.model_type == Qwen3MoeVHAConfig.model_type  # Qwen3-MoE-VHA folds into stock Qwen3-MoE
+    vha = family(Qwen3MoeVHAConfig.model_type if moe else Qwen3VHAConfig.model_type)
     cfg = vha.load_config(ck)  # not qwen3_vha, invalid VHA fields: one line
     _check_foldable(cfg, ck.path)
     vha.check_tensors(ck, cfg)  # tensor names and shapes, from the headers (read once)
@@ -278,6 +312,8 @@ def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int 
     Neither folder is modified: both load through symlink views in a temporary folder, and the folders'
     listings (names, sizes, mtimes) are checked afterwards.
     """
+    if not family_of(in_dir).has_model:  # Qwen3-MoE-VHA: no Paddle model; both sides in float64 numpy
+        return verify_fold_numpy(in_dir, out_dir, num_sequences, seq_len, seed)
     from ..vha.modeling import Qwen3VHAForCausalLM
 
     with left_unchanged(in_dir, out_dir):
@@ -285,3 +321,12 @@ def verify_fold(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int 
         a = model_logits(in_dir, [ids], Qwen3VHAForCausalLM, dtype)
         b = model_logits(out_dir, [ids], family_of(out_dir).model_class, dtype)  # stock Qwen3, or Qwen3 shared-KV
     return compare_logits(a, b)
+
+
+def verify_fold_numpy(in_dir: str, out_dir: str, num_sequences: int = 4, seq_len: int = 32,
+                      seed: int = 0) -> Dict[str, float]:
+    """--verify of a MoE fold: the unfolded (IN_DIR) and folded (OUT_DIR) checkpoints through the same float64 numpy
+    forward (router softmax, top-k, renormalisation, SwiGLU experts), on random tokens; compare_logits of the two."""
+    with left_unchanged(in_dir, out_dir):
+        ids = random_tokens(CheckpointFolder.open(in_dir).config["vocab_size"], num_sequences, seq_len, seed)
+        return compare_logits(folder_logits(in_dir, ids), folder_logits(out_dir, ids))

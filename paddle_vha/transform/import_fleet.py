@@ -32,20 +32,26 @@ from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError, compare_shapes, few
 from ..checkpoint.folder import CheckpointFolder
 from ..evaluate import compare_logits
+from ..families import family
+from ..moe.config import MoEConfigError
+from ..moe_vha import fleet_moe
+from ..moe_vha.config import Qwen3MoeVHAConfig
 from ..qwen3.contract import check_config_fields
 from ..transform import Description, Entry, Table, TransformPlan, check_dtype, layer_pattern, output_code, write_plan
 from ..transform.describe import files_line, group, skipped_lines
 from ..transform.plan import open_output
-from ..transform.verify import left_unchanged, model_logits, random_tokens
+from ..transform.verify import folder_logits, left_unchanged, model_logits, random_tokens
 from ..units import fmt_bytes
 from ..vha.config import Qwen3VHAConfig, VHAConfigError
-from ..vha.spec import tensor_shapes
 from ..vha.fleet_config import QKV_LAYOUTS, UP_GATE_ORDERS, UPSTREAM_KEYS
 
 __all__ = ["FleetImportError", "ImportPlan", "plan_import", "import_checkpoint", "verify_import", "QKV_LAYOUTS",
            "UP_GATE_ORDERS"]
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+# upstream MoE tensors whose name or layout differs from ours (paddle_vha/moe_vha/fleet_moe.py)
+_MOE = re.compile(r"^mlp\.(experts\.\d+\.up_gate_proj\.weight|shared_experts\..+|grouped_gemm_experts\.weight[12]|"
+                  r"gate\.e_score_correction_bias)$")
 _LINEAR = re.compile(r"(_proj)\.weight$")
 
 
@@ -68,12 +74,23 @@ class ImportPlan(TransformPlan):
     def refused(self, err: Exception) -> CheckpointError:
         return self.error(f"{self.in_dir}: {err}; refusing to import")
 
+    @property
+    def verify_how(self) -> str:
+        """What --verify compares upstream's forward with: the imported model in Paddle, or (no Paddle model: a
+        Qwen3-MoE-VHA import) the imported checkpoint through the float64 numpy forward."""
+        fam = family(self.cfg.model_type)
+        return f"the imported {fam.label} ({'Paddle float32' if fam.has_model else 'float64 numpy'})"
+
     def describe(self) -> Description:
         cfg = self.cfg
         full = cfg.full_dims()
         read_as = 'PaddleFleet SelfAttentionVHA' if self.dialect == 'paddlefleet' else 'research fork (attn_type vha)'
         header = [
             f"read as: {read_as} config, {self.layout} layout",
+            *([f"routed experts: {cfg.num_experts} per MoE layer, top-{cfg.num_experts_per_tok}, width "
+               f"{cfg.moe_intermediate_size}, norm_topk_prob {cfg.norm_topk_prob}, MoE layers {cfg.moe_layer_indices}"
+               + (f", shared expert {cfg.moe_shared_expert_intermediate_size}" if cfg.has_shared_expert else "")]
+              if isinstance(cfg, Qwen3MoeVHAConfig) else []),
             f"Qwen3-VHA: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {full.num_heads} virtual / H_p "
             f"{full.num_physical_heads} physical query heads (r {full.q_head_dim}), H_kv {full.num_kv_heads}, d "
             f"{full.head_dim}, Postmix rank {full.postmix_rank}"
@@ -137,16 +154,20 @@ def _qkv_rows(cfg, layer: int, layout: str) -> Tuple[np.ndarray, np.ndarray, np.
 
 def _config_of(folder: CheckpointFolder) -> Tuple[Qwen3VHAConfig, str, dict]:
     raw = folder.config
-    if raw.get("model_type") == Qwen3VHAConfig.model_type and not any(k in raw for k in UPSTREAM_KEYS):
-        raise FleetImportError(f"{folder.path}: already a Qwen3-VHA checkpoint of this project (model_type "
-                               f"{Qwen3VHAConfig.model_type}); nothing to import")
+    ours = (Qwen3VHAConfig.model_type, Qwen3MoeVHAConfig.model_type)
+    if raw.get("model_type") in ours and not any(k in raw for k in UPSTREAM_KEYS):
+        raise FleetImportError(f"{folder.path}: already a {family(raw['model_type']).label} checkpoint of this project "
+                               f"(model_type {raw['model_type']}); nothing to import")
     if raw.get("use_vha_attention") is None and raw.get("attn_type") is None:
         raise FleetImportError(f"{folder.path}: config.json has neither use_vha_attention (PaddleFleet) nor attn_type "
                                "'vha' (the research fork): not an upstream VHA config")
+    moe = fleet_moe.is_moe_config(raw)  # routed experts: Qwen3-MoE-VHA
     try:
         check_config_fields(raw)
-        cfg = Qwen3VHAConfig(**{k: v for k, v in raw.items() if k not in ("transformers_version",)})
-    except (VHAConfigError, ValueError, TypeError) as e:
+        fields = fleet_moe.translate_moe(raw) if moe else raw
+        cls = Qwen3MoeVHAConfig if moe else Qwen3VHAConfig
+        cfg = cls(**{k: v for k, v in fields.items() if k not in ("transformers_version", "model_type")})
+    except (VHAConfigError, MoEConfigError, ValueError, TypeError) as e:
         raise FleetImportError(f"{folder.path}/config.json: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
             from None
     if not cfg.vha_premix:
@@ -155,8 +176,8 @@ def _config_of(folder: CheckpointFolder) -> Tuple[Qwen3VHAConfig, str, dict]:
                                "with tools/convert_to_vha.py --premix off instead")
     dialect = "fork" if "attn_type" in raw else "paddlefleet"
     out = cfg.to_dict()
-    out["architectures"] = ["Qwen3VHAForCausalLM"]
-    out["model_type"] = Qwen3VHAConfig.model_type
+    out["architectures"] = [cfg.causal_lm_name]
+    out["model_type"] = cfg.model_type
     for k in ("transformers_version", "dtype", "torch_dtype"):
         out.pop(k, None)
     return cfg, dialect, out
@@ -175,15 +196,54 @@ def _split_qkv(ref: st.TensorRef, cfg, layer: int, kind: str, qkv_layout: str, t
                   (axis, idx)) for proj, idx in zip(("q_proj", "k_proj", "v_proj"), rows)]
 
 
-def _split_up_gate(ref: st.TensorRef, layer: int, up_gate_order: str, tr: bool, code: str) -> List[Entry]:
-    """gate_proj and up_proj of layer `layer` from its fused up_gate_proj (halves in `up_gate_order`)."""
+def _split_up_gate(ref: st.TensorRef, layer: int, up_gate_order: str, tr: bool, code: str,
+                   mlp: str = "mlp") -> List[Entry]:
+    """gate_proj and up_proj of layer `layer`'s MLP `mlp` (mlp, mlp.experts.{e}, mlp.shared_expert) from its fused
+    up_gate_proj (halves in `up_gate_order`)."""
     axis = 1 if tr else 0
     n = ref.shape[axis]
     if n % 2:
         raise FleetImportError(f"{ref.name}: {n} output features cannot be halves of gate_proj and up_proj")
     halves = ("gate_proj", "up_proj") if up_gate_order == "gate-up" else ("up_proj", "gate_proj")
-    return [Entry(f"model.layers.{layer}.mlp.{proj}.weight", (n // 2, ref.shape[1 - axis]), code, "split", (ref.name,),
+    return [Entry(f"model.layers.{layer}.{mlp}.{proj}.weight", (n // 2, ref.shape[1 - axis]), code, "split", (ref.name,),
                   (axis, np.arange(part * n // 2, (part + 1) * n // 2))) for part, proj in enumerate(halves)]
+
+
+def _grouped(ref: st.TensorRef, layer: int, which: str, up_gate_order: str, tr: bool, code: str) -> List[Entry]:
+    """Every expert's tensors from a grouped-GEMM weight: weight1 [E, h, 2 I_e] (gate | up per expert) or weight2
+    [E, I_e, h] (down), Paddle layout (each expert's block [in, out]); how "expert": take = (e, output columns)."""
+    if len(ref.shape) != 3 or not tr:
+        raise FleetImportError(f"{ref.name}: shape {list(ref.shape)}: a grouped-GEMM expert weight is read as "
+                               "[E, in, out] (Paddle layout, 3-D); import the per-expert form otherwise")
+    E, n_in, n_out = ref.shape
+    out = []
+    for e in range(E):
+        if which == "weight2":
+            out.append(Entry(f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight", (n_out, n_in), code, "expert",
+                             (ref.name,), (e, np.arange(n_out))))
+            continue
+        halves = ("gate_proj", "up_proj") if up_gate_order == "gate-up" else ("up_proj", "gate_proj")
+        out += [Entry(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight", (n_out // 2, n_in), code, "expert",
+                      (ref.name,), (e, np.arange(k * n_out // 2, (k + 1) * n_out // 2))) for k, proj in enumerate(halves)]
+    return out
+
+
+def _moe_entries(ref: st.TensorRef, layer: int, rest: str, up_gate_order: str, tr: bool, code: str) -> List[Entry]:
+    """Our tensors from one upstream MoE tensor: a fused expert or shared-expert up_gate_proj, the shared expert's
+    down_proj and gate (renamed), grouped-GEMM expert weights; a router correction bias is refused."""
+    if rest.endswith("e_score_correction_bias"):
+        raise FleetImportError(f"{ref.name}: a router correction bias (topk_method noaux_tc): Qwen3-MoE's router has "
+                               "none, so the routing would differ; refusing to import")
+    if rest.startswith("mlp.grouped_gemm_experts."):
+        return _grouped(ref, layer, rest.rsplit(".", 1)[1], up_gate_order, tr, code)
+    if rest.endswith("up_gate_proj.weight"):
+        mlp = "mlp.shared_expert" if rest.startswith("mlp.shared_experts.") else rest[: -len(".up_gate_proj.weight")]
+        return _split_up_gate(ref, layer, up_gate_order, tr, code, mlp)
+    ours = fleet_moe.SHARED_RENAMES.get(rest[len("mlp."):])
+    if ours is None:
+        raise FleetImportError(f"{ref.name}: a shared-expert tensor this importer does not know")
+    shape = tuple(reversed(ref.shape)) if tr else tuple(ref.shape)
+    return [Entry(f"model.layers.{layer}.mlp.{ours}", shape, code, "transpose" if tr else "copy", (ref.name,))]
 
 
 def _add(entries: Dict[str, Entry], name: str, parts: List[Entry]) -> None:
@@ -210,6 +270,8 @@ def _entries(folder: CheckpointFolder, cfg, tr: bool, qkv_layout: str, up_gate_o
             _add(entries, name, _split_qkv(ref, cfg, layer, rest.rsplit(".", 1)[1], qkv_layout, tr, code))
         elif rest == "mlp.up_gate_proj.weight":
             _add(entries, name, _split_up_gate(ref, layer, up_gate_order, tr, code))
+        elif _MOE.match(rest):
+            _add(entries, name, _moe_entries(ref, layer, rest, up_gate_order, tr, code))
         elif ours in entries:
             raise FleetImportError(f"{name}: a second tensor for {ours} ({entries[ours].sources[0]} makes it too); "
                                    "refusing to import an ambiguous checkpoint")
@@ -255,6 +317,8 @@ def _fused_layouts(folder: CheckpointFolder, cfg, qkv_layout: Optional[str],
     not forced by its shapes needs the flag: refused in one line without it. qkv: grouped and concat coincide when
     every layer has one KV group."""
     rests = {_normalize(n)[2] for n in folder.tensors}
+    if any(r.endswith("up_gate_proj.weight") or r.endswith("grouped_gemm_experts.weight1") for r in rests):
+        rests.add("mlp.up_gate_proj.weight")  # a fused expert / shared expert: the same statement is needed
     if qkv_layout is None:
         if not rests & {"self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias"}:
             qkv_layout = "grouped"  # nothing fused: unused
@@ -288,7 +352,7 @@ def plan_import(src, out_dir: str, layout: str = "paddle", qkv_layout: Optional[
     open_output(folder, out_dir, force, FleetImportError)
     qkv_layout, up_gate_order = _fused_layouts(folder, cfg, qkv_layout, up_gate_order)
     entries = _entries(folder, cfg, layout == "paddle", qkv_layout, up_gate_order, dtype)
-    want = tensor_shapes(cfg)  # our names -> [out, in] shapes
+    want = family(cfg.model_type).tensor_shapes(cfg)  # our names -> [out, in] shapes
     notes = _drop_tied_head(folder, cfg, entries) + _zero_o_bias(entries, want)
     try:
         compare_shapes(folder.path, {n: e.shape for n, e in entries.items()}, want)
@@ -304,6 +368,9 @@ def _make(plan: ImportPlan, e: Entry) -> np.ndarray:
     """A tensor that is not a plain copy: zeros, a transposed Linear weight, or a part of a fused one."""
     if e.how == "zeros":
         return np.zeros(e.shape, np.float64)
+    if e.how == "expert":  # one expert's block of a grouped-GEMM weight [E, in, out] (its rows only), some columns
+        expert, cols = e.take
+        return st.read_rows(plan.inputs[e.sources[0]], expert, expert + 1)[0][:, cols].T
     a = plan.source.read(e.sources[0])
     if e.how == "transpose":
         return a.T
@@ -333,12 +400,13 @@ def verify_import(plan: ImportPlan, num_sequences: int = 2, seq_len: int = 16, s
     and layouts, read as the plan read them) vs this project's Qwen3VHAForCausalLM loaded from the OUTPUT (Paddle
     float32), on random tokens: max_abs, max_rel, mean_kl, nonfinite (paddle_vha.evaluate.compare_logits)."""
     from .fleet_reference import reference_logits
-    from ..vha.modeling import Qwen3VHAForCausalLM
 
     folder = plan.source
     with left_unchanged(plan.in_dir, plan.out_dir):
         ids = random_tokens(plan.cfg.vocab_size, num_sequences, seq_len, seed)
         ref = reference_logits(ids, lambda n: st.to_float64(folder.read(n)), reference_names(folder), plan.cfg,
                                plan.layout, plan.qkv_layout, plan.up_gate_order)
-        got = model_logits(plan.out_dir, [ids], Qwen3VHAForCausalLM)
+        fam = family(plan.cfg.model_type)
+        # Qwen3-MoE-VHA has no Paddle model: the imported checkpoint through this project's float64 numpy forward
+        got = model_logits(plan.out_dir, [ids], fam.model_class) if fam.has_model else folder_logits(plan.out_dir, ids)
     return compare_logits(ref, got)

@@ -13,9 +13,10 @@ from typing import Dict, Iterable, Sequence
 
 import numpy as np
 
+from ..checkpoint.folder import CheckpointFolder
 from ..checkpoint.fsutil import linked_view, scratch_dir
 
-__all__ = ["random_tokens", "model_logits", "nonfinite_sides", "left_unchanged"]
+__all__ = ["random_tokens", "model_logits", "nonfinite_sides", "left_unchanged", "folder_logits"]
 
 
 def random_tokens(vocab: int, num_sequences: int, seq_len: int, seed: int = 0) -> np.ndarray:
@@ -69,3 +70,15 @@ def left_unchanged(*folders: str):
     yield
     if [_listing(f) for f in folders] != before:
         raise RuntimeError(f"verify modified {' or '.join(folders)}; this is a bug")
+
+
+def folder_logits(folder: str, ids: np.ndarray) -> np.ndarray:
+    """Logits of a checkpoint folder of a family with no Paddle model (Qwen3-MoE, Qwen3-MoE-VHA) from its tensors in
+    float64 numpy (paddle_vha/moe/reference.py), read one tensor at a time as the layers ask for them."""
+    from ..checkpoint import safetensors_io as st
+    from ..families import family_of
+    from ..moe.reference import reference_logits
+
+    ck = CheckpointFolder.open(folder)
+    cfg = family_of(ck).load_config(ck)
+    return reference_logits(ids, lambda n: st.to_float64(ck.read(n)), lambda n: n in ck.tensors, cfg)
