@@ -162,11 +162,10 @@ def test_qk_norm_eps_and_high_precision_rope():
     (dict(high_precision_rope="yes"), "high_precision_rope='yes': must be true or false"),
     (dict(head_wise_swa_ratio=1.5), "head_wise_swa_ratio=1.5: upstream's share"),
     (dict(muon_slice_specs={"qkv_proj.weight": "split_head"}), "muon_slice_specs: upstream's Muon-optimizer"),
-    (dict(softmax_type="learnable"), "softmax_type='learnable': attention sinks"),
+    (dict(softmax_type="learnable"), "softmax_type='learnable': a sink on every layer is not supported"),
     (dict(softmax_type="off-by-one"), "softmax_type='off-by-one'"),
     (dict(add_full_attention_sink_bias=True), "add_full_attention_sink_bias=True"),
-    (dict(add_swa_attention_sink_bias=True), "add_swa_attention_sink_bias=True: learnable attention sinks"),
-    (dict(sliding_window=4, window_attn_skip_freq=2), "add_swa_attention_sink_bias is absent and upstream's default"),
+    (dict(add_swa_attention_sink_bias="yes"), "add_swa_attention_sink_bias='yes': must be true or false"),
 ])
 def test_newer_field_refusals(over, needle):
     with pytest.raises(VHAConfigError) as e:
@@ -180,6 +179,23 @@ def test_sink_fields_that_mean_no_sinks_are_read():
     for over in (dict(softmax_type="vanilla"), dict(add_full_attention_sink_bias=False), dict(muon_slice_specs=None),
                  dict(muon_slice_specs={}), dict(add_swa_attention_sink_bias=False)):
         assert Qwen3VHAConfig(**upstream(**over)).to_dict() == plain, over  # the same model, nothing stored
+
+
+def test_swa_sink_field_is_read_as_window_attention_sinks():
+    """add_swa_attention_sink_bias -> window_attention_sinks where there are window layers; upstream's default is true
+    (absent = sinks); without window layers upstream builds no sink and neither does the translation."""
+    for over, want in ((dict(add_swa_attention_sink_bias=True), True), (dict(), True),
+                       (dict(add_swa_attention_sink_bias=False), False)):
+        cfg = Qwen3VHAConfig(**upstream(sliding_window=4, window_attn_skip_freq=2, **over))
+        assert cfg.window_attention_sinks is want, over
+        assert [cfg.has_sinks(i) for i in range(cfg.num_hidden_layers)] == [want and i % 2 != 0
+                                                                           for i in range(cfg.num_hidden_layers)]
+        assert "add_swa_attention_sink_bias" not in cfg.to_dict()
+    for over in (dict(), dict(add_swa_attention_sink_bias=True)):  # no window layer: no sink
+        assert Qwen3VHAConfig(**upstream(**over)).window_attention_sinks is False, over
+    with pytest.raises(VHAConfigError, match="add_swa_attention_sink_bias=False and window_attention_sinks=True disagree"):
+        Qwen3VHAConfig(**upstream(sliding_window=4, window_attn_skip_freq=2, add_swa_attention_sink_bias=False,
+                                  window_attention_sinks=True))
 
 
 def test_fork_refusals():
