@@ -210,3 +210,67 @@ def test_tensor_parallel_sinks_equal_one_process(tmp_path, t):
     results = launch(t, str(tmp_path), ",".join(cases))
     results.pop("out_dir", None)
     check_tp_results(t, cases, results)
+
+
+# --- fold: Qwen3 with sinks --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def folded(tmp_path_factory):
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("sinks-fold")
+    paddle.seed(31)
+    cfg, model = make_model("odd-heads-r<d")
+    model.save_pretrained(str(root / "vha"))
+    r = subprocess.run([sys.executable, "tools/fold.py", str(root / "vha"), str(root / "folded"), "--verify", "2",
+                        "--no-progress"], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    print(r.stdout, r.stderr[-1500:])
+    assert r.returncode == 0, r.stderr[-2000:]
+    return cfg, model, root, r.stdout
+
+
+def test_fold_keeps_the_sinks_and_is_exact_in_float64(folded):
+    from paddle_vha.families import family_of
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
+
+    cfg, model, root, stdout = folded
+    notes = [ln for ln in stdout.splitlines() if "note: window_attention_sinks" in ln]
+    assert len(notes) == 1 and "not stock Qwen3" in notes[0] and "qwen3_sinks" in notes[0], stdout
+    verify = [ln for ln in stdout.splitlines() if ln.startswith("verify")]
+    assert verify and verify[0].endswith("-> OK"), verify
+    fam = family_of(str(root / "folded"))
+    assert fam.model_type == "qwen3_sinks"
+    folded_cfg = fam.validate(str(root / "folded"))
+    assert folded_cfg.window_attention_sinks is True and folded_cfg.num_attention_heads == cfg.num_attention_heads
+    fold_checkpoint(plan_fold(str(root / "vha"), str(root / "folded64"), dtype="float64"), progress=False)
+    state_v, state_f = load_checkpoint_numpy(root / "vha"), load_checkpoint_numpy(root / "folded64")
+    assert not any("vha_" in n for n in state_f)
+    for i in (0, 2):  # one sink per folded (= virtual) head, copied
+        n = f"model.layers.{i}.self_attn.sinks"
+        assert np.array_equal(state_f[n], state_v[n]) and state_f[n].shape == (cfg.num_attention_heads,)
+    c = config_dict(cfg)
+    for B, S in [(1, 1), (2, 13), (3, 7)]:
+        ids = np.random.randint(0, cfg.vocab_size, size=(B, S))
+        ref, _ = oracle.causal_lm(ids, state_v, c)
+        got, _ = oracle.stock_causal_lm(ids, state_f, c)
+        assert rel_err(got, ref, f"B={B} S={S}: folded Qwen3-with-sinks vs VHA (float64 oracles)") <= 1e-10
+    # the folded model in Paddle (fp32) against the oracle of the folded float64 tensors
+    loaded = fam.model_class.from_pretrained(str(root / "folded"))
+    loaded.eval()
+    ids = np.random.randint(0, cfg.vocab_size, size=(2, 11))
+    got = to_numpy(loaded(paddle.to_tensor(ids), return_dict=True).logits)
+    ref, _ = oracle.causal_lm(ids, state_v, c)
+    assert rel_err(got, ref, "folded model (Paddle fp32) vs VHA oracle") <= 1e-5
+
+
+def test_fold_refuses_shared_kv_with_sinks(tmp_path):
+    from paddle_vha.transform.fold import FoldError, plan_fold
+
+    cfg, model = make_model("shared-kv-gated-bias", vha_gated_attention=False)
+    model.save_pretrained(str(tmp_path / "vha"))
+    with pytest.raises(FoldError, match="vha_shared_kv with window_attention_sinks") as e:
+        plan_fold(str(tmp_path / "vha"), str(tmp_path / "out"))
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()

@@ -34,6 +34,7 @@ from ..checkpoint.folder import CheckpointFolder
 from ..evaluate import compare_logits
 from ..families import family, family_of
 from ..shared_kv.config import Qwen3SharedKVConfig
+from ..sinks.config import Qwen3SinksConfig
 from ..transform import Description, Entry, Table, TransformPlan, check_dtype, layer_pattern, output_code, write_plan
 from ..transform.describe import files_line, group, skipped_lines
 from ..transform.plan import open_output
@@ -105,6 +106,9 @@ def _check_foldable(cfg, where: str) -> None:
             f"{where}: sliding-window layer {windows[0]} has {win.num_heads} heads over {win.num_kv_heads} KV heads of "
             f"width {win.head_dim} (RoPE base {win.rope_theta:g}), the full layers {full.num_heads} / {full.num_kv_heads} "
             f"/ {full.head_dim} ({full.rope_theta:g}): stock Qwen3 has one set of sizes for all layers; refusing to fold")
+    if getattr(cfg, "window_attention_sinks", False) and cfg.vha_shared_kv:
+        raise FoldError(f"{where}: vha_shared_kv with window_attention_sinks: its folded form (Qwen3 shared-KV with "
+                        "sinks) has no family yet; refusing to fold")
     if cfg.vha_gated_attention:
         raise FoldError(
             f"{where}: vha_gated_attention=true: {GATE_REASON} (the elementwise gate sits between Postmix and "
@@ -146,16 +150,38 @@ SHARED_KV_NOTE = ("vha_shared_kv: the folded model keeps one shared K = V projec
                   "tools/export_onnx.py and paddle_vha serve it")
 
 
+# ... and what a model with attention sinks folds into (docs/fold.md, "Attention sinks").
+SINKS_NOTE = ("window_attention_sinks: the folded model keeps the window layers' sink logits (self_attn.sinks, one per "
+              "folded head), so it is Qwen3 with sinks (model_type qwen3_sinks), not stock Qwen3: Hugging Face's Qwen3 "
+              "and onnxruntime-genai cannot serve it; paddle_vha runs it")
+
+
+def _has_sinks(raw: Mapping) -> bool:
+    windows = raw.get("sliding_window") and "sliding_attention" in (raw.get("layer_types") or [])
+    return bool(raw.get("window_attention_sinks")) and bool(windows)
+
+
 def folded_model_type(raw: Mapping) -> str:
-    """The model_type a Qwen3-VHA config.json folds into: stock qwen3, or qwen3_shared_kv with vha_shared_kv."""
-    return Qwen3SharedKVConfig.model_type if raw.get("vha_shared_kv") else Qwen3Config.model_type
+    """The model_type a Qwen3-VHA config.json folds into: stock qwen3, qwen3_shared_kv with vha_shared_kv, or
+    qwen3_sinks with window_attention_sinks."""
+    if raw.get("vha_shared_kv"):
+        return Qwen3SharedKVConfig.model_type
+    return Qwen3SinksConfig.model_type if _has_sinks(raw) else Qwen3Config.model_type
+
+
+_ARCHITECTURES = {Qwen3SharedKVConfig.model_type: "Qwen3SharedKVForCausalLM",
+                  Qwen3SinksConfig.model_type: Qwen3SinksConfig.causal_lm_name,
+                  Qwen3Config.model_type: "Qwen3ForCausalLM"}
 
 
 def fold_config(raw: Mapping, dtype: Optional[str] = None) -> dict:
-    """config.json of the folded model: stock qwen3 (or Qwen3 shared-KV), num_attention_heads = H_v, no vha_* keys."""
+    """config.json of the folded model: stock qwen3 (or Qwen3 shared-KV, Qwen3 with sinks), num_attention_heads = H_v,
+    no vha_* keys (window_attention_sinks only where the folded model has sinks)."""
     out = {k: v for k, v in raw.items() if not k.startswith("vha_") and k != "auto_map"}
+    if not _has_sinks(raw):
+        out.pop("window_attention_sinks", None)
     out["model_type"] = folded_model_type(raw)
-    out["architectures"] = ["Qwen3SharedKVForCausalLM" if raw.get("vha_shared_kv") else "Qwen3ForCausalLM"]
+    out["architectures"] = [_ARCHITECTURES[out["model_type"]]]
     if dtype is not None:
         if "dtype" in raw:
             out["dtype"] = dtype
@@ -184,7 +210,7 @@ class FoldPlan(TransformPlan):
             f"H_p {cfg.num_physical_heads} physical query heads (r {cfg.vha_q_head_dim}"
             f"{'' if cfg.vha_premix else ', no Premix'}), H_kv {h_kv}, d {cfg.head_dim}, "
             f"Postmix rank {cfg.vha_postmix_rank}",
-            f"-> {family(out['model_type']).label if cfg.vha_shared_kv else 'stock Qwen3'}: "
+            f"-> {family(out['model_type']).label if out['model_type'] != Qwen3Config.model_type else 'stock Qwen3'}: "
             f"num_attention_heads {h_v}, num_key_value_heads {h_kv}, head_dim {cfg.head_dim}, "
             f"dtype {st.dtype_name(self.out_code)}",
         ]
@@ -251,7 +277,7 @@ def plan_fold(src, out_dir: str, dtype: str = "auto", force: bool = False, max_s
     out_shapes = family(folded_model_type(ck.config)).tensor_shapes(cfg)
     return FoldPlan.build(ck, out_dir, [_entry(ck, n, s, code) for n, s in out_shapes.items()], max_shard_size,
                           cfg=cfg, out_config=fold_config(ck.config, st.dtype_name(code)), out_code=code, force=force,
-                          notes=[SHARED_KV_NOTE] if cfg.vha_shared_kv else [])
+                          notes=[SHARED_KV_NOTE] if cfg.vha_shared_kv else [SINKS_NOTE] if _has_sinks(ck.config) else [])
 
 
 def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 << 20,
