@@ -187,7 +187,7 @@ FAMILIES: Dict[str, Family] = {
             model_ref="paddle_vha.sinks.modeling:Qwen3SinksForCausalLM",
             spec=QWEN3_SINKS,
             tp_plan=sinks_tp_plan,
-            not_exported="the ONNX export does not carry attention sinks yet (window_attention_sinks)",
+            serving_ref="paddle_vha.sinks.serving",
             cost=sinks_cost,
         ),
     )

@@ -274,3 +274,50 @@ def test_fold_refuses_shared_kv_with_sinks(tmp_path):
     with pytest.raises(FoldError, match="vha_shared_kv with window_attention_sinks") as e:
         plan_fold(str(tmp_path / "vha"), str(tmp_path / "out"))
     assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+# --- export: the sink in the ONNX graph ------------------------------------------------------------------------------
+
+def test_export_carries_the_sinks_and_serves_like_paddleformers(folded):
+    """The folded Qwen3-with-sinks checkpoint exported to ONNX (the sinks a graph constant of each window layer's
+    softmax), validated against Paddle by the export itself; onnxruntime and Paddle Inference generate, past the
+    window, what PaddleFormers-built Qwen3SinksForCausalLM generates (and the VHA model it was folded from); genai is
+    refused naming the field."""
+    import json
+    import os
+
+    import onnx
+
+    from paddle_vha.export.onnx_export import export_onnx
+    from paddle_vha.families import family_of
+    from paddle_vha.serve.generate import generate
+    from paddle_vha.serve.ort_session import OrtDecoder
+    from paddle_vha.serve.paddle_inference import PaddleInferenceDecoder
+
+    cfg, model, root, _ = folded
+    logs = []
+    val = export_onnx(str(root / "folded"), str(root / "onnx"), log=logs.append)
+    print("\n".join(logs))
+    print(f"export validation: max abs {val.max_abs:.3e}, tokens match {val.tokens_match}")
+    assert val.max_abs <= 1e-4 and val.tokens_match
+    genai = [ln for ln in logs if "genai_config.json not written" in ln]
+    assert len(genai) == 1 and "window_attention_sinks" in genai[0], logs
+    assert not os.path.exists(os.path.join(root, "onnx", "genai_config.json"))
+    info = json.load(open(os.path.join(root, "onnx", "export_info.json")))
+    assert info["model_type"] == "qwen3_sinks"
+    graph = onnx.load(os.path.join(root, "onnx", "model.onnx"), load_external_data=False).graph
+    sinks = np.asarray(load_checkpoint_numpy(root / "folded")["model.layers.0.self_attn.sinks"], np.float32)
+    consts = [onnx.numpy_helper.to_array(t) for t in graph.initializer if list(t.dims) == [cfg.num_attention_heads]]
+    assert any(np.array_equal(c, sinks) for c in consts), "layer 0's sinks are a constant of the graph"
+    folded_model = family_of(str(root / "folded")).model_class.from_pretrained(str(root / "folded"))
+    folded_model.eval()
+    prompt = np.random.randint(0, cfg.vocab_size, size=(2, 6))
+    want, _ = folded_model.generate(paddle.to_tensor(prompt), max_new_tokens=10, decode_strategy="greedy_search",
+                                    use_cache=True)
+    trained, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=10, decode_strategy="greedy_search",
+                                use_cache=True)
+    assert np.array_equal(want.numpy(), trained.numpy()), "the folded model generates what the VHA model does"
+    for session in (OrtDecoder.from_dir(str(root / "onnx")), PaddleInferenceDecoder(str(root / "onnx"))):
+        got = generate(session, prompt, 10)
+        print(type(session).__name__, got.tokens.tolist())
+        assert np.array_equal(got.tokens, want.numpy()), type(session).__name__
