@@ -266,14 +266,36 @@ def test_fold_keeps_the_sinks_and_is_exact_in_float64(folded):
     assert rel_err(got, ref, "folded model (Paddle fp32) vs VHA oracle") <= 1e-5
 
 
-def test_fold_refuses_shared_kv_with_sinks(tmp_path):
-    from paddle_vha.transform.fold import FoldError, plan_fold
+def test_shared_kv_with_sinks_folds_into_qwen3_shared_kv_with_sinks_and_exports(tmp_path):
+    """A shared-KV VHA with sinks folds into Qwen3 shared-KV keeping the sinks (exact in float64), whose export carries
+    them: onnxruntime generates, past the window, what the VHA model generates."""
+    from paddle_vha.export.onnx_export import export_onnx
+    from paddle_vha.families import family_of
+    from paddle_vha.serve.generate import generate
+    from paddle_vha.serve.ort_session import OrtDecoder
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
 
     cfg, model = make_model("shared-kv-gated-bias", vha_gated_attention=False)
     model.save_pretrained(str(tmp_path / "vha"))
-    with pytest.raises(FoldError, match="vha_shared_kv with window_attention_sinks") as e:
-        plan_fold(str(tmp_path / "vha"), str(tmp_path / "out"))
-    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    plan = plan_fold(str(tmp_path / "vha"), str(tmp_path / "folded64"), dtype="float64")
+    assert len(plan.notes) == 1 and "qwen3_shared_kv" in plan.notes[0] and "window_attention_sinks" in plan.notes[0]
+    fold_checkpoint(plan, progress=False)
+    fam = family_of(str(tmp_path / "folded64"))
+    assert fam.model_type == "qwen3_shared_kv" and fam.validate(str(tmp_path / "folded64")).window_attention_sinks
+    state_v, state_f = load_checkpoint_numpy(tmp_path / "vha"), load_checkpoint_numpy(tmp_path / "folded64")
+    ids = np.random.randint(0, cfg.vocab_size, size=(2, 13))
+    ref, _ = oracle.causal_lm(ids, state_v, config_dict(cfg))
+    got, _ = oracle.stock_causal_lm(ids, state_f, config_dict(cfg))
+    assert rel_err(got, ref, "folded shared-KV with sinks vs shared-KV VHA (float64 oracles)") <= 1e-10
+    fold_checkpoint(plan_fold(str(tmp_path / "vha"), str(tmp_path / "folded")), progress=False)
+    val = export_onnx(str(tmp_path / "folded"), str(tmp_path / "onnx"), log=print)
+    assert val.max_abs <= 1e-4 and val.tokens_match
+    model.eval()
+    prompt = np.random.randint(0, cfg.vocab_size, size=(2, 6))
+    want, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=10, decode_strategy="greedy_search",
+                             use_cache=True)
+    got = generate(OrtDecoder.from_dir(str(tmp_path / "onnx")), prompt, 10)
+    assert np.array_equal(got.tokens, want.numpy())
 
 
 # --- export: the sink in the ONNX graph ------------------------------------------------------------------------------

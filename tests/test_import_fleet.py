@@ -550,3 +550,15 @@ def test_import_research_fork_at_realistic_width(tmp_path):
         got = _read_bf16(tmp_path / "ours", f"model.layers.0.{name}.weight")  # [out, in]
         print(f"{name}: {got.shape}, max |ours - fork slice| {np.abs(got - w.T).max():.3g}")
         assert np.array_equal(got, w.T), name
+
+
+def test_import_reads_the_hf_export_sink_name(tmp_path):
+    """Upstream's HF export writes a layer's softmax_offset as `self_attn.sinks` (GPT-OSS's name): read the same."""
+    raw, t = make_paddlefleet(tmp_path / "fleet", add_swa_attention_sink_bias=True)
+    t["layers.1.self_attn.sinks"] = t.pop("layers.1.self_attn.core_attention.softmax_offset")
+    _save(tmp_path / "fleet", raw, t)
+    r = run_tool(tmp_path / "fleet", tmp_path / "ours", "--verify")
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("verify")][0].endswith("-> OK")
+    state = load_checkpoint_numpy(tmp_path / "ours")
+    assert np.array_equal(state["model.layers.1.self_attn.sinks"], t["layers.1.self_attn.sinks"])

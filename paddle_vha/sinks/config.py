@@ -5,14 +5,33 @@ from paddleformers.transformers import Qwen3Config
 
 from ..qwen3.runtime import RuntimeSupport
 
-__all__ = ["Qwen3SinksConfig", "SinksConfigError"]
+__all__ = ["Qwen3SinksConfig", "SinksConfigError", "WindowSinks"]
 
 
 class SinksConfigError(ValueError):
     """A Qwen3-with-sinks configuration or runtime option this model does not support."""
 
 
-class Qwen3SinksConfig(RuntimeSupport, Qwen3Config):
+class WindowSinks:
+    """Which layers of a config with `window_attention_sinks` hold sinks (mixed into the folded families' configs)."""
+
+    def window_layers(self):
+        """Indices of the sliding-window layers (Qwen3's layer_types with a sliding_window)."""
+        if not getattr(self, "sliding_window", None):
+            return []
+        return [i for i, t in enumerate(getattr(self, "layer_types", None) or []) if t == "sliding_attention"]
+
+    def has_sinks(self, layer_idx: int) -> bool:
+        """Whether decoder layer `layer_idx` holds sinks (a window layer, window_attention_sinks)."""
+        return bool(getattr(self, "window_attention_sinks", False)) and layer_idx in self.window_layers()
+
+    def _set_sinks(self, value, error) -> None:
+        if not isinstance(value, bool):
+            raise error(f"window_attention_sinks must be a bool, got {value!r}")
+        self.window_attention_sinks = value
+
+
+class Qwen3SinksConfig(WindowSinks, RuntimeSupport, Qwen3Config):
     r"""Configuration of Qwen3 whose sliding-window layers hold a learned sink logit per query head.
 
     Everything Qwen3Config accepts (`sliding_window`, `layer_types`), plus:
@@ -27,16 +46,4 @@ class Qwen3SinksConfig(RuntimeSupport, Qwen3Config):
 
     def __init__(self, window_attention_sinks: bool = True, **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(window_attention_sinks, bool):
-            raise SinksConfigError(f"window_attention_sinks must be a bool, got {window_attention_sinks!r}")
-        self.window_attention_sinks = window_attention_sinks
-
-    def window_layers(self):
-        """Indices of the sliding-window layers (Qwen3's layer_types with a sliding_window)."""
-        if not getattr(self, "sliding_window", None):
-            return []
-        return [i for i, t in enumerate(getattr(self, "layer_types", None) or []) if t == "sliding_attention"]
-
-    def has_sinks(self, layer_idx: int) -> bool:
-        """Whether decoder layer `layer_idx` holds sinks (a window layer, window_attention_sinks)."""
-        return bool(self.window_attention_sinks) and layer_idx in self.window_layers()
+        self._set_sinks(window_attention_sinks, SinksConfigError)

@@ -106,9 +106,6 @@ def _check_foldable(cfg, where: str) -> None:
             f"{where}: sliding-window layer {windows[0]} has {win.num_heads} heads over {win.num_kv_heads} KV heads of "
             f"width {win.head_dim} (RoPE base {win.rope_theta:g}), the full layers {full.num_heads} / {full.num_kv_heads} "
             f"/ {full.head_dim} ({full.rope_theta:g}): stock Qwen3 has one set of sizes for all layers; refusing to fold")
-    if getattr(cfg, "window_attention_sinks", False) and cfg.vha_shared_kv:
-        raise FoldError(f"{where}: vha_shared_kv with window_attention_sinks: its folded form (Qwen3 shared-KV with "
-                        "sinks) has no family yet; refusing to fold")
     if cfg.vha_gated_attention:
         raise FoldError(
             f"{where}: vha_gated_attention=true: {GATE_REASON} (the elementwise gate sits between Postmix and "
@@ -154,6 +151,13 @@ SHARED_KV_NOTE = ("vha_shared_kv: the folded model keeps one shared K = V projec
 SINKS_NOTE = ("window_attention_sinks: the folded model keeps the window layers' sink logits (self_attn.sinks, one per "
               "folded head), so it is Qwen3 with sinks (model_type qwen3_sinks), not stock Qwen3: Hugging Face's Qwen3 "
               "and onnxruntime-genai cannot serve it; paddle_vha runs it")
+
+
+def _fold_notes(cfg, raw: Mapping) -> list:
+    """The one-line announcements of a fold whose result is not stock Qwen3."""
+    if cfg.vha_shared_kv:
+        return [SHARED_KV_NOTE + (" (with its window layers' sinks, window_attention_sinks)" if _has_sinks(raw) else "")]
+    return [SINKS_NOTE] if _has_sinks(raw) else []
 
 
 def _has_sinks(raw: Mapping) -> bool:
@@ -277,7 +281,7 @@ def plan_fold(src, out_dir: str, dtype: str = "auto", force: bool = False, max_s
     out_shapes = family(folded_model_type(ck.config)).tensor_shapes(cfg)
     return FoldPlan.build(ck, out_dir, [_entry(ck, n, s, code) for n, s in out_shapes.items()], max_shard_size,
                           cfg=cfg, out_config=fold_config(ck.config, st.dtype_name(code)), out_code=code, force=force,
-                          notes=[SHARED_KV_NOTE] if cfg.vha_shared_kv else [SINKS_NOTE] if _has_sinks(ck.config) else [])
+                          notes=_fold_notes(cfg, ck.config))
 
 
 def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 << 20,
