@@ -35,6 +35,9 @@ from .qwen3.spec import QWEN3
 from .shared_kv import cost as shared_kv_cost
 from .shared_kv import tp_plan as shared_kv_tp_plan
 from .shared_kv.spec import QWEN3_SHARED_KV
+from .sinks import cost as sinks_cost
+from .sinks import tp_plan as sinks_tp_plan
+from .sinks.spec import QWEN3_SINKS
 from .spec.base import Base
 from .spec.params import ModelSpec
 from .spec.validate import load_config, validate
@@ -208,6 +211,16 @@ FAMILIES: Dict[str, Family] = {
             base=QWEN3_MOE_BASE,
             not_exported=("fold it first (python tools/fold.py IN OUT: a stock Qwen3-MoE checkpoint), then serve that "
                           "with a runtime that runs Qwen3-MoE; the exported decoder has no routed experts"),
+        ),
+        Family(
+            model_type="qwen3_sinks",
+            label="Qwen3 with sinks",
+            config_ref="paddle_vha.sinks.config:Qwen3SinksConfig",
+            model_ref="paddle_vha.sinks.modeling:Qwen3SinksForCausalLM",
+            spec=QWEN3_SINKS,
+            tp_plan=sinks_tp_plan,
+            serving_ref="paddle_vha.sinks.serving",
+            cost=sinks_cost,
         ),
     )
 }

@@ -245,11 +245,52 @@ def _gqa_cases(must_have):
         randomize_model=randomize_postmix, generate_fields=dict(num_hidden_layers=3))
 
 
+# --- Qwen3 with sinks (what a Qwen3-VHA with window_attention_sinks folds into): GQA, a sink logit per head on window
+# layers. The layer checks run decoder layer 0 as a window layer whose window (64) spans the test's lengths (the shared
+# layer test passes a plain causal mask); the model checks use a window of 3, shorter than their texts.
+
+_SINK_LAYERS = dict(sliding_window=64, use_sliding_window=True, layer_types=["sliding_attention", "full_attention"])
+_SINK_MODELS = dict(sliding_window=3, use_sliding_window=True, num_hidden_layers=3,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+
+
+def randomize_sinks(layer_or_model):
+    """Biases and sinks away from their init (zeros, N(0, 0.02)): the sinks take a real share of the softmax."""
+    import paddle
+
+    for name, p in layer_or_model.named_parameters():
+        if name.endswith(".bias") or name.endswith("sinks"):
+            p.set_value(paddle.randn(p.shape) * (1.5 if name.endswith("sinks") else 0.5))
+
+
+def _sinks_cases():
+    layers = _grid(GQA_GRID,
+                   lambda h, hkv, d, bi: dict(num_attention_heads=h, num_key_value_heads=hkv, head_dim=d,
+                                              attention_bias=bi, **_SINK_LAYERS),
+                   lambda b, s, h, hkv, d, bi: f"B{b}-S{s}-H{h}-Hkv{hkv}-d{d}{'-bias' if bi else ''}",
+                   frozenset({"sinks"}))
+    ids = list(layers)
+
+    def layer(x, tensors, cfg, positions_):
+        return oracle.gqa_attention(x, tensors, cfg, positions_, layer=0)[0]
+
+    def lm(ids_, state, cfg, past=None):
+        return oracle.stock_causal_lm(ids_, state, cfg, past=past)
+
+    return FamilyCases(
+        layer_oracle=layer, lm_oracle=lm, layers=layers, gradient_cases=(ids[0], ids[4]), backend_case=ids[2],
+        randomize_layer=randomize_sinks,
+        models={"window3": dict(_SINK_MODELS), "bias-oddheads": dict(_SINK_MODELS, attention_bias=True,
+                                                                     num_attention_heads=3, num_key_value_heads=1)},
+        randomize_model=randomize_sinks, decode_fields=dict(_SINK_MODELS), generate_fields=dict(_SINK_MODELS))
+
+
 CASES: Dict[str, FamilyCases] = {
     "qwen3": _gqa_cases(frozenset({"k_proj.weight", "v_proj.weight"})),
     "qwen3_vha": VHA,
     "qwen3_mea": MEA,
     "qwen3_shared_kv": _gqa_cases(frozenset({"shared_kv_proj.weight"})),
+    "qwen3_sinks": _sinks_cases(),
 }
 
 

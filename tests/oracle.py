@@ -63,6 +63,25 @@ def layer_sizes(cfg, layer):
             w("vha_window_rope_theta", sizes[4]))
 
 
+def softmax_with_sink(scores, sink=None):
+    """softmax over the last axis of scores (-inf = hidden); with a sink logit s (a scalar, this head's), the
+    denominator gains exp(s) and no column is added: w_t = exp(a_t) / (sum_u exp(a_u) + exp(s)) (docs/method.md,
+    "Attention sinks")."""
+    m = scores.max(-1, keepdims=True)
+    if sink is not None:
+        m = np.maximum(m, sink)
+    e = np.exp(scores - m)
+    denom = e.sum(-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - m))
+    return e / denom
+
+
+def head_sink(p, cfg, layer, j):
+    """Head j's sink logit on a window layer whose tensors hold `sinks`, else None."""
+    if "sinks" not in p or layer_window(cfg, layer) is None:
+        return None
+    return float(np.asarray(p["sinks"], np.float64)[j])
+
+
 def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -82,6 +101,8 @@ def vha_attention(x, p, cfg, positions, past=None, layer=None):
 
     Shared KV (cfg vha_shared_kv): S = RoPE(k_norm(x W_S)) is both K and V, and each output head is rotated back
     by the query's own angle, R(-theta s), before Postmix.
+
+    Sinks (a `sinks` tensor [H_v] on a window layer): virtual head j's softmax denominator gains exp(sinks[j]).
     """
     B, S, _ = x.shape
     h_v, h_kv, d, r, theta = layer_sizes(cfg, layer)
@@ -124,9 +145,7 @@ def vha_attention(x, p, cfg, positions, past=None, layer=None):
         g = j // h_p
         scores = np.einsum("bsd,btd->bst", q[:, :, j], k[:, :, g]) / np.sqrt(d)
         scores = np.where(mask, -np.inf, scores)
-        scores = scores - scores.max(-1, keepdims=True)
-        w = np.exp(scores)
-        w /= w.sum(-1, keepdims=True)
+        w = softmax_with_sink(scores, head_sink(p, cfg, layer, j))
         y[:, :, j] = np.einsum("bst,btd->bsd", w, v[:, :, g])
     if shared:
         y = rope(y, -np.asarray(positions, np.float64), theta)  # R(-theta s): rotation by the negated angle
@@ -178,7 +197,8 @@ def causal_lm(input_ids, state, cfg, positions=None, past=None, attention=None):
 def gqa_attention(x, p, cfg, positions, past=None, layer=None):
     """One stock Qwen3 GQA attention layer (query head j reads KV head j // (H_q / H_kv)); same I/O as vha_attention.
     With a shared_kv_proj tensor (Qwen3 shared-KV, the folded form of shared-KV VHA): K = V = RoPE(k_norm(x W_S)) and
-    each output head is rotated back by the query's angle."""
+    each output head is rotated back by the query's angle. A `sinks` tensor [H] on a window layer: head j's softmax
+    denominator gains exp(sinks[j])."""
     B, S, _ = x.shape
     h_q, h_kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
@@ -198,8 +218,8 @@ def gqa_attention(x, p, cfg, positions, past=None, layer=None):
         g = j // (h_q // h_kv)
         scores = np.einsum("bsd,btd->bst", q[:, :, j], k[:, :, g]) / np.sqrt(d)
         scores = np.where(mask, -np.inf, scores)
-        w = np.exp(scores - scores.max(-1, keepdims=True))
-        y[:, :, j] = np.einsum("bst,btd->bsd", w / w.sum(-1, keepdims=True), v[:, :, g])
+        w = softmax_with_sink(scores, head_sink(p, cfg, layer, j))
+        y[:, :, j] = np.einsum("bst,btd->bsd", w, v[:, :, g])
     if shared:
         y = rope(y, -np.asarray(positions, np.float64), theta)
     return linear(y.reshape(B, S, h_q * d), p["o_proj.weight"], b("o_proj")), (k, v)

@@ -182,7 +182,8 @@ def _model_types():
 
 
 ALLOWED = ("paddle_vha/families.py", "paddle_vha/vha/", "paddle_vha/mea/", "paddle_vha/qwen3/", "paddle_vha/shared_kv/",
-           "paddle_vha/moe/", "paddle_vha/moe_vha/")
+           "paddle_vha/moe/", "paddle_vha/moe_vha/",
+           "paddle_vha/sinks/")
 
 
 def test_model_type_strings_live_in_the_registry_and_family_folders():

@@ -162,11 +162,10 @@ def test_qk_norm_eps_and_high_precision_rope():
     (dict(high_precision_rope="yes"), "high_precision_rope='yes': must be true or false"),
     (dict(head_wise_swa_ratio=1.5), "head_wise_swa_ratio=1.5: upstream's share"),
     (dict(muon_slice_specs={"qkv_proj.weight": "split_head"}), "muon_slice_specs: upstream's Muon-optimizer"),
-    (dict(softmax_type="learnable"), "softmax_type='learnable': attention sinks"),
+    (dict(softmax_type="learnable"), "softmax_type='learnable': a sink on every layer is not supported"),
     (dict(softmax_type="off-by-one"), "softmax_type='off-by-one'"),
     (dict(add_full_attention_sink_bias=True), "add_full_attention_sink_bias=True"),
-    (dict(add_swa_attention_sink_bias=True), "add_swa_attention_sink_bias=True: learnable attention sinks"),
-    (dict(sliding_window=4, window_attn_skip_freq=2), "add_swa_attention_sink_bias is absent and upstream's default"),
+    (dict(add_swa_attention_sink_bias="yes"), "add_swa_attention_sink_bias='yes': must be true or false"),
 ])
 def test_newer_field_refusals(over, needle):
     with pytest.raises(VHAConfigError) as e:
@@ -180,6 +179,23 @@ def test_sink_fields_that_mean_no_sinks_are_read():
     for over in (dict(softmax_type="vanilla"), dict(add_full_attention_sink_bias=False), dict(muon_slice_specs=None),
                  dict(muon_slice_specs={}), dict(add_swa_attention_sink_bias=False)):
         assert Qwen3VHAConfig(**upstream(**over)).to_dict() == plain, over  # the same model, nothing stored
+
+
+def test_swa_sink_field_is_read_as_window_attention_sinks():
+    """add_swa_attention_sink_bias -> window_attention_sinks where there are window layers; upstream's default is true
+    (absent = sinks); without window layers upstream builds no sink and neither does the translation."""
+    for over, want in ((dict(add_swa_attention_sink_bias=True), True), (dict(), True),
+                       (dict(add_swa_attention_sink_bias=False), False)):
+        cfg = Qwen3VHAConfig(**upstream(sliding_window=4, window_attn_skip_freq=2, **over))
+        assert cfg.window_attention_sinks is want, over
+        assert [cfg.has_sinks(i) for i in range(cfg.num_hidden_layers)] == [want and i % 2 != 0
+                                                                           for i in range(cfg.num_hidden_layers)]
+        assert "add_swa_attention_sink_bias" not in cfg.to_dict()
+    for over in (dict(), dict(add_swa_attention_sink_bias=True)):  # no window layer: no sink
+        assert Qwen3VHAConfig(**upstream(**over)).window_attention_sinks is False, over
+    with pytest.raises(VHAConfigError, match="add_swa_attention_sink_bias=False and window_attention_sinks=True disagree"):
+        Qwen3VHAConfig(**upstream(sliding_window=4, window_attn_skip_freq=2, add_swa_attention_sink_bias=False,
+                                  window_attention_sinks=True))
 
 
 def test_fork_refusals():
@@ -221,6 +237,8 @@ def make_paddlefleet(path, seed=0, **over):
         if cfg.vha_gated_attention:
             t[p + "self_attn.gate_proj.weight"] = _rand(rng, h, dm.num_heads * dm.head_dim)
         t[p + "self_attn.o_proj.weight"] = _rand(rng, dm.num_heads * dm.head_dim, h)  # no bias upstream
+        if cfg.has_sinks(i):  # upstream's learnable softmax: its core attention's softmax_offset, one per head
+            t[p + "self_attn.core_attention.softmax_offset"] = _rand(rng, dm.num_heads, std=1.5)
         t[p + "input_layernorm.weight"] = 1 + _rand(rng, h)
         t[p + "post_attention_layernorm.weight"] = 1 + _rand(rng, h)
         t[p + "mlp.gate_proj.weight"] = _rand(rng, h, cfg.intermediate_size)
@@ -304,11 +322,13 @@ def upstream_logits(ids, t, cfg, premix="btgr,krd->btkgd", fork=False):
                         dm.rope_theta)
         v = k if v is None else v.reshape(B, S, h_kv, d)
         mask = oracle.causal_mask(pos, S, dm.window)
+        sink = f.get(p + "self_attn.core_attention.softmax_offset")  # a value-less extra token per head
         y = np.empty((B, S, g * h_kv, d))
         for j in range(g * h_kv):  # head j reads KV head j // g
             s = np.einsum("bsd,btd->bst", qv[:, :, j], k[:, :, j // g]) / np.sqrt(d)
-            w = np.exp(np.where(mask, -np.inf, s) - s.max(-1, keepdims=True))
-            y[:, :, j] = np.einsum("bst,btd->bsd", w / w.sum(-1, keepdims=True), v[:, :, j // g])
+            e = np.exp(np.where(mask, -np.inf, s) - s.max(-1, keepdims=True))
+            extra = 0.0 if sink is None else np.exp(sink[j] - s.max(-1, keepdims=True))
+            y[:, :, j] = np.einsum("bst,btd->bsd", e / (e.sum(-1, keepdims=True) + extra), v[:, :, j // g])
         if v is k and not fork and p + "self_attn.shared_kv_proj.weight" in f:
             y = oracle.rope(y, -np.asarray(pos, np.float64), dm.rope_theta)
         m = np.eye(g * h_kv) + f[p + "self_attn.vha_postmix_V"] @ f[p + "self_attn.vha_postmix_U"].T
@@ -338,7 +358,7 @@ def snapshot(path):
 
 # --- import ---------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("variant", ["gated-bias-window", "shared-kv"])
+@pytest.mark.parametrize("variant", ["gated-bias-window", "shared-kv", "window-sinks"])
 def test_import_paddlefleet_checkpoint(tmp_path, variant):
     """Import with the real command line and --verify; then the imported checkpoint through this project's float64
     oracle equals upstream's forward on the upstream tensors, and Qwen3VHAForCausalLM matches in float32."""
@@ -347,7 +367,8 @@ def test_import_paddlefleet_checkpoint(tmp_path, variant):
     from paddle_vha import Qwen3VHAForCausalLM
     from paddle_vha.families import family
 
-    over = {} if variant == "gated-bias-window" else dict(vha_shared_kv=True, gated_attention=False)
+    over = {"gated-bias-window": {}, "shared-kv": dict(vha_shared_kv=True, gated_attention=False),
+            "window-sinks": dict(add_swa_attention_sink_bias=True)}[variant]
     raw, t = make_paddlefleet(tmp_path / "fleet", **over)
     before = snapshot(tmp_path / "fleet")
     r = run_tool(tmp_path / "fleet", tmp_path / "ours", "--verify")
@@ -358,10 +379,23 @@ def test_import_paddlefleet_checkpoint(tmp_path, variant):
     assert snapshot(tmp_path / "fleet") == before, "the input is untouched"
     cfg = family("qwen3_vha").validate(str(tmp_path / "ours"))
     assert cfg.window_layers() == [1] and cfg.layer_dims(1).q_head_dim == 8 and cfg.vha_postmix_rank == 1
+    if variant == "window-sinks":  # upstream's softmax_offset [H_v] is our sinks, on the window layer only
+        state = load_checkpoint_numpy(tmp_path / "ours")
+        assert cfg.window_attention_sinks and [n for n in state if n.endswith("sinks")] == ["model.layers.1.self_attn.sinks"]
+        assert np.array_equal(state["model.layers.1.self_attn.sinks"], t["layers.1.self_attn.core_attention.softmax_offset"])
     ids = np.random.default_rng(3).integers(0, cfg.vocab_size, size=(2, 11))  # past the window (4)
     ref = upstream_logits(ids, t, cfg)
     ours, _ = oracle.causal_lm(ids, load_checkpoint_numpy(tmp_path / "ours"), config_dict(cfg))
     assert rel_err(ours, ref, f"{variant}: imported (our float64 oracle) vs upstream forward (float64)") <= 1e-10
+    # --verify's reference (paddle_vha/transform/fleet_reference.py) is this test's upstream forward, in float64
+    from paddle_vha.checkpoint.folder import CheckpointFolder
+    from paddle_vha.transform.fleet_reference import reference_logits
+    from paddle_vha.transform.import_fleet import reference_names
+
+    src = CheckpointFolder.open(str(tmp_path / "fleet"))
+    got64 = reference_logits(ids, lambda n: np.asarray(src.read(n), np.float64), reference_names(src), cfg, "paddle",
+                             "grouped", "gate-up")
+    assert rel_err(got64, ref, f"{variant}: fleet_reference vs the test's upstream forward (float64)") <= 1e-10
     model = Qwen3VHAForCausalLM.from_pretrained(str(tmp_path / "ours"))
     model.eval()
     got = model(paddle.to_tensor(ids), return_dict=True).logits.astype("float64").numpy()
@@ -516,3 +550,15 @@ def test_import_research_fork_at_realistic_width(tmp_path):
         got = _read_bf16(tmp_path / "ours", f"model.layers.0.{name}.weight")  # [out, in]
         print(f"{name}: {got.shape}, max |ours - fork slice| {np.abs(got - w.T).max():.3g}")
         assert np.array_equal(got, w.T), name
+
+
+def test_import_reads_the_hf_export_sink_name(tmp_path):
+    """Upstream's HF export writes a layer's softmax_offset as `self_attn.sinks` (GPT-OSS's name): read the same."""
+    raw, t = make_paddlefleet(tmp_path / "fleet", add_swa_attention_sink_bias=True)
+    t["layers.1.self_attn.sinks"] = t.pop("layers.1.self_attn.core_attention.softmax_offset")
+    _save(tmp_path / "fleet", raw, t)
+    r = run_tool(tmp_path / "fleet", tmp_path / "ours", "--verify")
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("verify")][0].endswith("-> OK")
+    state = load_checkpoint_numpy(tmp_path / "ours")
+    assert np.array_equal(state["model.layers.1.self_attn.sinks"], t["layers.1.self_attn.sinks"])

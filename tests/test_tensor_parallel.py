@@ -134,6 +134,12 @@ def expected_cache_heads(case: str, t: int) -> list:
 @pytest.mark.slow
 def test_tp_equals_single_device(tp_run):
     n, _, cases, results = tp_run
+    check_tp_results(n, cases, results)
+
+
+def check_tp_results(n: int, cases: list, results: dict) -> None:
+    """Every rank's comparison of its TP model with the single-device one, for each case (also run by
+    tests/test_attention_sinks.py on its own cases)."""
     worst = 0.0
     for k, res in results.items():
         assert res["t"] == n

@@ -185,4 +185,5 @@ class Qwen3KVDecoder(nn.Layer):
         else:  # keep what a later query can still see: the last W - 1 positions
             kept = [t[:, :, -(window - 1):] if window > 1 else t[:, :, :0] for t in cached]
         k, v = form.attention_kv(cached)
-        return grouped_attention(q, k, v, masks[(g, window)], self.scale), kept  # scale 1/sqrt(d)
+        sinks = getattr(form, "sinks", None)  # a window layer's sink logits (H,), Qwen3 with sinks; else None
+        return grouped_attention(q, k, v, masks[(g, window)], self.scale, sinks), kept  # scale 1/sqrt(d)

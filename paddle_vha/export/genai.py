@@ -28,6 +28,8 @@ def genai_refusal(cfg, label: str, genai_model_type: Optional[str], cache_names:
     registry; the serving plan asks once)."""
     if cache_io != "concat":
         return "the buffer flavour's cache interface (buffers in, new positions out) is this project's own"
+    if getattr(cfg, "window_attention_sinks", False) and any(windows):
+        return "window_attention_sinks: onnxruntime-genai's qwen3 decoder has no attention sink in its softmax"
     if genai_model_type is None:
         return f"onnxruntime-genai has no decoder type for {label}"
     if any(tuple(n) != ("key", "value") for n in cache_names):

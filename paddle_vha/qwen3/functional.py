@@ -38,14 +38,22 @@ def rope_tables(position_ids, inv_freq, dtype):
     return paddle.cos(emb).astype(dtype), paddle.sin(emb).astype(dtype)
 
 
-def grouped_attention(q, k, v, mask, scale: float):
+def grouped_attention(q, k, v, mask, scale: float, sinks=None):
     """Softmax attention in the grouped layout. q (B, H, S, w); k, v (B, H_kv, T, w); query head j = kv*G + i reads KV
     head kv. Its G*S query rows share one read of K and V (no repeat-KV copy): mask is additive, (B, 1, G*S, T) with
-    row i*S + s. Returns (B, H, S, w)."""
+    row i*S + s. sinks (H,) or None: head j's softmax denominator gains exp(sinks[j]) (one more softmax column, no
+    value: docs/method.md, "Attention sinks"). Returns (B, H, S, w)."""
     h_kv, width = k.shape[1], q.shape[-1]
     qg = q.reshape([0, h_kv, -1, width])  # (B, H_kv, G*S, w): heads of one group are consecutive
     scores = paddle.matmul(qg, k, transpose_y=True) * scale  # (B, H_kv, G*S, T)
-    probs = paddle.nn.functional.softmax(scores.astype("float32") + mask, axis=-1)
+    logits = scores.astype("float32") + mask
+    if sinks is None:
+        probs = paddle.nn.functional.softmax(logits, axis=-1)
+    else:
+        g = sinks.shape[0] // h_kv
+        col = paddle.zeros_like(logits[:, :, :, :1]).reshape([0, h_kv, g, -1])  # (B, H_kv, G, S)
+        col = (col + sinks.astype("float32").reshape([1, h_kv, g, 1])).reshape([0, h_kv, -1, 1])  # (B, H_kv, G*S, 1)
+        probs = paddle.nn.functional.softmax(paddle.concat([logits, col], axis=-1), axis=-1)[:, :, :, :-1]
     y = paddle.matmul(probs.astype(v.dtype), v)  # (B, H_kv, G*S, w)
     return y.reshape([0, q.shape[1], -1, width])  # (B, H, S, w)
 

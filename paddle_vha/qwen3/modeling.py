@@ -11,7 +11,7 @@ from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
 from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding
 
 __all__ = ["CacheContinuingPositionsMixin", "cache_continuation_positions", "single_device_linear", "attention_core",
-           "update_shared_kv_cache", "RoPETables", "LayerwiseRotaryEmbedding"]
+           "update_shared_kv_cache", "RoPETables", "LayerwiseRotaryEmbedding", "with_sink_column"]
 
 
 def single_device_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
@@ -20,16 +20,27 @@ def single_device_linear(in_features: int, out_features: int, bias: bool) -> nn.
     return nn.Linear(in_features, out_features, bias_attr=bias)
 
 
-def attention_core(layer, q, k, v, attention_mask=None, attn_mask_startend_row_indices=None):
+def attention_core(layer, q, k, v, attention_mask=None, attn_mask_startend_row_indices=None, sinks=None):
     """Softmax attention through the backend the config names (`eager`, `sdpa`, ...), as Qwen3Attention.forward calls
     it. q (B, H, S, d); k, v (B, H_kv, T, d), read in groups of layer.num_key_value_groups; attention_mask
-    (B, 1, S, >= T), whose last T columns are the keys'. Returns the output (B, S, H*d) and the weights (or None)."""
+    (B, 1, S, >= T), whose last T columns are the keys'. sinks (H,) or None: a learned sink logit per query head
+    (with_sink_column). Returns the output (B, S, H*d) and the weights (or None)."""
     attention_interface = ALL_ATTENTION_FUNCTIONS[layer.config._attn_implementation]
     if attention_mask is not None and attention_mask.shape[-1] > k.shape[-2]:
         # Deviation from Qwen3Attention: a sliding-window cache layer returns only its last keys while PaddleFormers
         # builds the mask over the whole past and the eager backend keeps its *first* columns; keep the last ones.
         attention_mask = attention_mask[..., -k.shape[-2]:]
-    return attention_interface(
+    S, T = q.shape[-2], k.shape[-2]
+    if attention_mask is None and attn_mask_startend_row_indices is None and 1 < S < T:
+        # Deviation from Qwen3Attention: PaddleFormers passes no mask to the sdpa backend, which then takes
+        # is_causal, aligned at the first key: wrong for a chunk of queries after a filled cache; align at the last.
+        attention_mask = causal_mask(S, T, q.dtype)
+    if sinks is not None:
+        if attn_mask_startend_row_indices is not None:
+            raise ValueError("attention sinks need a dense attention mask; attn_mask_startend_row_indices (FlashMask "
+                             "rows) is not supported with window_attention_sinks")
+        k, v, attention_mask = with_sink_column(q, k, v, attention_mask, sinks)
+    out, weights = attention_interface(
         layer,
         query=q,
         key=k,
@@ -39,6 +50,37 @@ def attention_core(layer, q, k, v, attention_mask=None, attn_mask_startend_row_i
         dropout=0.0 if not layer.training else layer.attention_dropout,
         scaling=layer.scaling,
     )
+    if sinks is not None and weights is not None:
+        weights = weights[..., :-1]  # the sink's column holds no key
+    return out, weights
+
+
+def causal_mask(S: int, T: int, dtype):
+    """(1, 1, S, T) additive causal mask for S queries that are the last S of T positions: 0 where seen, -inf not."""
+    seen = paddle.arange(T).unsqueeze(0) <= paddle.arange(T - S, T).unsqueeze(1)  # (S, T)
+    zero, hidden = paddle.zeros([1], dtype), paddle.full([1], float("-inf"), dtype)
+    return paddle.where(seen, zero, hidden).unsqueeze(0).unsqueeze(0)  # (1, 1, S, T)
+
+
+def with_sink_column(q, k, v, attention_mask, sinks):
+    """Attention sinks as one more key column, exact on every backend (none of PaddleFormers' CPU backends takes a
+    sink): a key and a value of zeros (score q . 0 = 0, no value) whose additive mask entry is the head's sink logit
+    s_h, so the softmax denominator gains exp(s_h) and the output nothing; gradients reach s_h through the mask.
+
+    q (B, H, S, d); k, v (B, H_kv, T, d); attention_mask (B, 1 or H, S, T) additive or boolean (True = seen), or None
+    (causal, the last S of the T positions are the queries). Returns k, v (B, H_kv, T + 1, d) and the mask
+    (B, H, S, T + 1)."""
+    B, H, S, _ = q.shape
+    T = k.shape[-2]
+    zero = paddle.zeros([k.shape[0], k.shape[1], 1, k.shape[3]], dtype=k.dtype)
+    k, v = paddle.concat([k, zero], axis=2), paddle.concat([v, zero.astype(v.dtype)], axis=2)  # (B, H_kv, T+1, d)
+    if attention_mask is None:
+        attention_mask = causal_mask(S, T, q.dtype)
+    if attention_mask.dtype == paddle.bool:
+        attention_mask = paddle.where(attention_mask, paddle.zeros([1], q.dtype), paddle.full([1], float("-inf"), q.dtype))
+    mask = attention_mask.astype(q.dtype).expand([B, H, S, T])
+    sink = sinks.astype(q.dtype).reshape([1, H, 1, 1]).expand([B, H, S, 1])  # (B, H, S, 1)
+    return k, v, paddle.concat([mask, sink], axis=-1)  # (B, H, S, T+1)
 
 
 def update_shared_kv_cache(cache, s, layer_idx: int):

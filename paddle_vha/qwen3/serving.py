@@ -16,6 +16,7 @@ class GQAForm:
 
     kv_projections = ("k_proj", "v_proj")  # the Linears that make keys (normed and rotated) and values
     cache_names = ("key", "value")  # its past_key_values.{i}.* / present.{i}.* tensors
+    sinks = None  # a sink logit per query head added to the softmax (Qwen3 with sinks' window layers), or None
 
     def __init__(self, num_kv_heads: int, head_dim: int):
         self.kv_heads = num_kv_heads  # heads the projections emit

@@ -49,7 +49,8 @@ class Qwen3SharedKVAttention(Qwen3Attention):
         q, s = apply_rotary_pos_emb(q.transpose([0, 2, 1, 3]), s.transpose([0, 2, 1, 3]), cos, sin)  # (B, H*, S, d)
         if past_key_values is not None:  # SKV: the cache holds S once
             s = update_shared_kv_cache(past_key_values, s, self.layer_idx)  # (B, H_kv, T, d)
-        y, attn_weights = attention_core(self, q, s, s, attention_mask, attn_mask_startend_row_indices)  # (B, S, H*d)
+        y, attn_weights = attention_core(self, q, s, s, attention_mask, attn_mask_startend_row_indices,
+                                         getattr(self, "sinks", None))  # (B, S, H*d); sinks on window layers
         y = y.reshape([0, 0, self.num_heads, d])  # (B, S, H, d)
         y = inverse_rope(y, cos.unsqueeze(2).astype(y.dtype), sin.unsqueeze(2).astype(y.dtype))  # SKV: R(-theta s)
         return self.o_proj(y.flatten(2)), attn_weights

@@ -8,6 +8,7 @@ from typing import Optional
 from ..qwen3.functional import inverse_rope
 from ..qwen3.serving import GQAForm
 from ..qwen3.serving import export_refusal as stock_refusal
+from ..sinks.spec import SINKS
 from .spec import KV_PROJECTIONS
 
 __all__ = ["SharedKVForm", "export_form", "cache_shape", "cache_names", "export_refusal"]
@@ -29,7 +30,10 @@ class SharedKVForm(GQAForm):
 
 
 def export_form(cfg, layer_idx: int, tensors, const) -> SharedKVForm:
-    return SharedKVForm(*cache_shape(cfg, layer_idx))
+    form = SharedKVForm(*cache_shape(cfg, layer_idx))
+    if cfg.has_sinks(layer_idx):  # a window layer's sink logits (H,), a constant of the graph
+        form.sinks = const(tensors[f"model.layers.{layer_idx}.{SINKS}"])
+    return form
 
 
 def cache_shape(cfg, layer_idx: int) -> tuple:

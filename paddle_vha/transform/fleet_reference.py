@@ -8,7 +8,10 @@ Per layer (PaddleFleet SelfAttentionVHA; the research fork is the same with r = 
     k, v = x W_k, x W_v    (shared KV: s = x W_s is both, after k_norm and RoPE; the output is rotated back)
     q_v, k = RoPE(rms(q_v) w_q), RoPE(rms(k) w_k);  y = softmax(q_v k^T / sqrt(d) + mask) v   (head h reads h // g)
     y'  = (I + V U^T) y over heads;  y' * sigmoid(x W_gate) if gated;  out = y' W_o
-Sliding-window layers hide keys at or before q - W and use their own sizes and RoPE base.
+Sliding-window layers hide keys at or before q - W and use their own sizes and RoPE base. A layer whose core attention
+holds `softmax_offset` [H_v] (upstream's learnable softmax, add_swa_attention_sink_bias) takes its softmax as
+upstream's dot_product_attention does: m = max(max_t a_ht, s_h), w_ht = exp(a_ht - m) / (sum_t exp(a_ht - m) +
+exp(s_h - m)) (a value-less virtual token).
 MoE layers (a router `mlp.gate.weight` [E, h], PaddleFleet's StandardMoERouter with scoring softmax, greedy top-k):
     p = softmax(x W^T);  top_gate, top_idx = top-k of p;  top_gate /= (sum + 1e-20) with norm_topk_prob
     out = sum_j top_gate_j * SwiGLU_{top_idx_j}(x)  (+ shared expert, times sigmoid(x w_g) when it has its gate)
@@ -20,7 +23,11 @@ from typing import Callable, Dict
 
 import numpy as np
 
-__all__ = ["reference_logits"]
+__all__ = ["reference_logits", "SINK_NAMES"]
+
+# where upstream keeps a layer's sink logits: its core attention's softmax_offset (PaddleFleet's state dict), or the
+# name its HF export writes (GPT-OSS's `sinks`)
+SINK_NAMES = ("self_attn.core_attention.softmax_offset", "self_attn.sinks")
 
 
 def _rms(x, w, eps):
@@ -88,7 +95,8 @@ def _attention(hdn, i: int, get, names: Dict[str, str], lin, cfg, pos, qkv_layou
     qv = _rope(_rms(qv, get(names[L + "self_attn.q_norm.weight"]), eps), pos, theta)
     k = _rope(_rms(k, get(names[L + "self_attn.k_norm.weight"]), eps), pos, theta)
     v = k if shared else v.reshape(B, S, h_kv, d)
-    y = _softmax_attention(qv, k, v, g, dims.window)  # (B, S, H_v, d)
+    sink = next((get(names[L + n]) for n in SINK_NAMES if L + n in names), None)  # (H_v,) or None
+    y = _softmax_attention(qv, k, v, g, dims.window, sink)  # (B, S, H_v, d)
     if shared:
         y = _rope(y, pos, theta, sign=-1.0)
     m = np.eye(h_v) + get(names[L + "self_attn.vha_postmix_V"]) @ get(names[L + "self_attn.vha_postmix_U"]).T
@@ -117,8 +125,9 @@ def _qkv(hdn, L: str, names: Dict[str, str], lin, shared: bool, sizes, qkv_layou
     return q, k, v
 
 
-def _softmax_attention(qv, k, v, g: int, window):
-    """softmax(q k^T / sqrt(d) + causal (and window) mask) v, (B, S, H_v, d); query head h reads KV head h // g."""
+def _softmax_attention(qv, k, v, g: int, window, sink=None):
+    """softmax(q k^T / sqrt(d) + causal (and window) mask) v, (B, S, H_v, d); query head h reads KV head h // g; with
+    sink (H_v,) a value-less virtual token of logit sink[h] in head h's softmax."""
     S, d = qv.shape[1], qv.shape[-1]
     hidden = np.arange(S)[None, :] > np.arange(S)[:, None]  # (S, T): key after query
     if window:
@@ -127,8 +136,13 @@ def _softmax_attention(qv, k, v, g: int, window):
     vv = np.repeat(v, g, axis=2)
     scores = np.einsum("bshd,bthd->bhst", qv, kk) / np.sqrt(d)
     scores = np.where(hidden[None, None], -np.inf, scores)
-    w = np.exp(scores - scores.max(-1, keepdims=True))
-    return np.einsum("bhst,bthd->bshd", w / w.sum(-1, keepdims=True), vv)  # (B, S, H_v, d)
+    if sink is None:
+        w = np.exp(scores - scores.max(-1, keepdims=True))
+        return np.einsum("bhst,bthd->bshd", w / w.sum(-1, keepdims=True), vv)  # (B, S, H_v, d)
+    s = np.asarray(sink, np.float64).reshape(1, -1, 1, 1)  # (1, H_v, 1, 1)
+    row_max = np.maximum(scores.max(-1, keepdims=True), s)
+    e = np.exp(scores - row_max)
+    return np.einsum("bhst,bthd->bshd", e / (e.sum(-1, keepdims=True) + np.exp(s - row_max)), vv)
 
 
 def _mlp(hdn, L: str, names: Dict[str, str], lin, up_gate_order: str, get=None, cfg=None):

@@ -36,6 +36,7 @@ from ..families import family, family_of
 from ..moe.config import Qwen3MoeConfig
 from ..moe_vha.config import Qwen3MoeVHAConfig, fold_refusal
 from ..shared_kv.config import Qwen3SharedKVConfig
+from ..sinks.config import Qwen3SinksConfig
 from ..transform import Description, Entry, Table, TransformPlan, check_dtype, layer_pattern, output_code, write_plan
 from ..transform.describe import files_line, group, skipped_lines
 from ..transform.plan import open_output
@@ -151,25 +152,49 @@ SHARED_KV_NOTE = ("vha_shared_kv: the folded model keeps one shared K = V projec
                   "tools/export_onnx.py and paddle_vha serve it")
 
 
+# ... and what a model with attention sinks folds into (docs/fold.md, "Attention sinks").
+SINKS_NOTE = ("window_attention_sinks: the folded model keeps the window layers' sink logits (self_attn.sinks, one per "
+              "folded head), so it is Qwen3 with sinks (model_type qwen3_sinks), not stock Qwen3: Hugging Face's Qwen3 "
+              "and onnxruntime-genai cannot serve it; paddle_vha runs it")
+
+
+def _fold_notes(cfg, raw: Mapping) -> list:
+    """The one-line announcements of a fold whose result is not stock Qwen3."""
+    if cfg.vha_shared_kv:
+        return [SHARED_KV_NOTE + (" (with its window layers' sinks, window_attention_sinks)" if _has_sinks(raw) else "")]
+    return [SINKS_NOTE] if _has_sinks(raw) else []
+
+
+def _has_sinks(raw: Mapping) -> bool:
+    windows = raw.get("sliding_window") and "sliding_attention" in (raw.get("layer_types") or [])
+    return bool(raw.get("window_attention_sinks")) and bool(windows)
+
+
 def folded_model_type(raw: Mapping) -> str:
-    """The model_type a Qwen3-VHA config.json folds into: stock qwen3, or qwen3_shared_kv with vha_shared_kv; a
-    Qwen3-MoE-VHA one folds into stock qwen3_moe."""
+    """The model_type a Qwen3-VHA config.json folds into: stock qwen3, qwen3_shared_kv with vha_shared_kv, or
+    qwen3_sinks with window_attention_sinks; a Qwen3-MoE-VHA one folds into stock qwen3_moe."""
     if raw.get("model_type") == Qwen3MoeVHAConfig.model_type:
         return Qwen3MoeConfig.model_type
-    return Qwen3SharedKVConfig.model_type if raw.get("vha_shared_kv") else Qwen3Config.model_type
+    if raw.get("vha_shared_kv"):
+        return Qwen3SharedKVConfig.model_type
+    return Qwen3SinksConfig.model_type if _has_sinks(raw) else Qwen3Config.model_type
 
 
 # The causal LM class each folded model_type names in config.json's architectures (what Hugging Face loads).
 _ARCHITECTURES = {Qwen3Config.model_type: "Qwen3ForCausalLM", Qwen3SharedKVConfig.model_type: "Qwen3SharedKVForCausalLM",
+                  Qwen3SinksConfig.model_type: Qwen3SinksConfig.causal_lm_name,
                   Qwen3MoeConfig.model_type: "Qwen3MoeForCausalLM"}
+_STOCK = (Qwen3Config.model_type, Qwen3MoeConfig.model_type)  # folds that are stock models (the plan's header says so)
 # Keys of a Qwen3-MoE-VHA config.json that stock Qwen3-MoE does not have (a shared expert is refused before this).
 _MOE_ONLY = ("moe_shared_expert_intermediate_size", "moe_shared_expert_gate")
 
 
 def fold_config(raw: Mapping, dtype: Optional[str] = None) -> dict:
-    """config.json of the folded model: stock qwen3 (or Qwen3 shared-KV, or stock qwen3_moe), num_attention_heads =
-    H_v, no vha_* keys."""
+    """config.json of the folded model: stock qwen3 (or Qwen3 shared-KV, Qwen3 with sinks, stock qwen3_moe),
+    num_attention_heads = H_v, no vha_* keys (window_attention_sinks only where the folded model has sinks)."""
     out = {k: v for k, v in raw.items() if not k.startswith("vha_") and k not in ("auto_map", *_MOE_ONLY)}
+    if not _has_sinks(raw):
+        out.pop("window_attention_sinks", None)
     out["model_type"] = folded_model_type(raw)
     out["architectures"] = [_ARCHITECTURES[out["model_type"]]]
     if dtype is not None:
@@ -213,7 +238,7 @@ class FoldPlan(TransformPlan):
             f"H_p {cfg.num_physical_heads} physical query heads (r {cfg.vha_q_head_dim}"
             f"{'' if cfg.vha_premix else ', no Premix'}), H_kv {h_kv}, d {cfg.head_dim}, "
             f"Postmix rank {cfg.vha_postmix_rank}",
-            f"-> {target if cfg.vha_shared_kv else 'stock ' + target}: "
+            f"-> {'stock ' + target if out['model_type'] in _STOCK else target}: "
             f"num_attention_heads {h_v}, num_key_value_heads {h_kv}, head_dim {cfg.head_dim}, "
             f"dtype {st.dtype_name(self.out_code)}",
         ]
@@ -285,7 +310,7 @@ def plan_fold(src, out_dir: str, dtype: str = "auto", force: bool = False, max_s
     out_shapes = family(folded_model_type(ck.config)).tensor_shapes(cfg)
     return FoldPlan.build(ck, out_dir, [_entry(ck, n, s, code) for n, s in out_shapes.items()], max_shard_size,
                           cfg=cfg, out_config=fold_config(ck.config, st.dtype_name(code)), out_code=code, force=force,
-                          notes=[SHARED_KV_NOTE] if cfg.vha_shared_kv else [])
+                          notes=_fold_notes(cfg, ck.config))
 
 
 def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 << 20,

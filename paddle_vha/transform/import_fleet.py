@@ -5,6 +5,9 @@ Input tensor names, after an optional leading `model.`:
     embedding.embed_tokens.weight | embed_tokens.weight        -> model.embed_tokens.weight
     norm.weight, lm_head.weight                                -> model.norm.weight, lm_head.weight
     layers.{i}.<rest>                                          -> model.layers.{i}.<rest>, where in <rest>
+        self_attn.core_attention.softmax_offset  [H_v]          -> self_attn.sinks (upstream's sink logits on a window
+                                                                  layer, add_swa_attention_sink_bias; its HF export's
+                                                                  `self_attn.sinks` is the same tensor)
         self_attn.qkv_proj.{weight,bias}   (fused)             -> q_proj, k_proj, v_proj: split by --qkv-layout,
                                                                   `grouped` [per KV group: its physical query heads |
                                                                   K | V] or `concat` [all Q | all K | all V]
@@ -44,6 +47,7 @@ from ..transform.verify import folder_logits, left_unchanged, model_logits, rand
 from ..units import fmt_bytes
 from ..vha.config import Qwen3VHAConfig, VHAConfigError
 from ..vha.fleet_config import QKV_LAYOUTS, UP_GATE_ORDERS, UPSTREAM_KEYS
+from .fleet_reference import SINK_NAMES
 
 __all__ = ["FleetImportError", "ImportPlan", "plan_import", "import_checkpoint", "verify_import", "QKV_LAYOUTS",
            "UP_GATE_ORDERS"]
@@ -268,6 +272,9 @@ def _entries(folder: CheckpointFolder, cfg, tr: bool, qkv_layout: str, up_gate_o
             unknown.append(name)
         elif rest in ("self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias"):
             _add(entries, name, _split_qkv(ref, cfg, layer, rest.rsplit(".", 1)[1], qkv_layout, tr, code))
+        elif rest in SINK_NAMES and f"model.layers.{layer}.self_attn.sinks" not in entries:
+            ours = f"model.layers.{layer}.self_attn.sinks"  # upstream's softmax_offset: one logit per virtual head
+            entries[ours] = Entry(ours, tuple(ref.shape), code, "copy", (name,))
         elif rest == "mlp.up_gate_proj.weight":
             _add(entries, name, _split_up_gate(ref, layer, up_gate_order, tr, code))
         elif _MOE.match(rest):

@@ -5,7 +5,8 @@ Single-device math, read top to bottom as the method's equations (docs/method.md
     Q_p  = x W_Q                          (B, S, H_p, r)     physical query heads
     Q_v  = Q_p[i] W_premix[g]             (B, S, H_v, d)     virtual head j = g*H_p + i (group-major)
     Q_v  = RoPE(q_norm(Q_v)),  K = RoPE(k_norm(x W_K)),  V = x W_V
-    Y    = Attention(Q_v, K, V)           (B, S, H_v, d)     head j reads KV head j // H_p (stock GQA)
+    Y    = Attention(Q_v, K, V)           (B, S, H_v, d)     head j reads KV head j // H_p (stock GQA); on a window
+                                                             layer with sinks, softmax_t(a_jt) -> e^a_jt / (sum e^a + e^s_j)
     Y'   = M Y along heads, M = I + V_pm U_pm^T              Postmix (low-rank or dense form, same result)
     Y''  = Y' * sigmoid(x W_gate)                            only with vha_gated_attention
     out  = Y'' W_O
@@ -165,8 +166,10 @@ class Qwen3VHAAttention(Qwen3Attention):
             if past_key_values is not None:
                 key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
 
+        # VHA: a window layer with window_attention_sinks adds exp(s_j) to head j's softmax denominator
         attn_output, attn_weights = attention_core(self, query_states, key_states, value_states, attention_mask,
-                                                   attn_mask_startend_row_indices)  # (B, S, H_v * d)
+                                                   attn_mask_startend_row_indices,
+                                                   getattr(self, "sinks", None))  # (B, S, H_v * d)
         y = attn_output.reshape([0, 0, self.num_heads, d])  # (B, S, H_v, d)
         if self.shared_kv:  # VHA: values were rotated with the keys: rotate the output back to the query's position
             y = inverse_rope(y, cos.unsqueeze(2).astype(y.dtype), sin.unsqueeze(2).astype(y.dtype))

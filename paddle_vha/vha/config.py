@@ -105,6 +105,11 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         vha_window_num_attention_heads, vha_window_num_key_value_heads, vha_window_head_dim, vha_window_rope_theta:
             other head counts, head width or RoPE base on window layers. Trainable; such a model has no stock-Qwen3
             form, so fold refuses it, naming the layer.
+        window_attention_sinks (bool): a learned sink logit s_h per (virtual) head of every window layer
+            (`self_attn.sinks` [H_v], docs/method.md "Attention sinks"): the softmax denominator gains exp(s_h), the
+            output no value. Upstream's add_swa_attention_sink_bias (default true on a windowed PaddleFleet config).
+            Folds into Qwen3 with sinks (model_type qwen3_sinks), which stock Qwen3 runtimes cannot serve. Default
+            False.
 
     Upstream PaddleFleet's names are read too (use_vha_attention, vha_q_lora_rank, vha_postmix_rank, vha_shared_kv,
     gated_attention, sliding_window + window_attn_skip_freq, swa_*; and the research fork's attn_type "vha" with
@@ -136,6 +141,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         vha_window_head_dim: Optional[int] = None,
         vha_window_rope_theta: Optional[float] = None,
         vha_premix: Optional[bool] = None,
+        window_attention_sinks: Optional[bool] = None,
         **kwargs,
     ):
         ours = dict(vha_premix=vha_premix, vha_q_head_dim=vha_q_head_dim, vha_postmix_rank=vha_postmix_rank,
@@ -143,7 +149,8 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
                     vha_window_postmix_rank=vha_window_postmix_rank,
                     vha_window_num_attention_heads=vha_window_num_attention_heads,
                     vha_window_num_key_value_heads=vha_window_num_key_value_heads,
-                    vha_window_head_dim=vha_window_head_dim, vha_window_rope_theta=vha_window_rope_theta)
+                    vha_window_head_dim=vha_window_head_dim, vha_window_rope_theta=vha_window_rope_theta,
+                    window_attention_sinks=window_attention_sinks)
         try:  # upstream PaddleFleet names (use_vha_attention, vha_q_lora_rank, swa_*, ...) -> ours
             ours, kwargs = fleet_config.translate(ours, kwargs, _qwen3_default)
         except ValueError as e:
@@ -156,6 +163,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         vha_window_num_key_value_heads = ours["vha_window_num_key_value_heads"]
         vha_window_head_dim, vha_window_rope_theta = ours["vha_window_head_dim"], ours["vha_window_rope_theta"]
         self.vha_premix = True if ours["vha_premix"] is None else ours["vha_premix"]
+        self.window_attention_sinks = False if ours["window_attention_sinks"] is None else ours["window_attention_sinks"]
         self.vha_q_head_dim = self.head_dim if vha_q_head_dim is None else vha_q_head_dim
         self.vha_postmix_rank = DEFAULT_POSTMIX_RANK if vha_postmix_rank is None else vha_postmix_rank
         self.vha_gated_attention = vha_gated_attention
@@ -202,6 +210,10 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
                          pick(self.vha_window_num_key_value_heads, full.num_kv_heads), d,
                          pick(self.vha_window_q_head_dim, r_default), pick(self.vha_window_postmix_rank, full.postmix_rank),
                          pick(self.vha_window_rope_theta, full.rope_theta), full.premix)
+
+    def has_sinks(self, layer_idx: int) -> bool:
+        """Whether decoder layer `layer_idx` has a learned sink logit per head (a window layer, window_attention_sinks)."""
+        return bool(self.window_attention_sinks) and layer_idx in self.window_layers()
 
     def stock_shaped_window_layers(self) -> bool:
         """Whether the window layers have the full layers' head counts, head width and RoPE base (their r and R may
@@ -296,8 +308,13 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
             raise VHAConfigError(f"vha_shared_kv must be a bool, got {self.vha_shared_kv!r}")
         softmax = getattr(self, "softmax_type", None)  # PaddleFormers' field (for PaddleFleet), upstream's sinks
         if softmax not in (None, "vanilla"):
-            raise VHAConfigError(f"softmax_type={softmax!r}: attention sinks (a sink term in the softmax "
-                                 "denominator) are not supported, only 'vanilla'")
+            raise VHAConfigError(f"softmax_type={softmax!r}: a sink on every layer is not supported, only 'vanilla' "
+                                 "(sinks on the sliding-window layers: window_attention_sinks)")
+        if not isinstance(self.window_attention_sinks, bool):
+            raise VHAConfigError(f"window_attention_sinks must be a bool, got {self.window_attention_sinks!r}")
+        if self.window_attention_sinks and not self.window_layers():
+            raise VHAConfigError("window_attention_sinks is set but no layer is a sliding-window layer (sliding_window "
+                                 "and layer_types)")
         if self.vha_postmix_form not in postmix_form.FORMS:
             raise VHAConfigError(f"vha_postmix_form must be one of {', '.join(postmix_form.FORMS)}, got "
                                  f"{self.vha_postmix_form!r}")

@@ -18,9 +18,11 @@ upstream's is_layer_window_attention counts them). Its newer fields are read as 
 `head_wise_swa_ratio` (int(ratio * H_kv) of a window layer's KV heads windowed, the first ones full: only "all heads
 windowed" is Qwen3), `qk_norm_eps` (None = rms_norm_eps, Qwen3's one eps), `high_precision_rope` (upstream's choice of
 a float32 RoPE kernel: no tensor, the same function; read, not stored) and `muon_slice_specs` (Muon optimizer slicing:
-this project has no Muon, so a non-empty one is refused). Attention sinks are refused: `softmax_type` other than
-"vanilla" (Qwen3VHAConfig, for any config), `add_full_attention_sink_bias` true, and `add_swa_attention_sink_bias`
-true, which is upstream's DEFAULT: a windowed PaddleFleet config must say false.
+this project has no Muon, so a non-empty one is refused). Attention sinks: `add_swa_attention_sink_bias` is our
+`window_attention_sinks` (a learned sink logit per head of every window layer, upstream's `softmax_type="learnable"`
+on those layers), upstream's DEFAULT true where a PaddleFleet config has window layers, ignored (as upstream does)
+where it has none; `softmax_type` other than "vanilla" (a sink on every layer; Qwen3VHAConfig, for any config) and
+`add_full_attention_sink_bias` true (sinks on the full layers) are refused.
 
 A config that uses any upstream name is read with upstream's defaults. What this project cannot represent (partial
 RoPE, a value head width other than head_dim, a value scale, another softmax scale, per-layer q/k norms, a two-sided
@@ -133,6 +135,8 @@ def translate(ours: Dict, kwargs: Dict, defaults) -> Tuple[Dict, Dict]:
             _set(ours, name, up[key], key)
     if fork:
         _read_fork(ours, kwargs, get, head_dim)
+        windows = bool(kwargs.get("sliding_window")) and "sliding_attention" in (kwargs.get("layer_types") or [])
+        _read_sinks(ours, up, windows, None)  # the fork: as given (its windows are Qwen3's layer_types)
     else:
         _read_paddlefleet(ours, kwargs, up, get, head_dim)
     return ours, kwargs
@@ -167,16 +171,23 @@ def _newer_fields(up: Dict, get) -> None:
                      "AdamW and has no Muon (drop the field)")
     if up.get("add_full_attention_sink_bias"):
         raise _Error("add_full_attention_sink_bias=True: learnable attention sinks on full layers are not supported")
-    if up.get("add_swa_attention_sink_bias"):
-        raise _Error("add_swa_attention_sink_bias=True: learnable attention sinks on sliding-window layers are not "
-                     "supported")
+    swa_sinks = up.get("add_swa_attention_sink_bias")
+    if swa_sinks not in (None, True, False):
+        raise _Error(f"add_swa_attention_sink_bias={swa_sinks!r}: must be true or false")
+
+
+def _read_sinks(ours: Dict, up: Dict, has_windows: bool, default) -> None:
+    """add_swa_attention_sink_bias -> window_attention_sinks where there are window layers (absent: `default`, upstream's
+    true for PaddleFleet); without window layers upstream builds no sink, and neither do we."""
+    value = up.get("add_swa_attention_sink_bias")
+    value = default if value is None else value
+    if has_windows and value is not None:
+        _set(ours, "window_attention_sinks", bool(value), "add_swa_attention_sink_bias")
 
 
 def _check_window_heads(up: Dict, ours: Dict, get) -> None:
-    """Window layers exist: upstream's default add_swa_attention_sink_bias (true) and a head-wise window share."""
-    if up.get("add_swa_attention_sink_bias") is None:
-        raise _Error("add_swa_attention_sink_bias is absent and upstream's default is true (learnable attention sinks "
-                     "on the sliding-window layers), which is not supported: a checkpoint without sinks says false")
+    """Window layers exist: upstream's default add_swa_attention_sink_bias (true: sinks) and a head-wise window share."""
+    _read_sinks(ours, up, True, True)
     h_kv = ours.get("vha_window_num_key_value_heads") or get("num_key_value_heads")
     n_swa = int((up.get("head_wise_swa_ratio") or 0.0) * h_kv)  # upstream: int(ratio * kv heads) heads windowed
     if 0 < n_swa < h_kv:

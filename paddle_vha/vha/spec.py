@@ -9,6 +9,9 @@ heads of its groups) with its gradient summed; K/V (or the shared projection) an
 t <= H_kv, else whole with summed gradients; Postmix U, V and the gate split by virtual head; o_proj row-parallel.
 Fold absorbs Premix into q_proj and Postmix into o_proj.
 
+Window layers with window_attention_sinks hold `self_attn.sinks` [H_v], a sink logit per virtual head (split with the
+virtual heads; fold copies it: paddle_vha/sinks/spec.py).
+
 Without Premix (vha_premix=false): q_proj emits the H_v heads of width d as stock Qwen3's does, column-parallel by
 head; there is no vha_premix_weight, and fold changes o_proj only.
 """
@@ -18,6 +21,7 @@ import math
 from types import SimpleNamespace
 
 from ..qwen3.spec import QWEN3_LAYER, TOP, top_sizes
+from ..sinks.spec import sinks_param
 from ..spec.params import COLUMN, ROW, SUMMED, ModelSpec, Param, TensorShard, linear, split_kv
 
 __all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "VHA_ONLY", "kv_projections", "init_premix"]
@@ -28,7 +32,8 @@ def vha_sizes(cfg, layer_idx: int) -> SimpleNamespace:
     return SimpleNamespace(h=cfg.hidden_size, inter=cfg.intermediate_size, heads=dims.num_heads,
                            kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, physical=dims.num_physical_heads,
                            q_head_dim=dims.q_head_dim, postmix_rank=dims.postmix_rank, bias=bool(cfg.attention_bias),
-                           shared_kv=bool(cfg.vha_shared_kv), gated=bool(cfg.vha_gated_attention), premix=dims.premix)
+                           shared_kv=bool(cfg.vha_shared_kv), gated=bool(cfg.vha_gated_attention), premix=dims.premix,
+                           sinks=bool(getattr(cfg, "has_sinks", lambda i: False)(layer_idx)))
 
 
 def init_premix(num_groups: int, r: int, d: int, alpha: float):
@@ -89,6 +94,8 @@ VHA_LAYER = QWEN3_LAYER.replace(
               init=_normal_or_zero("vha_postmix_v_init_std")),
         *linear("self_attn.gate_proj", lambda s: s.heads * s.head_dim, lambda s: s.h, COLUMN, bias=None,
                 when=lambda s: s.gated),
+        # a sink logit per virtual head of a window layer (window_attention_sinks), split with the heads; fold keeps it
+        sinks_param(),
     ),
 )
 

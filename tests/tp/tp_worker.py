@@ -52,6 +52,13 @@ CASES = {
                    layer_types=["sliding_attention", "full_attention"], vha_window_num_attention_heads=4,
                    vha_window_num_key_value_heads=2, vha_window_head_dim=8, vha_window_q_head_dim=6,
                    vha_window_postmix_rank=2, vha_window_rope_theta=500.0, vha_fused_prologue=False),
+    # attention sinks on the window layer 0 (window_attention_sinks): one logit per virtual head, split with the heads
+    # (4 per rank at t = 2, 2 at t = 4 with the KV heads replicated); and the same in float64
+    "window-sinks": dict(num_attention_heads=8, sliding_window=3, use_sliding_window=True, window_attention_sinks=True,
+                         layer_types=["sliding_attention", "full_attention"], vha_fused_prologue=False),
+    "window-sinks-fp64": dict(num_attention_heads=8, sliding_window=3, use_sliding_window=True,
+                              window_attention_sinks=True, layer_types=["sliding_attention", "full_attention"],
+                              vha_fused_prologue=False, dtype="float64", attn="eager_fp64"),
     # everything in float64: what is left is float64 rounding, i.e. the sharded computation is the same function.
     # PaddleFormers' Qwen3 takes the attention softmax and the RMSNorm variance in float32 even for float64 models,
     # and those CPU kernels round differently for 8 heads than for 4 (k_norm over 2 KV heads vs 1 differed by 1e-7);
@@ -84,15 +91,19 @@ def model_classes(kind: str):
 
 
 def eager_fp64(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, **kwargs):
-    """PaddleFormers' eager attention (causal, GQA by repeating KV) with the softmax in the input dtype."""
+    """PaddleFormers' eager attention (GQA by repeating KV) with the softmax in the input dtype: the mask given
+    (its last columns: a window layer's, or the sink column of attention sinks), else causal."""
     b, h, s, d = query.shape
     g = module.num_key_value_groups
     key = key.unsqueeze(2).expand([b, key.shape[1], g, key.shape[2], d]).reshape([b, h, key.shape[2], d])
     value = value.unsqueeze(2).expand([b, value.shape[1], g, value.shape[2], d]).reshape([b, h, value.shape[2], d])
     w = paddle.matmul(query, key, transpose_y=True) * scaling
     t = key.shape[2]
-    causal = paddle.triu(paddle.full([s, t], float("-inf"), dtype=w.dtype), diagonal=t - s + 1)
-    w = paddle.nn.functional.softmax(w + causal, axis=-1)
+    if attention_mask is not None:
+        w = w + attention_mask[..., -t:].astype(w.dtype)
+    else:
+        w = w + paddle.triu(paddle.full([s, t], float("-inf"), dtype=w.dtype), diagonal=t - s + 1)
+    w = paddle.nn.functional.softmax(w, axis=-1)
     out = paddle.matmul(w, value).transpose([0, 2, 1, 3])
     return out.reshape([0, 0, h * d]), w
 
@@ -180,6 +191,8 @@ def run_case(name, overrides, out_dir, rank, t):
             p.set_value(paddle.randn(p.shape) * 0.3)
         if n.endswith("mea_norm.weight"):
             p.set_value(1 + paddle.randn(p.shape) * 0.3)
+        if n.endswith("self_attn.sinks"):  # N(0, 0.02) at init: make them take a share of the softmax
+            p.set_value(paddle.randn(p.shape))
     init = {k: v.clone() for k, v in ref.state_dict().items()}
 
     def tp_copy():
