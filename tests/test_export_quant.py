@@ -83,7 +83,8 @@ def test_quantized_export_keeps_norms_and_quantizes_every_linear(ckpts, tmp_path
     lines, info = _export(ckpts / tie, out, weights, cache_io=cache, external_data=external)
     q = info["weights"]
     line = next(ln for ln in lines if ln.startswith("quality:"))
-    assert q["format"] == weights and q["bits"] == int(weights[3:]) and q["block_size"] == 32 and q["lm_head"] == weights
+    assert q["format"] == weights and q["bits"] == int(weights[3:]) and q["block_size"] == 32
+    assert q["lm_head"] == weights and q["accuracy_level"] == 4
     assert q["tied_head_untied"] is (tie == "tied")
     assert q["quantized_matmuls"] == LINEARS and q["float_matmuls"] == 0, q
     assert os.path.isfile(out / "model.onnx.data") is external and info["external_data"] == (
@@ -178,3 +179,29 @@ def test_refusals_are_one_line_and_write_nothing(ckpts, tmp_path, argv, words):
     print(r.stderr)
     assert r.returncode != 0 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_int4_at_qwen3_0_6b_widths(tmp_path):
+    """2 layers at Qwen3-0.6B widths as a hub download looks (tied head, 151,936-token BPE tokenizer, head_dim 128):
+    the int4 export in the buffer flavour with external data; every Linear and the tied head quantized, q/k norms the
+    checkpoint's values in float32, quality on held-out text tokenized by the checkpoint's own tokenizer, and our
+    session generates from it."""
+    from tools.fixtures.qwen3_shaped import make_checkpoint as shaped
+
+    ckpt, out = tmp_path / "ckpt", tmp_path / "int4"
+    shaped(str(ckpt), "0.6b", layers=2)
+    lines, info = _export(ckpt, out, "int4", cache_io="buffer", external_data=True)
+    q = info["weights"]
+    assert q["quantized_matmuls"] == LINEARS and q["tied_head_untied"] and q["lm_head"] == "int4", q
+    assert "checkpoint's tokenizer" in q["quality"]["text"] and q["quality"]["mean_kl"] <= BOUNDS["int4"][0]
+    assert os.path.getsize(out / "model.onnx.data") > 100e6 and info["cache_io"] == "buffer"
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    muls = {i for n in model.graph.node if n.op_type == "Mul" for i in n.input}
+    norms = [t for t in model.graph.initializer if t.name in muls and list(t.dims) == [128]]
+    print(f"{len(norms)} width-128 Mul constants (q_norm / k_norm of 2 layers) in the int4 graph")
+    assert len(norms) >= 2 * LAYERS and all(t.data_type == onnx.TensorProto.FLOAT for t in norms)
+    sess = OrtDecoder.from_dir(str(out))
+    res = generate(sess, np.asarray([[9707, 11, 1879]]), 4, eos_token_id=-1)
+    print("int4 greedy:", res.tokens.tolist(), f"{res.tokens_per_second:.1f} tokens/s")
+    assert res.tokens.shape == (1, 4)

@@ -90,7 +90,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         raise ExportError(f"{plan.folder.path}: the buffer flavour (--cache buffer) is not offered for sliding-window "
                           "layers (their cache keeps only the window); export with the default --cache concat")
     float_bytes = weight_bytes(plan.folder)
-    need = check_memory(float_bytes, plan.folder.path)
+    need = check_memory(float_bytes, plan.folder.path, weight_bytes(plan.folder, largest=True), weights != "fp32")
     log(f"loaded {plan.folder.path}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
         f"{cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}; {float_bytes / 1e9:.2f} GB of float32 weights, "
         f"the export needs about {need / 1e9:.1f} GB of memory")

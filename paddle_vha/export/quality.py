@@ -106,5 +106,6 @@ def check_quality(quality: Quality, weights: str, bounds: Optional[tuple] = None
                           f"> the bound {max_kl:g} (a broken quantization, or a model that does not quantize well)")
     if not quality.agreement >= min_agree:
         raise ExportError(f"quality check failed: {weights} greedy-token agreement {100 * quality.agreement:.1f}% < "
-                          f"the bound {100 * min_agree:g}% (on the {quality.decisive} positions where the float32 export's choice is "
+                          f"the bound {100 * min_agree:g}% (on the {quality.decisive} positions where the float32 "
+                          "export's choice is "
                           f"decisive)")
