@@ -131,8 +131,7 @@ def check_memory_first(args) -> None:
         folder = CheckpointFolder.open(args.checkpoint)
         total, largest = weight_bytes(folder), weight_bytes(folder, largest=True)
     else:
-        sys.path.insert(0, ROOT)
-        from tools.fixtures.qwen3_shaped import qwen3_config, tensor_shapes
+        from fixtures.qwen3_shaped import qwen3_config, tensor_shapes  # tools/ is the script's folder
 
         sizes = [4 * int(__import__("numpy").prod(s)) for s in tensor_shapes(qwen3_config(args.shape, args.layers))
                  .values()]
@@ -147,8 +146,7 @@ def prepare(args, log):
 
     ckpt = args.checkpoint or os.path.join(args.work, "checkpoint")
     if not os.path.isdir(ckpt):
-        sys.path.insert(0, ROOT)
-        from tools.fixtures.qwen3_shaped import make_checkpoint
+        from fixtures.qwen3_shaped import make_checkpoint  # tools/ is the script's folder, first on the path
 
         log(f"writing a {args.shape} checkpoint ({args.layers or 'all'} layers, random bf16) to {ckpt}")
         make_checkpoint(ckpt, args.shape, layers=args.layers)
