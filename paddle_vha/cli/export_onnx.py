@@ -29,7 +29,9 @@ float32 program). fp16 / bf16 are refused: onnxruntime's CPU EP casts float16 we
 Memory: about 0.5 GB + 1.7 x the float32 weights (4 bytes per parameter: 4.6 GB for Qwen3-0.6B, 12.2 GB for
 Qwen3-1.7B); measured peak RSS 3.8 GB for Qwen3-0.6B (either cache flavour), 9.0 GB for Qwen3-1.7B
 (docs/deploy.md). The export refuses up front, in one line and before reading any weight, when the machine's
-available memory (MemAvailable, plus what the process already holds) is below that.
+available memory (MemAvailable, plus what the process already holds) is below that. --weights int8 / int4 needs
+the more of that and 0.5 GB + the float32 weights + 6.5 x the largest tensor (Qwen3-0.6B: 6.9 GB), measured peak
+3.86 GB for 2 layers at Qwen3-0.6B widths (tied).
 """
 from __future__ import annotations
 
