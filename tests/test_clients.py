@@ -18,8 +18,9 @@ PROMPTS = ["def fib(n):\n    ", "import os\n", "# héllo wörld €\n"]  # multi
 NEW = 12
 
 
-def export_folded(root, **over):
-    """A Qwen3-VHA checkpoint with a 256-token (byte) vocabulary, folded by the library, exported."""
+def export_folded(root, export_kw=None, **over):
+    """A Qwen3-VHA checkpoint with a 256-token (byte) vocabulary, folded by the library, exported (export_kw: more
+    export_onnx options, e.g. weights="int4")."""
     from paddle_vha.export.onnx_export import export_onnx
     from paddle_vha.transform.fold import fold_checkpoint, plan_fold
 
@@ -32,7 +33,7 @@ def export_folded(root, **over):
     model.save_pretrained(str(root / "vha"))
     fold_checkpoint(plan_fold(str(root / "vha"), str(root / "folded")), progress=False)
     lines = []
-    export_onnx(str(root / "folded"), str(root / "onnx"), log=lines.append)
+    export_onnx(str(root / "folded"), str(root / "onnx"), log=lines.append, **(export_kw or {}))
     folded = Qwen3ForCausalLM.from_pretrained(str(root / "folded"))
     folded.eval()
     return cfg, folded, lines
@@ -90,6 +91,25 @@ def test_onnxruntime_genai_runs_the_export(tmp_path, hf_python):
         stop = next((i + 1 for i, t in enumerate(want) if t in eos), len(want))
         print(repr(text), g["new"], want, f"(genai stops after the EOS id {sorted(eos)}: first {stop} tokens)")
         assert g["new"] == want[:stop], "onnxruntime-genai's greedy tokens are PaddleFormers', up to its EOS"
+
+
+@pytest.mark.slow
+def test_onnxruntime_genai_runs_the_int4_export(tmp_path, hf_python):
+    """The int4 export (MatMulNBits; its q/k norms float) in onnxruntime-genai: genai's greedy tokens are our
+    session's on the same quantized graph (both run onnxruntime's MatMulNBits kernel)."""
+    from paddle_vha.serve.generate import generate
+    from paddle_vha.serve.ort_session import OrtDecoder
+
+    cfg, folded, lines = export_folded(tmp_path, export_kw=dict(weights="int4"))
+    print("\n".join(ln for ln in lines if ln.startswith(("quantized", "quality"))))
+    info = json.load(open(tmp_path / "onnx" / "export_info.json"))
+    assert info["weights"]["format"] == "int4" and "MatMulNBits" in info["ops"]
+    got = run_side(hf_python, tmp_path, GENAI, tmp_path / "onnx", json.dumps(PROMPTS), NEW)
+    sess = OrtDecoder.from_dir(str(tmp_path / "onnx"))
+    for text, g in zip(PROMPTS, got):
+        ours = generate(sess, np.asarray([g["ids"]]), NEW, eos_token_id=-1).tokens[0].tolist()
+        print(repr(text), "genai", g["new"], "ours", ours)
+        assert g["new"] == ours[:len(g["new"])] and len(g["new"]) >= 1
 
 
 OPTIMUM = """

@@ -1,7 +1,7 @@
 """Export a folded (stock Qwen3) checkpoint to an ONNX decoder with KV cache, and validate it.
 
     python tools/export_onnx.py FOLDED_DIR OUT_DIR [--cache concat|buffer] [--external-data] [--opset 17]
-                                [--decode-steps 16] [--force]
+                                [--decode-steps 16] [--force] [--weights fp32|int8|int4] [--block-size 32]
 
 Goes through Paddle's own route (jit.save of a static program, then paddle2onnx) and checks the result as
 Optimum does: onnx.checker full check, standard ONNX ops only, KV inputs with H_kv heads, and onnxruntime vs
@@ -18,10 +18,20 @@ Weights go to OUT_DIR/model.onnx.data (ONNX external data, beside a model.onnx o
 graph past protobuf's 2 GB limit (e.g. any Qwen3-0.6B: 2.4 GB in float32), or always with --external-data; any
 size exports the same way (the program converted without its weights, then the weights attached).
 
+--weights int8 / int4 quantizes the validated float32 graph with onnxruntime's own MatMulNBitsQuantizer (weight-only,
+symmetric blocks of --block-size along the input axis, float32 scales; the LM head too, tied or not, unless
+--float-lm-head; the embedding, the RMSNorms including q_norm / k_norm, attention and the cache stay float32), then
+prints its quality against the float32 graph on held-out text (mean logit KL, greedy-token agreement) and fails
+outside the format's bounds (int8: KL <= 0.01 nats, agreement >= 95%; int4: 0.25, 80%). The graph then uses
+onnxruntime's contrib op MatMulNBits (onnxruntime, onnxruntime-genai and paddle_vha.serve run it; paddle/ keeps the
+float32 program). fp16 / bf16 are refused: onnxruntime's CPU EP casts float16 weights back to float32 (no gain).
+
 Memory: about 0.5 GB + 1.7 x the float32 weights (4 bytes per parameter: 4.6 GB for Qwen3-0.6B, 12.2 GB for
 Qwen3-1.7B); measured peak RSS 3.8 GB for Qwen3-0.6B (either cache flavour), 9.0 GB for Qwen3-1.7B
 (docs/deploy.md). The export refuses up front, in one line and before reading any weight, when the machine's
-available memory (MemAvailable, plus what the process already holds) is below that.
+available memory (MemAvailable, plus what the process already holds) is below that. --weights int8 / int4 needs
+the more of that and 0.5 GB + the float32 weights + 6.5 x the largest tensor (Qwen3-0.6B: 6.9 GB), measured peak
+3.86 GB for 2 layers at Qwen3-0.6B widths (tied).
 """
 from __future__ import annotations
 
@@ -47,17 +57,30 @@ def main(argv=None):
                         "run) or buffer (the in-place flavour paddle_vha.serve runs: faster at long context)")
     p.add_argument("--external-data", action="store_true",
                    help="store the weights in model.onnx.data even under 2 GB (over it they always are)")
+    p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "bf16", "int8", "int4"],
+                   help="weight format of model.onnx (default fp32; fp16 / bf16 are refused with the reason)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="values per quantization block for int8 / int4 (a power of two >= 16; default 32)")
+    p.add_argument("--float-lm-head", action="store_true", help="keep the LM head float32 when quantizing")
     args = p.parse_args(argv)
     if args.decode_steps < 1:
         p.error("--decode-steps must be >= 1")
+    from paddle_vha.export.errors import ExportError
+    from paddle_vha.export.quantize import check_weights
+
+    try:  # before Paddle is even imported: a refused format costs nothing
+        check_weights(args.weights, args.block_size)
+    except ExportError as e:
+        fail(str(e))
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
-    from paddle_vha.export.onnx_export import ExportError, export_onnx
+    from paddle_vha.export.onnx_export import export_onnx
 
     try:
         export_onnx(args.folded_dir, args.out_dir, opset=args.opset, decode_steps=args.decode_steps,
                     tolerance=args.tolerance, force=args.force, cache_io=args.cache,
-                    external_data=args.external_data or None)
+                    external_data=args.external_data or None, weights=args.weights, block_size=args.block_size,
+                    quantize_lm_head=not args.float_lm_head)
     except (CheckpointError, ExportError) as e:
         fail(str(e))
     print(f"wrote {args.out_dir}")

@@ -38,6 +38,8 @@ from .graph import finalize_graph
 from .memory import check_memory
 from .paddle_program import convert_without_weights, run_paddle2onnx, save_program
 from .plan import CACHE_IO, ServingPlan, serving_plan
+from .quality import BOUNDS, check_quality, held_out_windows, measure_quality, teacher_forced_logits
+from .quantize import check_weights, quantize_graph
 from .reference import CheckpointTensors, reference_model, weight_bytes  # noqa: F401 - reference_model re-exported
 from .validation import Validation, validate_onnx
 from .weights import DATA_FILE, attach_weights, needs_external_data
@@ -63,7 +65,8 @@ def _check_options(opset: int, cache_io: str) -> None:
 
 
 def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, force=False, log=print,
-                external_data=None, cache_io="concat"):
+                external_data=None, cache_io="concat", weights="fp32", block_size=None, quantize_lm_head=True,
+                quality_bounds=None):
     """Export the servable checkpoint `ckpt_dir` (a path or an opened CheckpointFolder) and validate it; writes out_dir
     atomically (a temp folder renamed at the end). Refused up front (ExportError, nothing read or written) when the
     machine's available memory is below the export's need (paddle_vha/export/memory.py).
@@ -72,8 +75,12 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     limit with them inline, paddle_vha/export/weights.py).
     cache_io: "concat" (the onnxruntime-genai / Optimum interface: present = past + new) or "buffer" (the in-place
     flavour paddle_vha.serve runs: the runtime's cache buffers in, the new positions out; paddle_vha/export/decoder.py).
+    weights: "fp32", or "int8" / "int4" (paddle_vha/export/quantize.py: the float32 graph is exported and validated
+    first, then quantized by onnxruntime's MatMulNBitsQuantizer in blocks of `block_size`, and its logits on held-out
+    text must stay within `quality_bounds` of the float32 graph's, paddle_vha/export/quality.py).
     """
     _check_options(opset, cache_io)
+    check_weights(weights, block_size)
     ckpt_path = ckpt_dir.path if isinstance(ckpt_dir, CheckpointFolder) else ckpt_dir
     check_output_dir(out_dir, [ckpt_path], force, ExportError, input_label="the checkpoint")
     t0 = time.time()
@@ -82,10 +89,10 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     if cache_io == "buffer" and any(plan.cache_windows):
         raise ExportError(f"{plan.folder.path}: the buffer flavour (--cache buffer) is not offered for sliding-window "
                           "layers (their cache keeps only the window); export with the default --cache concat")
-    weights = weight_bytes(plan.folder)
-    need = check_memory(weights, plan.folder.path)
+    float_bytes = weight_bytes(plan.folder)
+    need = check_memory(float_bytes, plan.folder.path, weight_bytes(plan.folder, largest=True), weights != "fp32")
     log(f"loaded {plan.folder.path}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
-        f"{cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}; {weights / 1e9:.2f} GB of float32 weights, "
+        f"{cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}; {float_bytes / 1e9:.2f} GB of float32 weights, "
         f"the export needs about {need / 1e9:.1f} GB of memory")
     tensors = CheckpointTensors(plan.folder)  # each tensor read when the decoder / the reference model takes it
     with atomic_dir(out_dir, tool="export_onnx", replace=force, error=ExportError) as tmp:
@@ -98,13 +105,48 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
                               f"{tolerance:.0e}")
         if not val.tokens_match:
             raise ExportError("validation failed: greedy tokens differ between onnxruntime and Paddle")
+        quant = None
+        if weights != "fp32":
+            quant = _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_data, quality_bounds,
+                              log)
+            external = quant["external_data"]
         for name in COPY_FILES:
             src = os.path.join(plan.folder.path, name)
             if os.path.isfile(src):
                 shutil.copy2(src, os.path.join(tmp, name))
         write_genai_files(tmp, plan, log=log)
-        _write_export_info(tmp, plan, opset, val, tolerance, external)
+        _write_export_info(tmp, plan, opset, val, tolerance, external, quant)
     return val
+
+
+def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_data, bounds, log) -> dict:
+    """The validated float32 graph at onnx_path quantized in place, and its quality on held-out text checked against
+    the float32 graph's (ExportError outside the bounds); returns export_info's "weights" entry."""
+    from ..serve.ort_session import OrtDecoder
+
+    t0 = time.time()
+    ids, text = held_out_windows(plan.folder.path, int(plan.config.vocab_size))
+
+    def session():
+        s = OrtDecoder(onnx_path)
+        s.cache_windows, s.cache_io = plan.input_windows, plan.cache_io
+        return s
+
+    sess = session()
+    reference = teacher_forced_logits(sess, ids)  # the float32 graph's, then freed
+    del sess
+    gc.collect()
+    info = quantize_graph(onnx_path, weights, block_size, quantize_lm_head, bool(external_data))
+    log(f"quantized to {weights} (onnxruntime MatMulNBits, symmetric blocks of {info['block_size']}, LM head "
+        f"{info['lm_head']}): {info['quantized_matmuls']} MatMuls, {info['weight_bytes'] / 1e6:.1f} MB of weights "
+        f"in the graph, in {time.time() - t0:.1f} s")
+    sess = session()
+    quality = measure_quality(reference, sess, ids, text)
+    del sess, reference
+    gc.collect()
+    log(quality.line(weights, bounds))
+    check_quality(quality, weights, bounds)
+    return dict(info, quality=quality.as_dict(), bounds=list(bounds or BOUNDS[weights]))
 
 
 def _save_decoder(plan: ServingPlan, tensors, prefix: str) -> None:
@@ -144,7 +186,7 @@ def _write_graphs(plan: ServingPlan, tensors, tmp: str, opset: int, external_dat
 
 
 def _write_export_info(tmp: str, plan: ServingPlan, opset: int, val: Validation, tolerance: float,
-                       external: bool) -> None:
+                       external: bool, quant: dict = None) -> None:
     """export_info.json: the graph's I/O names and cache layout (what paddle_vha.serve reads), the validation."""
     cfg = plan.config
     ins, outs = plan.io_names
@@ -157,6 +199,7 @@ def _write_export_info(tmp: str, plan: ServingPlan, opset: int, val: Validation,
                 cache_names=[list(x) for x in plan.cache_names], cache_windows=plan.cache_windows,
                 cache_io=plan.cache_io, external_data=DATA_FILE if external else None,
                 validation=dict(prefill_max_abs=val.prefill_max_abs, decode_max_abs=val.decode_max_abs,
-                                decode_steps=val.steps, tolerance=tolerance), ops=val.ops)
+                                decode_steps=val.steps, tolerance=tolerance),
+                ops=quant.pop("ops") if quant else val.ops, weights=quant or dict(format="fp32"))
     with open(os.path.join(tmp, "export_info.json"), "w") as f:
         json.dump(info, f, indent=2)

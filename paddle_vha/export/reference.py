@@ -63,15 +63,16 @@ def _non_finite(a: np.ndarray, block: int = 1 << 22) -> int:
                                                                     for i in range(0, flat.size, block)))
 
 
-def weight_bytes(folder) -> int:
-    """The checkpoint's weights in float32 bytes (what the export holds per copy), from the headers alone."""
-    total = 0
+def weight_bytes(folder, largest: bool = False) -> int:
+    """The checkpoint's weights in float32 bytes (what the export holds per copy), from the headers alone; with
+    `largest`, its largest tensor's float32 bytes instead."""
+    sizes = []
     for ref in folder.tensors.values():
         n = 1
         for d in ref.shape:
             n *= d
-        total += 4 * n
-    return total
+        sizes.append(4 * n)
+    return max(sizes, default=0) if largest else sum(sizes)
 
 
 def reference_model(plan, tensors):

@@ -1,0 +1,189 @@
+"""Weight-only quantization of an exported decoder with onnxruntime's own block quantizer (MatMulNBitsQuantizer).
+
+`--weights int8 / int4` rewrites every MatMul whose right operand is a constant (q/k/v/o, gate/up/down, the LM head)
+into onnxruntime's MatMulNBits (contrib domain com.microsoft): the weight stored in blocks of `block_size` values
+along the input axis, each block with its own float32 scale (symmetric: no zero point, like llama.cpp's Q8_0 /
+Q4_0), multiplied at accuracy_level 4 (activations quantized to int8 per block, int8 dot products: ACCURACY_LEVEL).
+Everything else stays float32: the embedding Gather (a step reads one row of
+it), the RMSNorm weights (input / post-attention / final, and Qwen3's q_norm / k_norm, which are Mul constants the
+quantizer never touches: tests/test_export_quant.py checks they are there, float32 and used), attention and the KV
+cache.
+
+The tied LM head (tie_word_embeddings: logits = x @ embed^T) reads the embedding through Transpose nodes, which the
+quantizer skips (it only takes a constant operand). `untie_lm_head` gives that MatMul its own constant, the
+transposed embedding, before quantization, so the head is quantized too; the embedding stays float32 for the
+Gather. Measured (docs/deploy.md): at Qwen3-0.6B the head is 26% of the float32 weights a batch-1 step reads, and
+quantizing it costs little KL; `quantize_lm_head=False` keeps it float32 instead.
+
+float16 / bfloat16 are refused (FLOAT_REFUSAL): onnxruntime 1.32's CPU execution provider has no bfloat16 kernels
+and, on this x86 CPU, no float16 MatMul: it inserts Casts and folds the float16 weights back to float32 at session
+creation (the optimized graph's initializers are float32), so a step reads the same bytes as the float32 export.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import numpy as np
+
+from .errors import ExportError
+from .weights import DATA_FILE, needs_external_data
+
+__all__ = ["WEIGHT_FORMATS", "BITS", "DEFAULT_BLOCK_SIZE", "FLOAT_REFUSAL", "check_weights", "quantize_graph",
+           "untie_lm_head", "QUANT_OPS"]
+
+WEIGHT_FORMATS = ("fp32", "fp16", "bf16", "int8", "int4")
+BITS = {"int8": 8, "int4": 4}
+DEFAULT_BLOCK_SIZE = 32  # llama.cpp's Q8_0 / Q4_0 block; onnxruntime-genai's builder default for int4
+# MatMulNBits' accuracy_level 4: the activations quantized to int8 per block and multiplied by int8 kernels. On this
+# AVX2 CPU (ORT 1.32, 16 MatMuls of 1024 x 3072, batch 1, loaded machine) fp32 92 ms; int4 31 ms at level 4, 94 ms
+# at level 0 (float compute); int8 55 ms at level 4, 1,679 ms at level 0. The quality gate measures its cost too.
+ACCURACY_LEVEL = 4
+QUANT_OPS = ("MatMulNBits",)  # the contrib ops a quantized graph may hold (domain com.microsoft)
+FLOAT_REFUSAL = ("onnxruntime 1.32's CPU execution provider runs no bfloat16 kernels and, on x86, no float16 MatMul: "
+                 "it casts float16 weights back to float32 when it loads the graph, so a step reads what float32 "
+                 "reads; use --weights int8 (or int4) for fewer bytes per step")
+
+
+def check_weights(weights: str, block_size: Optional[int]) -> None:
+    """ExportError (one line) for a weight format or block size the export does not write."""
+    if weights in ("fp16", "bf16"):
+        raise ExportError(f"--weights {weights}: refused: {FLOAT_REFUSAL}")
+    if weights not in ("fp32",) + tuple(BITS):
+        raise ExportError(f"--weights {weights!r}: expected one of fp32, int8, int4")
+    if block_size is not None:
+        if weights == "fp32":
+            raise ExportError("--block-size applies to --weights int8 / int4 only")
+        if block_size < 16 or block_size & (block_size - 1):
+            raise ExportError(f"--block-size {block_size}: MatMulNBits needs a power of two >= 16 (e.g. 32, 64, 128)")
+
+
+def _producer(graph):
+    return {o: n for n in graph.node for o in n.output}
+
+
+def untie_lm_head(model) -> Optional[str]:
+    """If the MatMul producing `logits` reads the embedding through Transpose nodes (a tied head), give it a constant
+    of its own, the transposed embedding (hidden, vocab); returns that initializer's name, or None (untied: the
+    head already has its own constant)."""
+    import onnx
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    made = _producer(graph)
+    head = made.get("logits")
+    if head is None or head.op_type != "MatMul" or head.input[1] in inits:
+        return None
+    perm_count, src = 0, head.input[1]
+    while src in made and made[src].op_type == "Transpose":  # paddle2onnx may chain two (a no-op pair plus one)
+        node = made[src]
+        perm = [a.ints for a in node.attribute if a.name == "perm"]
+        if perm and list(perm[0]) not in ([1, 0],):
+            return None
+        perm_count, src = perm_count + 1, node.input[0]
+    if src not in inits or perm_count % 2 != 1:
+        return None
+    emb = inits[src]
+    if emb.data_type != onnx.TensorProto.FLOAT or len(emb.dims) != 2 or not emb.raw_data:
+        return None
+    v, h = emb.dims
+    table = np.frombuffer(emb.raw_data, np.float32).reshape(v, h)  # (V, h): the embedding
+    head_t = np.empty((h, v), np.float32)
+    head_t[...] = table.T  # (h, V): the head's own constant
+    del table
+    name = "lm_head.weight.untied"
+    tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=[h, v])
+    tensor.raw_data = head_t.tobytes()
+    del head_t
+    graph.initializer.append(tensor)
+    head.input[1] = name
+    return name
+
+
+def load_inline(onnx_path: str):
+    """The graph at onnx_path with every external-data tensor read into it, one tensor at a time (onnx.load's own
+    external-data loading holds about twice the weights at its peak; this, the weights plus one tensor)."""
+    import onnx
+
+    model = onnx.load(onnx_path, load_external_data=False)
+    base = os.path.dirname(onnx_path)
+    handles = {}
+    try:
+        for t in model.graph.initializer:
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            meta = {e.key: e.value for e in t.external_data}
+            f = handles.get(meta["location"]) or handles.setdefault(meta["location"],
+                                                                   open(os.path.join(base, meta["location"]), "rb"))
+            f.seek(int(meta.get("offset", 0)))
+            data = f.read(int(meta["length"]))
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = data
+            del data
+    finally:
+        for f in handles.values():
+            f.close()
+    return model
+
+
+def _prune_dead(graph) -> None:
+    """Drop nodes nobody reads (the tied head's Transposes, once untied)."""
+    while True:
+        read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        keep = [n for n in graph.node if any(o in read for o in n.output)]
+        if len(keep) == len(graph.node):
+            return
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+def quantize_graph(onnx_path: str, weights: str, block_size: Optional[int] = None, quantize_lm_head: bool = True,
+                   external_data: bool = False) -> dict:
+    """Rewrite the float32 decoder at `onnx_path` (and its model.onnx.data) in place as `weights` ("int8" / "int4"):
+    onnxruntime's MatMulNBitsQuantizer (symmetric blocks of `block_size`, float32 scales) over every constant MatMul.
+    The result goes to external data when it would pass protobuf's limit inline, or when `external_data`. Returns
+    what was done (for export_info.json)."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    bits, block = BITS[weights], block_size or DEFAULT_BLOCK_SIZE
+    model = load_inline(onnx_path)  # the float32 weights in memory, once
+    untied = untie_lm_head(model) if quantize_lm_head else None
+    _prune_dead(model.graph)
+    head = next(n for n in model.graph.node if "logits" in n.output)
+    exclude = [] if quantize_lm_head else [head.name or _name_node(head, "lm_head")]
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # INFO per node
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block, is_symmetric=True,
+                                     accuracy_level=ACCURACY_LEVEL, nodes_to_exclude=exclude)
+    quantizer.process()
+    model = quantizer.model.model
+    del quantizer
+    counts = {}
+    for n in model.graph.node:
+        if n.op_type in ("MatMul", "MatMulNBits") and any(t.name == n.input[1] for t in model.graph.initializer):
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    odd = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node
+                  if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in {("com.microsoft", o)
+                                                                                       for o in QUANT_OPS}})
+    if odd:
+        raise ExportError(f"the quantized graph holds ops other than standard ONNX and MatMulNBits: {', '.join(odd)}")
+    ops = sorted({n.op_type for n in model.graph.node})
+    for stale in (onnx_path, os.path.join(os.path.dirname(onnx_path), DATA_FILE)):
+        if os.path.exists(stale):
+            os.remove(stale)
+    weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
+    external = bool(external_data) or needs_external_data(weight_bytes, 4 << 20)
+    onnx.save_model(model, onnx_path, save_as_external_data=external, all_tensors_to_one_file=True,
+                    location=DATA_FILE, size_threshold=1024)
+    return dict(format=weights, bits=bits, block_size=block, symmetric=True, accuracy_level=ACCURACY_LEVEL,
+                quantizer="onnxruntime "
+                "MatMulNBitsQuantizer (DEFAULT, round to nearest)", lm_head=weights if quantize_lm_head else "float32",
+                tied_head_untied=bool(untied), quantized_matmuls=counts.get("MatMulNBits", 0),
+                float_matmuls=counts.get("MatMul", 0), weight_bytes=weight_bytes, external_data=external, ops=ops)
+
+
+def _name_node(node, name: str) -> str:
+    node.name = name
+    return name

@@ -1,0 +1,207 @@
+"""Quantized exports (tools/export_onnx.py --weights int8 / int4): onnxruntime's MatMulNBitsQuantizer over the
+validated float32 graph, its quality on held-out text bounded against the float32 graph's, q_norm / k_norm kept float
+and used, the tied LM head quantized, fp16 / bf16 refused with the reason, a corrupted scale caught."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import paddle
+import pytest
+from onnx import numpy_helper
+from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
+
+from paddle_vha.export import onnx_export
+from paddle_vha.export.errors import ExportError
+from paddle_vha.export.onnx_export import export_onnx
+from paddle_vha.export.quality import BOUNDS, check_quality, held_out_windows, measure_quality, teacher_forced_logits
+from paddle_vha.serve.generate import generate
+from paddle_vha.serve.ort_session import OrtDecoder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAYERS = 2
+LINEARS = 7 * LAYERS + 1  # q, k, v, o, gate, up, down per layer, and the LM head
+
+
+def make_checkpoint(path, tied=True):
+    """A byte-vocabulary stock Qwen3 whose logits are peaked (so greedy choices are decisive) and whose q_norm /
+    k_norm weights are far from 1 (so a graph that dropped or ignored them would show it)."""
+    paddle.seed(7)
+    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                      tie_word_embeddings=tied)
+    model = Qwen3ForCausalLM(cfg)
+    for n, p in model.named_parameters():
+        if n.endswith("embed_tokens.weight") or n.endswith("lm_head.weight"):
+            p.set_value(paddle.randn(p.shape) * 0.5)
+        elif n.endswith("q_norm.weight") or n.endswith("k_norm.weight"):
+            p.set_value(paddle.uniform(p.shape, min=0.3, max=2.0))
+    model.save_pretrained(str(path))
+    return model
+
+
+def norm_weights(ckpt):
+    from safetensors.numpy import load_file
+
+    tensors = {}
+    for f in os.listdir(ckpt):
+        if f.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(ckpt, f)))
+    return {k: v.astype(np.float32) for k, v in tensors.items() if "q_norm" in k or "k_norm" in k}
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quant")
+    make_checkpoint(root / "tied", tied=True)
+    make_checkpoint(root / "untied", tied=False)
+    return root
+
+
+def _export(ckpt, out, weights, **kw):
+    lines = []
+    export_onnx(str(ckpt), str(out), decode_steps=4, log=lines.append, weights=weights, **kw)
+    print("\n".join(lines))
+    return lines, json.load(open(os.path.join(out, "export_info.json")))
+
+
+def _norm_initializers(model):
+    """{initializer name: array} of the float initializers read by a Mul that have the q/k-norm's width (16)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    muls = {i for n in model.graph.node if n.op_type == "Mul" for i in n.input}
+    return {k: numpy_helper.to_array(t) for k, t in inits.items()
+            if k in muls and t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [16]}
+
+
+@pytest.mark.parametrize("case", [("int8", "tied", "concat", False), ("int4", "untied", "buffer", True)],
+                         ids=["int8-tied-concat", "int4-untied-buffer-external"])
+def test_quantized_export_keeps_norms_and_quantizes_every_linear(ckpts, tmp_path, case):
+    weights, tie, cache, external = case
+    out = tmp_path / "onnx"
+    lines, info = _export(ckpts / tie, out, weights, cache_io=cache, external_data=external)
+    q = info["weights"]
+    line = next(ln for ln in lines if ln.startswith("quality:"))
+    assert q["format"] == weights and q["bits"] == int(weights[3:]) and q["block_size"] == 32
+    assert q["lm_head"] == weights and q["accuracy_level"] == 4
+    assert q["tied_head_untied"] is (tie == "tied")
+    assert q["quantized_matmuls"] == LINEARS and q["float_matmuls"] == 0, q
+    assert os.path.isfile(out / "model.onnx.data") is external and info["external_data"] == (
+        "model.onnx.data" if external else None)
+    assert "MatMulNBits" in info["ops"] and info["cache_io"] == cache
+    model = onnx.load(str(out / "model.onnx"))
+    contrib = {(n.domain, n.op_type) for n in model.graph.node if n.domain not in ("", "ai.onnx")}
+    assert contrib == {("com.microsoft", "MatMulNBits")}
+    # q_norm / k_norm: present in the quantized graph, float32, the checkpoint's values, read by a Mul
+    want = norm_weights(ckpts / tie)
+    got = list(_norm_initializers(model).values())
+    print(f"{len(want)} q/k-norm weights in the checkpoint, {len(got)} width-16 float Mul constants in the graph")
+    for name, w in want.items():
+        assert any(np.array_equal(w, g) for g in got), f"{name} is not in the quantized graph as it is"
+    # the quality the export printed is within the format's bounds, and it is what export_info records
+    assert info["weights"]["quality"]["mean_kl"] <= BOUNDS[weights][0], line
+    assert info["weights"]["quality"]["decisive"] > 0 and info["weights"]["quality"]["agreement"] >= BOUNDS[weights][1]
+    # our serving session runs it; genai_config.json is written for the concat flavour
+    sess = OrtDecoder.from_dir(str(out))
+    res = generate(sess, np.asarray([list(b"def fib(n):")]), 8, eos_token_id=-1)
+    print("greedy on the quantized export:", res.tokens.tolist())
+    assert res.tokens.shape == (1, 8) and 0 <= res.tokens.min() and res.tokens.max() < 256
+    assert os.path.isfile(out / "genai_config.json") is (cache == "concat")
+
+
+def _corrupt_scale(onnx_path, factor=4.0, which=0):
+    """Multiply the scales of the `which`-th MatMulNBits by `factor`, in the file (inline weights)."""
+    model = onnx.load(onnx_path)
+    node = [n for n in model.graph.node if n.op_type == "MatMulNBits"][which]
+    for t in model.graph.initializer:
+        if t.name == node.input[2]:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * np.float32(factor), t.name))
+    onnx.save(model, onnx_path)
+    return node.name
+
+
+def test_a_corrupted_scale_fails_the_export(ckpts, tmp_path, monkeypatch):
+    """The export's own quality gate: the quantizer's output with one layer's scales off by 4x (o_proj of layer 0)
+    is refused, and nothing is written."""
+    real = onnx_export.quantize_graph
+
+    def broken(path, *a, **k):
+        info = real(path, *a, **k)
+        print("corrupted", _corrupt_scale(path, 4.0, which=3))
+        return info
+
+    monkeypatch.setattr(onnx_export, "quantize_graph", broken)
+    with pytest.raises(ExportError, match="quality check failed") as e:
+        _export(ckpts / "tied", tmp_path / "bad", "int8")
+    print(e.value)
+    assert not os.path.exists(tmp_path / "bad") and not [p for p in os.listdir(tmp_path) if "bad" in p]
+
+
+def test_norms_are_used_and_a_wrong_scale_is_outside_the_bound(ckpts, tmp_path):
+    """On one int4 export: its graph with q_norm / k_norm set to 1 (what a quantized path that dropped them computes),
+    and with one scale off by 4x, each moves the logits by more than int4's KL bound; the graph as written does not
+    move them at all (the measure itself is exact)."""
+    out = tmp_path / "int4"
+    _export(ckpts / "tied", out, "int4")
+    ids, text = held_out_windows(str(ckpts / "tied"), 256)
+    path = str(out / "model.onnx")
+    ref = teacher_forced_logits(OrtDecoder.from_dir(str(out)), ids)
+    same = measure_quality(ref, OrtDecoder.from_dir(str(out)), ids, text)
+    print("unchanged:", same.line("int4"))
+    assert same.mean_kl < 1e-9
+    model = onnx.load(path)
+    for t in model.graph.initializer:
+        if t.name in _norm_initializers(model):
+            t.CopyFrom(numpy_helper.from_array(np.ones(16, np.float32), t.name))
+    onnx.save(model, str(tmp_path / "no_norm.onnx"))
+    dropped = measure_quality(ref, OrtDecoder(str(tmp_path / "no_norm.onnx")), ids, text)
+    print("q/k norms = 1:", dropped.line("int4"))
+    with pytest.raises(ExportError, match="quality check failed"):
+        check_quality(dropped, "int4")
+    _corrupt_scale(path, 4.0, which=LINEARS - 1)  # the LM head's
+    wrong = measure_quality(ref, OrtDecoder.from_dir(str(out)), ids, text)
+    print("LM head scale x4:", wrong.line("int4"))
+    with pytest.raises(ExportError, match="quality check failed"):
+        check_quality(wrong, "int4")
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--weights", "fp16"], "no float16 MatMul"),
+    (["--weights", "bf16"], "no bfloat16 kernels"),
+    (["--weights", "int4", "--block-size", "48"], "power of two"),
+    (["--block-size", "32"], "int8 / int4 only"),
+])
+def test_refusals_are_one_line_and_write_nothing(ckpts, tmp_path, argv, words):
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_onnx.py"), str(ckpts / "tied"), str(out),
+                        *argv], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    print(r.stderr)
+    assert r.returncode != 0 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_int4_at_qwen3_0_6b_widths(tmp_path):
+    """2 layers at Qwen3-0.6B widths as a hub download looks (tied head, 151,936-token BPE tokenizer, head_dim 128):
+    the int4 export in the buffer flavour with external data; every Linear and the tied head quantized, q/k norms the
+    checkpoint's values in float32, quality on held-out text tokenized by the checkpoint's own tokenizer, and our
+    session generates from it."""
+    from tools.fixtures.qwen3_shaped import make_checkpoint as shaped
+
+    ckpt, out = tmp_path / "ckpt", tmp_path / "int4"
+    shaped(str(ckpt), "0.6b", layers=2)
+    lines, info = _export(ckpt, out, "int4", cache_io="buffer", external_data=True)
+    q = info["weights"]
+    assert q["quantized_matmuls"] == LINEARS and q["tied_head_untied"] and q["lm_head"] == "int4", q
+    assert "checkpoint's tokenizer" in q["quality"]["text"] and q["quality"]["mean_kl"] <= BOUNDS["int4"][0]
+    assert os.path.getsize(out / "model.onnx.data") > 100e6 and info["cache_io"] == "buffer"
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    muls = {i for n in model.graph.node if n.op_type == "Mul" for i in n.input}
+    norms = [t for t in model.graph.initializer if t.name in muls and list(t.dims) == [128]]
+    print(f"{len(norms)} width-128 Mul constants (q_norm / k_norm of 2 layers) in the int4 graph")
+    assert len(norms) >= 2 * LAYERS and all(t.data_type == onnx.TensorProto.FLOAT for t in norms)
+    sess = OrtDecoder.from_dir(str(out))
+    res = generate(sess, np.asarray([[9707, 11, 1879]]), 4, eos_token_id=-1)
+    print("int4 greedy:", res.tokens.tolist(), f"{res.tokens_per_second:.1f} tokens/s")
+    assert res.tokens.shape == (1, 4)

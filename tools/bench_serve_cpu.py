@@ -1,0 +1,286 @@
+#!/usr/bin/env python
+"""Serving on a CPU, side by side: our session per weight format, onnxruntime-genai on the same export, Hugging Face
+transformers (torch) fp32 on the checkpoint; tokens/s, ms per decode step and each one's floor, in one run.
+
+    python tools/bench_serve_cpu.py WORK [--shape 0.6b] [--layers N] [--checkpoint DIR] [--formats fp32 int8 int4]
+                                    [--batch 1] [--prompt 128] [--new 128]
+
+WORK (created) receives the checkpoint (tools/fixtures/qwen3_shaped.py at --shape, tied, random bf16 weights: speed
+does not depend on their values) unless --checkpoint names one, its float32 export (tools/export_onnx.py's code, 2
+validation steps) and one copy per quantized format, quantized by the export's own quantize_graph (the
+MatMulNBitsQuantizer path of --weights int8 / int4; the quality gate is the export's, not re-run here). Each runtime
+is timed in a fresh process, one after the other: a prefill of --prompt random tokens, then --new greedy tokens.
+
+Floor: the bytes a decode step must read (the weights its MatMuls read, the LM head included; the KV cache at the
+mean context, read once) over this machine's copy bandwidth measured in the same run (a 256 MB numpy copy, bytes
+read + written). Memory: a full-size export holds about 1.7x the float32 weights (Qwen3-0.6B: 4.6 GB; 1.7B: 12.2 GB;
+paddle_vha/export/memory.py), refused up front; run full sizes under the shared lock (flock
+/work/locks/fullsize.lock ...). HF needs the side environment (tools/hf_env.sh); without it that row is skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "100000000000"}
+
+OURS = """
+import json, sys, time
+import numpy as np
+from paddle_vha.serve.generate import generate
+from paddle_vha.serve.ort_session import OrtDecoder
+folder, batch, prompt, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+sess = OrtDecoder.from_dir(folder)
+ids = np.random.default_rng(0).integers(0, 151643, size=(batch, prompt))
+generate(sess, ids[:, :8], 4, eos_token_id=-1)  # warm-up
+res = generate(sess, ids, new, eos_token_id=-1)
+print(json.dumps(dict(prefill=res.prefill_seconds, step=res.decode_seconds / (new - 1))))
+"""
+
+GENAI = """
+import json, sys, time
+import numpy as np, onnxruntime_genai as og
+folder, batch, prompt, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+model = og.Model(folder)
+params = og.GeneratorParams(model)
+params.set_search_options(max_length=prompt + new, do_sample=False, batch_size=batch)
+gen = og.Generator(model, params)
+t = time.perf_counter()
+gen.append_tokens(np.random.default_rng(0).integers(0, 151643, size=(batch, prompt)).astype(np.int32))
+gen.generate_next_token()
+prefill = time.perf_counter() - t
+t = time.perf_counter()
+for _ in range(new - 1):
+    gen.generate_next_token()
+print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1))))
+"""
+
+HF = """
+import json, sys, time
+import numpy as np, torch
+from transformers import AutoModelForCausalLM
+folder, batch, prompt, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+ids = torch.tensor(np.random.default_rng(0).integers(0, 151643, size=(batch, prompt)))
+with torch.no_grad():
+    t = time.perf_counter()
+    out = model(ids, use_cache=True)
+    past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    prefill = time.perf_counter() - t
+    t = time.perf_counter()
+    for _ in range(new - 1):
+        out = model(nxt, past_key_values=past, use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1))))
+"""
+
+
+def run_json(python, code, args, env_extra=None, log=print):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(env_extra or {})
+    r = subprocess.run([python, "-c", code, *map(str, args)], capture_output=True, text=True, env=env, cwd=ROOT)
+    if r.returncode != 0:
+        log(f"  failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def step_weight_bytes(onnx_path: str) -> int:
+    """Bytes of the initializers a decode step's MatMuls read (B, scales; through Transposes, so a tied head counts
+    the embedding once), from the graph's headers."""
+    import onnx
+
+    model = onnx.load(onnx_path, load_external_data=False)
+    made = {o: n for n in model.graph.node for o in n.output}
+    sizes = {}
+    for t in model.graph.initializer:
+        ext = {e.key: e.value for e in t.external_data}
+        sizes[t.name] = int(ext["length"]) if "length" in ext else len(t.raw_data)
+    read = set()
+    for n in model.graph.node:
+        if n.op_type not in ("MatMul", "MatMulNBits"):
+            continue
+        for name in n.input[1:]:
+            while name in made and made[name].op_type == "Transpose":
+                name = made[name].input[0]
+            read.add(name)
+    return sum(sizes.get(k, 0) for k in read)
+
+
+def kv_bytes(cfg: dict, batch: int, context: int) -> int:
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return batch * cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * context * 4
+
+
+def check_memory_first(args) -> None:
+    """The export's own up-front refusal (paddle_vha/export/memory.py, a quantized export's need), before anything is
+    written: the float32 bytes from the checkpoint's headers, or from the shape the fixture would write."""
+    from paddle_vha.export.memory import check_memory
+
+    if args.checkpoint:
+        from paddle_vha.checkpoint.folder import CheckpointFolder
+        from paddle_vha.export.reference import weight_bytes
+
+        folder = CheckpointFolder.open(args.checkpoint)
+        total, largest = weight_bytes(folder), weight_bytes(folder, largest=True)
+    else:
+        from fixtures.qwen3_shaped import qwen3_config, tensor_shapes  # tools/ is the script's folder
+
+        sizes = [4 * int(__import__("numpy").prod(s)) for s in tensor_shapes(qwen3_config(args.shape, args.layers))
+                 .values()]
+        total, largest = sum(sizes), max(sizes)
+    check_memory(total, args.checkpoint or f"a {args.shape} checkpoint", largest, quantized=True)
+
+
+def prepare(args, log):
+    """(checkpoint folder, {format: export folder}) in WORK, writing what is missing."""
+    from paddle_vha.export.onnx_export import export_onnx
+    from paddle_vha.export.quantize import quantize_graph
+
+    ckpt = args.checkpoint or os.path.join(args.work, "checkpoint")
+    if not os.path.isdir(ckpt):
+        from fixtures.qwen3_shaped import make_checkpoint  # tools/ is the script's folder, first on the path
+
+        log(f"writing a {args.shape} checkpoint ({args.layers or 'all'} layers, random bf16) to {ckpt}")
+        make_checkpoint(ckpt, args.shape, layers=args.layers)
+    exports = {"fp32": os.path.join(args.work, "fp32")}
+    if not os.path.isfile(os.path.join(exports["fp32"], "export_info.json")):
+        t = time.time()
+        export_onnx(ckpt, exports["fp32"], decode_steps=2, log=lambda m: log("  " + m), force=True)
+        log(f"fp32 export: {time.time() - t:.0f} s")
+    for fmt in args.formats:
+        if fmt == "fp32":
+            continue
+        out = exports[fmt] = os.path.join(args.work, fmt)
+        if os.path.isfile(os.path.join(out, "export_info.json")):
+            continue
+        tmp = out + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(exports["fp32"], tmp, ignore=shutil.ignore_patterns("paddle"))
+        t = time.time()
+        info = quantize_graph(os.path.join(tmp, "model.onnx"), fmt)
+        path = os.path.join(tmp, "export_info.json")
+        meta = json.load(open(path))
+        meta["ops"], meta["weights"] = info.pop("ops"), dict(info, quality="not checked (bench copy)")
+        meta["external_data"] = "model.onnx.data" if info["external_data"] else None
+        json.dump(meta, open(path, "w"), indent=2)
+        os.rename(tmp, out)
+        log(f"{fmt}: quantized in {time.time() - t:.0f} s, {info['weight_bytes'] / 1e6:.0f} MB of weights")
+    return ckpt, exports
+
+
+def copy_bandwidth(mb: int = 256, repeats: int = 7) -> float:
+    """Bytes moved (read + written) per second by a large numpy copy, now."""
+    import numpy as np
+
+    a = np.ones(mb * 2**20 // 4, np.float32)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * a.nbytes / best
+
+
+def cpu_line() -> str:
+    model, flags = "?", set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name") and model == "?":
+            model = line.split(":", 1)[1].strip()
+        elif line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{model}, {os.cpu_count()} cores, {isa}"
+
+
+def timings(args, ckpt, exports, log):
+    """[(label, export or checkpoint, result dict)] in the order timed."""
+    hf_python = os.path.join(os.environ.get("HF_VENV", os.path.join(ROOT, ".venv-hf")), "bin", "python")
+    have_hf = os.path.isfile(hf_python)
+    rows, shape = [], (args.batch, args.prompt, args.new)
+    for fmt, folder in exports.items():
+        for malloc, extra in (("", {}), (" (tuned malloc)", TUNED_MALLOC)):
+            if malloc and not args.tuned_malloc:
+                continue
+            log(f"timing our session, {fmt}{malloc}")
+            rows.append((f"ours {fmt}{malloc}", folder, run_json(sys.executable, OURS, [folder, *shape], extra, log)))
+        if have_hf and not args.no_genai and fmt in args.genai_formats:
+            log(f"timing onnxruntime-genai, {fmt}")
+            rows.append((f"genai {fmt}", folder, run_json(hf_python, GENAI, [folder, *shape], log=log)))
+    if have_hf and not args.no_hf:
+        log("timing HF transformers (torch) fp32")
+        rows.append(("HF torch fp32", exports["fp32"], run_json(hf_python, HF, [ckpt, *shape], log=log)))
+    if not have_hf:
+        log(f"onnxruntime-genai and HF transformers: not timed ({hf_python} missing: bash tools/hf_env.sh)")
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("work", help="folder for the checkpoint and the exports (reused when present)")
+    p.add_argument("--checkpoint", help="a folded / stock Qwen3 checkpoint to serve (default: written at --shape)")
+    p.add_argument("--shape", default="0.6b", choices=["0.6b", "1.7b"])
+    p.add_argument("--layers", type=int, default=None, help="decoder layers of the written checkpoint (default all)")
+    p.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
+    p.add_argument("--genai-formats", nargs="+", default=["fp32", "int4"], choices=["fp32", "int8", "int4"])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--tuned-malloc", action="store_true", help="also time our session with MALLOC_MMAP_MAX_=0 ...")
+    p.add_argument("--no-genai", action="store_true")
+    p.add_argument("--no-hf", action="store_true")
+    args = p.parse_args(argv)
+    if args.new < 2 or args.prompt < 1 or args.batch < 1:
+        p.error("--new must be >= 2, --prompt and --batch >= 1")
+    from paddle_vha.cli import quiet
+
+    quiet()
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    from paddle_vha.checkpoint.contract import CheckpointError
+    from paddle_vha.export.errors import ExportError
+
+    try:
+        check_memory_first(args)
+    except (CheckpointError, ExportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(args.work, exist_ok=True)
+    ckpt, exports = prepare(args, log)
+    exports = {f: exports[f] for f in args.formats if f in exports}
+    cfg = json.load(open(os.path.join(ckpt, "config.json")))
+    bandwidth = copy_bandwidth()
+    rows = timings(args, ckpt, exports, log)
+    bandwidth = (bandwidth + copy_bandwidth()) / 2
+    kv = kv_bytes(cfg, args.batch, args.prompt + args.new // 2)
+    print(f"\n{cpu_line()}; load average {os.getloadavg()[0]:.1f} (a shared machine); copy bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s (read + written); Qwen3 {cfg['num_hidden_layers']} layers, hidden "
+          f"{cfg['hidden_size']}, vocab {cfg['vocab_size']}; batch {args.batch}, prompt {args.prompt}, "
+          f"{args.new} new tokens (greedy); floor = (weights the step reads + KV cache at the mean context, "
+          f"{kv / 1e6:.0f} MB) / copy bandwidth")
+    hdr = (f"{'runtime':<28} | {'tokens/s':>8} | {'ms/step':>8} | {'prefill s':>9} | {'MB/step':>8} | "
+           f"{'floor ms':>8} | {'x floor':>7}")
+    print(hdr)
+    print("-" * len(hdr))
+    for label, folder, res in rows:
+        weights = step_weight_bytes(os.path.join(folder, "model.onnx"))
+        floor = (weights + kv) / bandwidth
+        if res is None:
+            print(f"{label:<28} | {'failed':>8} |")
+            continue
+        step = res["step"]
+        print(f"{label:<28} | {args.batch / step:>8.2f} | {step * 1e3:>8.1f} | {res['prefill']:>9.2f} | "
+              f"{(weights + kv) / 1e6:>8.0f} | {floor * 1e3:>8.1f} | {step / floor:>6.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
