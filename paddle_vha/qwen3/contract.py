@@ -1,11 +1,14 @@
 """What a Qwen3 config.json must hold before any family reads it: positive integer sizes, finite positive eps and
-RoPE base, windows named where layer_types asks for them; the decoder layers' name prefix.
+RoPE base, a RoPE scaling paddle-vha implements (paddle_vha/qwen3/rope_scaling.py), windows named where layer_types
+asks for them; the decoder layers' name prefix.
 
 The tensors themselves (names, shapes) are declared in paddle_vha/qwen3/spec.py and each variant's spec.py.
 """
 from __future__ import annotations
 
 import math
+
+from .rope_scaling import rope_fields_problem
 
 __all__ = ["layer_prefix", "check_config", "check_config_fields", "sliding_window_layers"]
 
@@ -22,7 +25,8 @@ def _activations() -> set:
 
 def check_config_fields(fields: dict) -> None:
     """ValueError (one line naming the field) for a Qwen3 size that is not a positive int, an eps / RoPE base that
-    is not a positive finite number, a RoPE scaling that is not an object, or an unknown hidden_act, among the fields
+    is not a positive finite number, a RoPE scaling that is not an object or that paddle-vha does not implement as
+    PaddleFormers and transformers both read it (paddle_vha/qwen3/rope_scaling.py), or an unknown hidden_act, among the fields
     present in `fields` (config.json as read, before a config
     class sees it: Qwen3Config itself turns a 4.0 or a null into a traceback that names no field)."""
     for name in _SIZES:
@@ -34,6 +38,9 @@ def check_config_fields(fields: dict) -> None:
         r = fields.get(key)
         if r is not None and not (isinstance(r, dict) and isinstance(r.get("rope_type", r.get("type", "")), str)):
             raise ValueError(f"{key} must be an object with a string rope_type (or null), got {r!r}"[:200])
+    why = rope_fields_problem(fields)
+    if why:
+        raise ValueError(why[:300])
     act = fields.get("hidden_act")
     if act is not None and act not in _activations():
         raise ValueError(f"hidden_act {act!r} is not an activation PaddleFormers knows "
@@ -51,7 +58,8 @@ def check_config(cfg) -> None:
     """check_config_fields over every field of a built config object (defaults included), and sliding-window layers
     that name their window."""
     fields = {name: getattr(cfg, name, None) for name in _SIZES + ("rms_norm_eps", "rope_theta")}
-    fields["rope_parameters"] = getattr(cfg, "rope_parameters", None)
+    for key in ("rope_parameters", "rope_scaling", "partial_rotary_factor"):
+        fields[key] = getattr(cfg, key, None)
     fields["hidden_act"] = getattr(cfg, "hidden_act", None)
     check_config_fields(fields)
     window = getattr(cfg, "sliding_window", None)
