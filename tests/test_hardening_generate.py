@@ -58,14 +58,17 @@ def test_generate_refuses_broken_exports(tmp_path, capsys, export_dir, case):
     assert tree(tmp_path) == before
 
 
-def test_generate_warns_past_max_position_embeddings(capsys, export_dir):
+@pytest.mark.parametrize("new,needle", [("30", "ask for at most --max-new-tokens 29"),
+                                         (str(10**9), "--max-new-tokens 1000000000 pass the export's context of 32")])
+def test_generate_refuses_to_pass_the_context(capsys, export_dir, new, needle):
+    """Prompt + --max-new-tokens past the export's context (max_position_embeddings 32 here) is one refusal before
+    anything loads, naming the most that fits (it was a warning, and 10**9 ran unbounded); exactly the context runs."""
     from paddle_vha.cli.generate import main
 
-    assert main([export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", "40"]) == 0
-    err = capsys.readouterr().err
-    warnings = [ln for ln in err.splitlines() if ln.startswith("warning:")]
-    assert warnings == ["warning: prompt (3 tokens) + 40 new tokens pass max_position_embeddings=32; the model was not "
-                        "trained on positions beyond it"]
+    refused(main, [export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", new], capsys, needle)
+    assert main([export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", "29", "--ignore-eos"]) == 0
+    out = capsys.readouterr()
+    assert "29 new tokens" in out.err and "warning" not in out.err
 
 
 def test_generation_stops_on_non_finite_logits():
@@ -98,12 +101,12 @@ def test_generate_option_ranges(capsys, export_dir, argv, needle):
 
 
 def test_generate_refuses_a_cache_bigger_than_memory(capsys, export_dir, monkeypatch):
-    """--max-new-tokens 10**9 is refused before the runtime allocates, naming the cache size (it ran unbounded)."""
+    """A KV cache bigger than the memory available is refused before the runtime allocates, naming its size."""
     import paddle_vha.machine as machine
     from paddle_vha.cli.generate import main
 
-    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 1 << 30)
-    refused(main, [export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", str(10**9)], capsys, "KV cache")
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 1 << 10)
+    refused(main, [export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", "20"], capsys, "KV cache")
 
 
 def test_generate_refuses_a_prompt_that_is_not_utf8(capsys, export_dir):
