@@ -153,3 +153,21 @@ def test_config_fields_of_the_wrong_kind_are_named(tmp_path, capsys, tool, field
     main = fold.main if tool == "fold" else compress_kv.main
     refused(main, [src, str(tmp_path / "out"), "--no-progress", *extra], capsys, needle)
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling", "fifo"])
+@pytest.mark.parametrize("tool", ["fold", "export_onnx"])
+def test_side_file_that_is_not_a_file_is_named(tmp_path, capsys, tool, kind):
+    """A side file (tokenizer_config.json) that is a link loop, a dangling link or a FIFO: one line naming it and what
+    it is, before any work (fold: an OSError traceback; the export skipped it silently after converting)."""
+    import importlib
+
+    main = importlib.import_module(f"paddle_vha.cli.{tool}").main
+    src = save_vha(tmp_path / "in") if tool == "fold" else save_stock(tmp_path / "in")
+    side = os.path.join(src, "tokenizer_config.json")
+    open(side, "w").write("{}")
+    _swap_for(side, kind)
+    before = tree(tmp_path)
+    line = refused(main, [src, str(tmp_path / "out")], capsys, "tokenizer_config.json")
+    assert NOT_A_FILE[kind] in line, line
+    assert tree(tmp_path) == before

@@ -40,7 +40,17 @@ GENERATE_CASES = {
     "no-model": (lambda d: os.remove(os.path.join(d, "model.onnx")), "missing or empty"),
     "empty-model": (lambda d: open(os.path.join(d, "model.onnx"), "w").close(), "missing or empty"),
     "truncated-model": (lambda d: open(os.path.join(d, "model.onnx"), "r+b").truncate(300), "onnxruntime cannot load it"),
+    # export_info.json claiming the in-place flavour for a concat graph (a ValueError traceback from numpy)
+    "lying-cache-io": (lambda d: edit_json(os.path.join(d, "export_info.json"), cache_io="buffer"),
+                       "export_info.json does not describe this model.onnx"),
 }
+
+
+def edit_json(path, **changes):
+    data = json.load(open(path))
+    data.update(changes)
+    with open(path, "w") as f:
+        json.dump(data, f)
 
 
 @pytest.mark.parametrize("case", list(GENERATE_CASES))
@@ -114,3 +124,20 @@ def test_generate_refuses_a_prompt_that_is_not_utf8(capsys, export_dir):
     from paddle_vha.cli.generate import main
 
     refused(main, [export_dir, "--prompt", "def \udcff", "--max-new-tokens", "2"], capsys, "not valid UTF-8")
+
+
+def test_generate_refuses_a_truncated_paddle_program(tmp_path, capsys, export_dir):
+    """--runtime paddle on a truncated paddle/model.pdiparams: one line naming the files (it was Paddle's
+    traceback from create_predictor)."""
+    import shutil
+
+    from paddle_vha.cli.generate import main
+
+    d = str(tmp_path / "e")
+    shutil.copytree(export_dir, d)
+    params = os.path.join(d, "paddle", "model.pdiparams")
+    os.truncate(params, os.path.getsize(params) // 2)
+    before = tree(tmp_path)
+    refused(main, [d, "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--runtime", "paddle"], capsys,
+            "Paddle Inference cannot load them")
+    assert tree(tmp_path) == before

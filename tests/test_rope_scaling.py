@@ -169,6 +169,8 @@ REFUSED = {
                        "PaddleFormers 1.0.0 scales by the ratio"),
     "factor-nan": ({"rope_type": "linear", "factor": float("nan")}, "factor must be a finite number >= 1"),
     "factor-missing": ({"rope_type": "yarn"}, "factor must be a finite number >= 1"),
+    "parameters-null": (None, "rope_parameters is null"),
+    "disagree": ({"rope_type": "linear", "factor": 2.0}, "rope_parameters (default, factor None) and rope_scaling (linear, factor 2.0) disagree"),
 }
 
 
@@ -182,7 +184,12 @@ def test_export_refuses_a_rope_it_does_not_implement(tmp_path, capsys, case):
 
     src = save_stock(tmp_path / "in", max_position_embeddings=64)
     scaling, needle = REFUSED[case]
-    edit_config(src, rope_scaling=scaling, rope_parameters=None)
+    if case == "parameters-null":  # a null beside a scaling (PaddleFormers would read the null and fail)
+        edit_config(src, rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_parameters=None)
+    elif case == "disagree":  # PaddleFormers' saved rope_parameters (default) beside a user's HF-style rope_scaling
+        edit_config(src, rope_scaling=scaling)
+    else:
+        edit_config(src, rope_scaling=scaling, rope_parameters=dict(scaling, rope_theta=10000.0))  # both agree
     before = tree(tmp_path)
     refused(main, [src, str(tmp_path / "out"), "--decode-steps", "1"], capsys, needle)
     assert tree(tmp_path) == before

@@ -29,6 +29,7 @@ import os
 import shutil
 import time
 
+from ..checkpoint.contract import CheckpointError, file_problem
 from ..checkpoint.folder import CheckpointFolder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir
 from .decoder import Qwen3KVDecoder
@@ -82,6 +83,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     if cache_io == "buffer" and any(plan.cache_windows):
         raise ExportError(f"{plan.folder.path}: the buffer flavour (--cache buffer) is not offered for sliding-window "
                           "layers (their cache keeps only the window); export with the default --cache concat")
+    _check_side_files(plan.folder.path)
     weights = weight_bytes(plan.folder)
     need = check_memory(weights, plan.folder.path)
     log(f"loaded {plan.folder.path}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
@@ -105,6 +107,15 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         write_genai_files(tmp, plan, log=log)
         _write_export_info(tmp, plan, opset, val, tolerance, external)
     return val
+
+
+def _check_side_files(folder: str) -> None:
+    """The files the export copies (COPY_FILES), where present, are regular files: a FIFO, a device, a folder or a link
+    that cannot be followed is refused (CheckpointError, one line) before any work, not skipped at the end."""
+    for name in COPY_FILES[1:]:  # config.json was read already
+        path = os.path.join(folder, name)
+        if os.path.lexists(path) and file_problem(path):
+            raise CheckpointError(f"{path}: {file_problem(path)}; refusing to copy it")
 
 
 def _save_decoder(plan: ServingPlan, tensors, prefix: str) -> None:

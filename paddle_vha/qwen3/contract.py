@@ -59,7 +59,8 @@ def check_config(cfg) -> None:
     that name their window."""
     fields = {name: getattr(cfg, name, None) for name in _SIZES + ("rms_norm_eps", "rope_theta")}
     for key in ("rope_parameters", "rope_scaling", "partial_rotary_factor"):
-        fields[key] = getattr(cfg, key, None)
+        if getattr(cfg, key, None) is not None:  # (a null config.json field is refused from the file itself)
+            fields[key] = getattr(cfg, key)
     fields["hidden_act"] = getattr(cfg, "hidden_act", None)
     check_config_fields(fields)
     window = getattr(cfg, "sliding_window", None)

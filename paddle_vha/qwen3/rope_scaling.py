@@ -51,14 +51,18 @@ def rope_fields_problem(fields: dict) -> Optional[str]:
     """Why the RoPE of config fields `fields` (config.json as read) cannot be served as PaddleFormers and
     transformers both define it, in one line; None when it can. `rope_parameters` / `rope_scaling` are objects here
     (paddle_vha/qwen3/contract.py checked that first)."""
+    if "rope_parameters" in fields and fields["rope_parameters"] is None:
+        return ("rope_parameters is null: PaddleFormers' Qwen3 reads it (and fails on a null); remove the key "
+                "(rope_scaling is then read) or give an object")
     prf = fields.get("partial_rotary_factor")
     if prf is not None and prf != 1:
         return f"partial_rotary_factor {prf!r}: Qwen3 rotates the whole head (only 1 is implemented)"
     both = [fields.get(k) for k in ("rope_parameters", "rope_scaling")]
-    if all(isinstance(r, dict) for r in both) and any(
-            _type_of(both[0]) != _type_of(both[1]) or both[0].get(k) != both[1].get(k) for k in ("factor",)):
-        return (f"rope_parameters ({_type_of(both[0])}) and rope_scaling ({_type_of(both[1])}) disagree: give one "
-                "(PaddleFormers reads rope_parameters, transformers 4.57 rope_scaling)")
+    said = [(_type_of(r), repr(r.get("factor"))) if isinstance(r, dict) else None for r in both]  # repr: NaN == NaN
+    if None not in said and said[0] != said[1]:
+        return (f"rope_parameters ({said[0][0]}, factor {said[0][1]}) and rope_scaling ({said[1][0]}, factor "
+                f"{said[1][1]}) disagree: give one (PaddleFormers reads rope_parameters, transformers 4.57 "
+                "rope_scaling)")
     r = _effective(fields)
     kind = _type_of(r)
     key = "rope_parameters" if fields.get("rope_parameters") is not None else "rope_scaling"
@@ -127,8 +131,8 @@ class RopeScaling:
 
 def rope_scaling_of(cfg) -> RopeScaling:
     """The RoPE of a built Qwen3 config object (ValueError, one line, for one rope_fields_problem refuses)."""
-    fields = {k: getattr(cfg, k, None) for k in ("rope_parameters", "rope_scaling", "partial_rotary_factor",
-                                                 "max_position_embeddings")}
+    fields = {k: getattr(cfg, k) for k in ("rope_parameters", "rope_scaling", "partial_rotary_factor",
+                                           "max_position_embeddings") if getattr(cfg, k, None) is not None}
     why = rope_fields_problem(fields)
     if why:
         raise ValueError(why)
