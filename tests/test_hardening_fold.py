@@ -140,10 +140,13 @@ def test_config_json_bombs_are_refused_in_one_line(tmp_path, capsys, case, needl
 @pytest.mark.parametrize("tool", ["fold", "compress_kv"])
 @pytest.mark.parametrize("field,value,needle", [("rope_parameters", "default", "rope_parameters must be an object"),
                                                 ("rope_scaling", "linear", "rope_scaling must be an object"),
-                                                ("hidden_act", "gelu_fancy", "hidden_act 'gelu_fancy'")])
+                                                ("hidden_act", "gelu_fancy", "hidden_act 'gelu_fancy'"),
+                                                ("tie_word_embeddings", "false",
+                                                 "tie_word_embeddings must be true or false, got 'false'")])
 def test_config_fields_of_the_wrong_kind_are_named(tmp_path, capsys, tool, field, value, needle):
-    """A RoPE scaling given as a string, an activation PaddleFormers does not have: one line naming the field (an
-    AttributeError's words, or accepted, before)."""
+    """A RoPE scaling given as a string, an activation PaddleFormers does not have, a flag given as the string
+    "false" (a true value: it read as an unexpected lm_head tensor): one line naming the field (an AttributeError's
+    words, or accepted, before)."""
     from paddle_vha.cli import compress_kv, fold
 
     src = save_vha(tmp_path / "in") if tool == "fold" else save_stock(tmp_path / "in")

@@ -15,6 +15,8 @@ __all__ = ["layer_prefix", "check_config", "check_config_fields", "sliding_windo
 _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "head_dim", "max_position_embeddings")
 
+_FLAGS = ("tie_word_embeddings", "attention_bias", "use_sliding_window")  # JSON booleans ("false" is truthy)
+
 
 def _activations() -> set:
     """The hidden_act names PaddleFormers' Qwen3 MLP can build."""
@@ -24,7 +26,8 @@ def _activations() -> set:
 
 
 def check_config_fields(fields: dict) -> None:
-    """ValueError (one line naming the field) for a Qwen3 size that is not a positive int, an eps / RoPE base that
+    """ValueError (one line naming the field) for a Qwen3 size that is not a positive int, a flag that is not a JSON
+    boolean (tie_word_embeddings "false" is a true string), an eps / RoPE base that
     is not a positive finite number, a RoPE scaling that is not an object or that paddle-vha does not implement as
     PaddleFormers and transformers both read it (paddle_vha/qwen3/rope_scaling.py), or an unknown hidden_act, among the fields
     present in `fields` (config.json as read, before a config
@@ -41,6 +44,9 @@ def check_config_fields(fields: dict) -> None:
     why = rope_fields_problem(fields)
     if why:
         raise ValueError(why[:300])
+    for name in _FLAGS:
+        if name in fields and fields[name] is not None and not isinstance(fields[name], bool):
+            raise ValueError(f"{name} must be true or false, got {fields[name]!r}"[:200])
     act = fields.get("hidden_act")
     if act is not None and act not in _activations():
         raise ValueError(f"hidden_act {act!r} is not an activation PaddleFormers knows "
