@@ -134,3 +134,18 @@ def test_paddle2onnx_child_dies_with_a_killed_export(tmp_path, sig):
         assert parent.returncode == 143
         assert err.strip().splitlines()[-1] == "error: terminated (SIGTERM); temporaries removed"
         assert sorted(os.listdir(tmp_path)) == ["in"]  # no .out.tmp-* left
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_tolerance_is_checked_before_the_export(tmp_path, capsys, value):
+    """--tolerance NaN or negative: the usage error before anything is read (NaN failed only after the export)."""
+    from paddle_vha.cli.export_onnx import main
+
+    src = save_stock(tmp_path / "in")
+    before = tree(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main([src, str(tmp_path / "out"), "--tolerance", value])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    print(last)
+    assert e.value.code == 2 and f"--tolerance {float(value)}: must be a finite number >= 0" in last
+    assert tree(tmp_path) == before

@@ -174,3 +174,19 @@ def test_side_file_that_is_not_a_file_is_named(tmp_path, capsys, tool, kind):
     line = refused(main, [src, str(tmp_path / "out")], capsys, "tokenizer_config.json")
     assert NOT_A_FILE[kind] in line, line
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_verify_tolerance_is_checked_before_the_job(tmp_path, capsys, value):
+    """--verify-tol NaN or negative: refused with the usage error before anything is read (NaN failed every
+    comparison only after the fold was written and verified)."""
+    from paddle_vha.cli.fold import main
+
+    src = save_vha(tmp_path / "in")
+    before = tree(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main([src, str(tmp_path / "out"), "--verify", "1", "--verify-tol", value])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    print(last)
+    assert e.value.code == 2 and f"--verify-tol {float(value)}: must be a finite number >= 0" in last
+    assert tree(tmp_path) == before

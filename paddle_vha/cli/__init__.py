@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import math
 import os
 import sys
 import time
@@ -203,6 +204,9 @@ def parse_converter_args(p: argparse.ArgumentParser, argv=None) -> argparse.Name
         p.error("--verify N must be >= 1")
     if getattr(args, "verify_len", 1) < 1:
         p.error("--verify-len must be >= 1")
+    tol = getattr(args, "verify_tol", None)
+    if tol is not None and not (math.isfinite(tol) and tol >= 0):  # NaN passed every check; found after the job
+        p.error(f"--verify-tol {tol}: must be a finite number >= 0")
     if hasattr(args, "eval_batches") and (args.eval_batches < 0 or args.eval_len < 2 or args.pass_tokens < 1):
         p.error("--eval-batches must be >= 0, --eval-len >= 2 and --pass-tokens >= 1")
     return args

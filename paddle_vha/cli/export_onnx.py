@@ -26,6 +26,7 @@ available memory (MemAvailable, plus what the process already holds) is below th
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 
@@ -50,6 +51,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.decode_steps < 1:
         p.error("--decode-steps must be >= 1")
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):  # NaN failed only after the whole export
+        p.error(f"--tolerance {args.tolerance}: must be a finite number >= 0")
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
     from paddle_vha.export.onnx_export import ExportError, export_onnx
