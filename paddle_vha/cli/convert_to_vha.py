@@ -156,6 +156,9 @@ def _memory(args, plan):
                                                                                                    args.eval_len)}
     if calibrated:
         parts["moments"] = mem.moments_bytes(c)
+        # the calibration text, drawn whole before the pass (10**12 tokens grew to 9.5 GB before it was stopped)
+        parts[f"calibration windows of {args.calib_tokens} tokens"] = mem.text_window_bytes(args.calib_tokens,
+                                                                                            args.eval_len)
     if args.eval_batches:
         parts["logit blocks"] = mem.logits_bytes(c, eval_tokens)
     return mem.total(parts)
