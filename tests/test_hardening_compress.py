@@ -55,3 +55,16 @@ def test_convert_counts_its_calibration_text_in_the_memory_refusal(tmp_path, cap
     line = refused(main, [src, str(tmp_path / "out"), "--kv-heads", "1", "--method", "calibrated", "--calib-tokens",
                           str(10**12), "--no-progress"], capsys, "calibration windows of 1000000000000 tokens")
     assert "refusing" in line and tree(tmp_path) == before
+
+
+def test_convert_seed_range_is_checked(tmp_path, capsys):
+    """convert_to_vha --seed -5: the usage error (numpy's ValueError traceback before)."""
+    from paddle_vha.cli.convert_to_vha import main
+
+    src = save_stock(tmp_path / "in")
+    before = tree(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main([src, str(tmp_path / "out"), "--kv-heads", "1", "--seed", "-5"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    print(last)
+    assert e.value.code == 2 and "--seed -5: must be in [0, 2**32)" in last and tree(tmp_path) == before

@@ -59,6 +59,8 @@ def parse_args(argv=None):
     args = parse_converter_args(p, argv)
     if args.calib_tokens < 1:
         p.error("--calib-tokens must be >= 1")
+    if not 0 <= args.seed < 2**32:  # numpy's generator: a ValueError traceback before
+        p.error(f"--seed {args.seed}: must be in [0, 2**32)")
     return args
 
 

@@ -100,6 +100,7 @@ def serving_plan(src, cache_io: str = "concat") -> ServingPlan:
     if why:
         raise CheckpointError(f"{ck.path}: {why}")
     fam.check_tensors(ck, cfg)
+    ck.require_float()  # an integer tensor is refused by type here, not by the validation's tolerance
     shapes = [tuple(s) for s in fam.export_cache_shapes(cfg)]
     names = [tuple(n) for n in fam.export_cache_names(cfg)]
     windows = cache_windows(cfg)
