@@ -200,3 +200,29 @@ def test_train_refuses_a_garbage_index_in_one_line(tmp_path):
     assert res.returncode == 2 and len(errors) == 1 and "d.idx: not PaddleFormers mmap pretraining data" in errors[0]
     assert "Traceback" not in res.stderr
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("damage", ["string-offsets", "truncated"])
+def test_train_from_a_broken_checkpoint_names_it(tmp_path, capsys, monkeypatch, damage):
+    """model_name_or_path whose shard header holds string offsets, or whose shard is cut short: one line naming the
+    user's file (an uncaught CheckpointError naming the loader's temporary view before), the input untouched."""
+    from paddle_vha.cli import train
+
+    src = save_vha(tmp_path / "VHA", vocab_size=256)
+    shard = next(os.path.join(src, f) for f in os.listdir(src) if f.endswith(".safetensors"))
+    if damage == "truncated":
+        os.truncate(shard, os.path.getsize(shard) - 100)
+    else:
+        raw = open(shard, "rb").read()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        name = next(k for k in header if k != "__metadata__")
+        header[name]["data_offsets"] = [str(v) for v in header[name]["data_offsets"]]
+        text = json.dumps(header).encode()
+        open(shard, "wb").write(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    monkeypatch.chdir(tmp_path)
+    before = tree(tmp_path)
+    argv = [os.path.join(ROOT, "configs", "tiny-vha.json"), "--model_name_or_path", src, "--output_dir", "out",
+            "--max_steps", "1"]
+    line = refused(train.main, argv, capsys, shard)
+    assert "paddle-vha-train-" not in line and tree(tmp_path) == before

@@ -350,7 +350,10 @@ def build_model(model_cls, config, model_args, training_args, plan_tp: bool):
 
         with tempfile.TemporaryDirectory(prefix="paddle-vha-train-") as tmp:  # the loader's metadata lands here
             view = linked_view(model_args.model_name_or_path, os.path.join(tmp, "init"))
-            model = model_cls.from_pretrained(view, config=config, dtype=dtype)
+            try:
+                model = model_cls.from_pretrained(view, config=config, dtype=dtype)
+            except CheckpointError as e:  # a broken checkpoint, named as the user gave it (not the linked view)
+                raise TrainError(str(e).replace(view, model_args.model_name_or_path)) from None
     else:
         model = model_cls(config)
     if dtype == "bfloat16":
