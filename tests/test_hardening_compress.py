@@ -43,3 +43,28 @@ def test_compress_refuses_nan_and_writes_nothing_when_its_check_fails(tmp_path, 
     refused(compress_kv.main, [src2, str(tmp_path / "out"), "--kv-heads", "1", "--no-progress", "--eval-batches", "1"],
             capsys, "logits are not finite")
     assert tree(tmp_path) == before, "OUT appears only after the KL check passed"
+
+
+def test_convert_counts_its_calibration_text_in_the_memory_refusal(tmp_path, capsys):
+    """convert_to_vha --method calibrated --calib-tokens 10**12: refused up front by the memory need, which now holds
+    the calibration windows drawn before the pass (they grew to 9.5 GB before the process was stopped)."""
+    from paddle_vha.cli.convert_to_vha import main
+
+    src = save_stock(tmp_path / "in")
+    before = tree(tmp_path)
+    line = refused(main, [src, str(tmp_path / "out"), "--kv-heads", "1", "--method", "calibrated", "--calib-tokens",
+                          str(10**12), "--no-progress"], capsys, "calibration windows of 1000000000000 tokens")
+    assert "refusing" in line and tree(tmp_path) == before
+
+
+def test_convert_seed_range_is_checked(tmp_path, capsys):
+    """convert_to_vha --seed -5: the usage error (numpy's ValueError traceback before)."""
+    from paddle_vha.cli.convert_to_vha import main
+
+    src = save_stock(tmp_path / "in")
+    before = tree(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main([src, str(tmp_path / "out"), "--kv-heads", "1", "--seed", "-5"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    print(last)
+    assert e.value.code == 2 and "--seed -5: must be in [0, 2**32)" in last and tree(tmp_path) == before

@@ -32,7 +32,15 @@ EXPORT_CASES = {
                                                   layer_types=["full_attention", "sliding_attention"]), [],
                             "layer_types names sliding_attention layers but sliding_window is None"),
     "vha": (lambda p: edit_config(p, model_type="qwen3_vha"), [], "fold it first"),
+    # an int32 norm weight of ones exported (rc 0) and other integer values failed only by the tolerance
+    "integer-tensor": (lambda p: _rewrite_tensors(p, _int_norm), [], "non-floating tensors: "),
 }
+
+
+def _int_norm(t):
+    name = next(k for k in t if k.endswith("input_layernorm.weight"))
+    t[name] = np.ones(t[name].shape, np.int32)
+    return t
 
 
 @pytest.mark.parametrize("case", list(EXPORT_CASES))
@@ -74,3 +82,78 @@ def test_tied_embeddings_are_exported_once(tmp_path):
     embedding = 512 * TINY["hidden_size"] * 4
     print(f"initializers {stored} B, checkpoint {weights} B, embedding {embedding} B")
     assert stored < weights + embedding // 2, "the tied embedding is stored once"
+
+
+def _children(pid: int, needle: str):
+    """Live processes whose parent is `pid` and whose command line holds `needle`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and needle in cmd and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its exit status waits for a reaper
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_paddle2onnx_child_dies_with_a_killed_export(tmp_path, sig):
+    """export_onnx killed while paddle2onnx converts: the converter child goes with it at once (it outlived a SIGKILLed
+    parent, converting on into a removed folder), and SIGTERM ends the export with exit 143, one line and no
+    temporary (PaddleFormers' import had reset the SIGTERM handler, so a kill left the temporary behind)."""
+    import time
+
+    src = save_stock(tmp_path / "in")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    parent = subprocess.Popen([sys.executable, "-m", "paddle_vha.cli.export_onnx", src, str(tmp_path / "out"),
+                               "--decode-steps", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    child, deadline = [], time.time() + 120
+    while not child and parent.poll() is None and time.time() < deadline:
+        child = _children(parent.pid, "paddle2onnx.export")
+        time.sleep(0.005)
+    assert child, f"no paddle2onnx child seen (export exit {parent.poll()})"
+    time.sleep(0.2)  # past its start: the converter is importing / converting (several seconds on its own)
+    assert _alive(child[0])
+    parent.send_signal(sig)
+    _, err = parent.communicate(timeout=60)
+    end = time.time() + 1.0
+    while _alive(child[0]) and time.time() < end:
+        time.sleep(0.02)
+    print(f"signal {sig}: export exit {parent.returncode}, converter {child[0]} alive 1 s later: {_alive(child[0])}; "
+          f"stderr {err.strip().splitlines()[-1:]}")
+    assert not _alive(child[0])
+    assert not os.path.exists(tmp_path / "out")
+    if sig == signal.SIGTERM:
+        assert parent.returncode == 143
+        assert err.strip().splitlines()[-1] == "error: terminated (SIGTERM); temporaries removed"
+        assert sorted(os.listdir(tmp_path)) == ["in"]  # no .out.tmp-* left
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_tolerance_is_checked_before_the_export(tmp_path, capsys, value):
+    """--tolerance NaN or negative: the usage error before anything is read (NaN failed only after the export)."""
+    from paddle_vha.cli.export_onnx import main
+
+    src = save_stock(tmp_path / "in")
+    before = tree(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main([src, str(tmp_path / "out"), "--tolerance", value])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    print(last)
+    assert e.value.code == 2 and f"--tolerance {float(value)}: must be a finite number >= 0" in last
+    assert tree(tmp_path) == before

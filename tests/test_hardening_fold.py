@@ -140,10 +140,13 @@ def test_config_json_bombs_are_refused_in_one_line(tmp_path, capsys, case, needl
 @pytest.mark.parametrize("tool", ["fold", "compress_kv"])
 @pytest.mark.parametrize("field,value,needle", [("rope_parameters", "default", "rope_parameters must be an object"),
                                                 ("rope_scaling", "linear", "rope_scaling must be an object"),
-                                                ("hidden_act", "gelu_fancy", "hidden_act 'gelu_fancy'")])
+                                                ("hidden_act", "gelu_fancy", "hidden_act 'gelu_fancy'"),
+                                                ("tie_word_embeddings", "false",
+                                                 "tie_word_embeddings must be true or false, got 'false'")])
 def test_config_fields_of_the_wrong_kind_are_named(tmp_path, capsys, tool, field, value, needle):
-    """A RoPE scaling given as a string, an activation PaddleFormers does not have: one line naming the field (an
-    AttributeError's words, or accepted, before)."""
+    """A RoPE scaling given as a string, an activation PaddleFormers does not have, a flag given as the string
+    "false" (a true value: it read as an unexpected lm_head tensor): one line naming the field (an AttributeError's
+    words, or accepted, before)."""
     from paddle_vha.cli import compress_kv, fold
 
     src = save_vha(tmp_path / "in") if tool == "fold" else save_stock(tmp_path / "in")
@@ -152,4 +155,38 @@ def test_config_fields_of_the_wrong_kind_are_named(tmp_path, capsys, tool, field
     before = tree(tmp_path)
     main = fold.main if tool == "fold" else compress_kv.main
     refused(main, [src, str(tmp_path / "out"), "--no-progress", *extra], capsys, needle)
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling", "fifo"])
+@pytest.mark.parametrize("tool", ["fold", "export_onnx"])
+def test_side_file_that_is_not_a_file_is_named(tmp_path, capsys, tool, kind):
+    """A side file (tokenizer_config.json) that is a link loop, a dangling link or a FIFO: one line naming it and what
+    it is, before any work (fold: an OSError traceback; the export skipped it silently after converting)."""
+    import importlib
+
+    main = importlib.import_module(f"paddle_vha.cli.{tool}").main
+    src = save_vha(tmp_path / "in") if tool == "fold" else save_stock(tmp_path / "in")
+    side = os.path.join(src, "tokenizer_config.json")
+    open(side, "w").write("{}")
+    _swap_for(side, kind)
+    before = tree(tmp_path)
+    line = refused(main, [src, str(tmp_path / "out")], capsys, "tokenizer_config.json")
+    assert NOT_A_FILE[kind] in line, line
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_verify_tolerance_is_checked_before_the_job(tmp_path, capsys, value):
+    """--verify-tol NaN or negative: refused with the usage error before anything is read (NaN failed every
+    comparison only after the fold was written and verified)."""
+    from paddle_vha.cli.fold import main
+
+    src = save_vha(tmp_path / "in")
+    before = tree(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main([src, str(tmp_path / "out"), "--verify", "1", "--verify-tol", value])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    print(last)
+    assert e.value.code == 2 and f"--verify-tol {float(value)}: must be a finite number >= 0" in last
     assert tree(tmp_path) == before

@@ -40,7 +40,17 @@ GENERATE_CASES = {
     "no-model": (lambda d: os.remove(os.path.join(d, "model.onnx")), "missing or empty"),
     "empty-model": (lambda d: open(os.path.join(d, "model.onnx"), "w").close(), "missing or empty"),
     "truncated-model": (lambda d: open(os.path.join(d, "model.onnx"), "r+b").truncate(300), "onnxruntime cannot load it"),
+    # export_info.json claiming the in-place flavour for a concat graph (a ValueError traceback from numpy)
+    "lying-cache-io": (lambda d: edit_json(os.path.join(d, "export_info.json"), cache_io="buffer"),
+                       "export_info.json does not describe this model.onnx"),
 }
+
+
+def edit_json(path, **changes):
+    data = json.load(open(path))
+    data.update(changes)
+    with open(path, "w") as f:
+        json.dump(data, f)
 
 
 @pytest.mark.parametrize("case", list(GENERATE_CASES))
@@ -58,14 +68,17 @@ def test_generate_refuses_broken_exports(tmp_path, capsys, export_dir, case):
     assert tree(tmp_path) == before
 
 
-def test_generate_warns_past_max_position_embeddings(capsys, export_dir):
+@pytest.mark.parametrize("new,needle", [("30", "ask for at most --max-new-tokens 29"),
+                                         (str(10**9), "--max-new-tokens 1000000000 pass the export's context of 32")])
+def test_generate_refuses_to_pass_the_context(capsys, export_dir, new, needle):
+    """Prompt + --max-new-tokens past the export's context (max_position_embeddings 32 here) is one refusal before
+    anything loads, naming the most that fits (it was a warning, and 10**9 ran unbounded); exactly the context runs."""
     from paddle_vha.cli.generate import main
 
-    assert main([export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", "40"]) == 0
-    err = capsys.readouterr().err
-    warnings = [ln for ln in err.splitlines() if ln.startswith("warning:")]
-    assert warnings == ["warning: prompt (3 tokens) + 40 new tokens pass max_position_embeddings=32; the model was not "
-                        "trained on positions beyond it"]
+    refused(main, [export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", new], capsys, needle)
+    assert main([export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", "29", "--ignore-eos"]) == 0
+    out = capsys.readouterr()
+    assert "29 new tokens" in out.err and "warning" not in out.err
 
 
 def test_generation_stops_on_non_finite_logits():
@@ -98,12 +111,12 @@ def test_generate_option_ranges(capsys, export_dir, argv, needle):
 
 
 def test_generate_refuses_a_cache_bigger_than_memory(capsys, export_dir, monkeypatch):
-    """--max-new-tokens 10**9 is refused before the runtime allocates, naming the cache size (it ran unbounded)."""
+    """A KV cache bigger than the memory available is refused before the runtime allocates, naming its size."""
     import paddle_vha.machine as machine
     from paddle_vha.cli.generate import main
 
-    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 1 << 30)
-    refused(main, [export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", str(10**9)], capsys, "KV cache")
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 1 << 10)
+    refused(main, [export_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", "20"], capsys, "KV cache")
 
 
 def test_generate_refuses_a_prompt_that_is_not_utf8(capsys, export_dir):
@@ -111,3 +124,20 @@ def test_generate_refuses_a_prompt_that_is_not_utf8(capsys, export_dir):
     from paddle_vha.cli.generate import main
 
     refused(main, [export_dir, "--prompt", "def \udcff", "--max-new-tokens", "2"], capsys, "not valid UTF-8")
+
+
+def test_generate_refuses_a_truncated_paddle_program(tmp_path, capsys, export_dir):
+    """--runtime paddle on a truncated paddle/model.pdiparams: one line naming the files (it was Paddle's
+    traceback from create_predictor)."""
+    import shutil
+
+    from paddle_vha.cli.generate import main
+
+    d = str(tmp_path / "e")
+    shutil.copytree(export_dir, d)
+    params = os.path.join(d, "paddle", "model.pdiparams")
+    os.truncate(params, os.path.getsize(params) // 2)
+    before = tree(tmp_path)
+    refused(main, [d, "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--runtime", "paddle"], capsys,
+            "Paddle Inference cannot load them")
+    assert tree(tmp_path) == before

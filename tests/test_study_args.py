@@ -20,3 +20,13 @@ def test_refused_in_one_line(tool, flag, value, tmp_path, capsys):
     print(err[-1])
     assert e.value.code == 2 and flag in err[-1] and "Traceback" not in "\n".join(err)
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_uptrain_study_refuses_calibration_text_bigger_than_memory(tmp_path, capsys):
+    """--calib-tokens 10**12: refused before the base trains (it trained for minutes, then drew the windows)."""
+    with pytest.raises(SystemExit) as e:
+        uptrain_study.main(["--calib-tokens", str(10**12), "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    print(err[-1])
+    assert e.value.code == 2 and "--calib-tokens 1000000000000: its calibration windows need" in err[-1]
+    assert not os.path.exists(tmp_path / "out")

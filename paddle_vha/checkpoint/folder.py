@@ -171,14 +171,24 @@ class CheckpointFolder:
         for f in sorted(os.listdir(self.path)):
             if f in ("config.json", INDEX_FILE, MARKER) or WEIGHT_FILES.search(f):
                 continue
-            mode = os.stat(os.path.join(self.path, f)).st_mode
+            mode = side_file_mode(os.path.join(self.path, f))
             if stat.S_ISREG(mode):
                 files.append(f)
             elif stat.S_ISDIR(mode):
                 folders.append(f)
             else:
-                raise CheckpointError(f"{os.path.join(self.path, f)}: not a regular file or folder; refusing to copy it")
+                path = os.path.join(self.path, f)
+                raise CheckpointError(f"{path}: {file_problem(path)}, not a regular file or folder; refusing to copy it")
         return files, folders
+
+
+def side_file_mode(path: str) -> int:
+    """os.stat(path).st_mode, or CheckpointError (one line, file_problem's words) for a link that cannot be followed
+    (a loop, a dangling link) or a file that cannot be looked at."""
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        raise CheckpointError(f"{path}: {file_problem(path)}; refusing to copy it") from None
 
 
 def write_checkpoint_folder(folder: str, shards: List[list], chunks, config: dict, total_size: int,

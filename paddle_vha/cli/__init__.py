@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import math
 import os
 import sys
 import time
@@ -56,6 +57,49 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
+_RESETS_SIGTERM = ("paddle", "paddleformers")  # Paddle's native library installs its own handler (it prints a stack
+# and aborts); PaddleFormers' __init__ calls paddle.disable_signal_handler(), which sets SIGTERM's back to the default
+
+
+class _ReclaimSigterm:
+    """A sys.meta_path finder that, after `paddle` or `paddleformers` is imported, puts our SIGTERM handler back: both
+    replace the operating system's handler under Python's (_RESETS_SIGTERM), so a `kill` ended the tool at once, no
+    cleanup ran and its temporaries stayed. Tools import them inside main(), after `command` set the handler."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _RESETS_SIGTERM:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)  # not into ourselves while finding it
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            if any(n not in sys.modules and n != name for n in _RESETS_SIGTERM):
+                sys.meta_path.insert(0, self)  # the other one is still to come
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            import signal
+            import threading
+
+            if threading.current_thread() is threading.main_thread() and \
+                    signal.getsignal(signal.SIGTERM) is _raise_terminated:
+                signal.signal(signal.SIGTERM, _raise_terminated)  # the OS handler back to Python's
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _reclaim_sigterm_on_import() -> None:
+    if not all(n in sys.modules for n in _RESETS_SIGTERM) and \
+            not any(isinstance(f, _ReclaimSigterm) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ReclaimSigterm())
+
+
 def command(main):
     """Decorator for a tool's main(argv=None): Ctrl-C ends it with one line and exit status 130, SIGTERM with one line
     and 143, not a traceback; both unwind through the cleanups (outputs are written through temporary folders and
@@ -68,6 +112,8 @@ def command(main):
 
         ours = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _raise_terminated) if ours else None
+        if ours:
+            _reclaim_sigterm_on_import()
         try:
             return main(argv)
         except KeyboardInterrupt:
@@ -158,6 +204,9 @@ def parse_converter_args(p: argparse.ArgumentParser, argv=None) -> argparse.Name
         p.error("--verify N must be >= 1")
     if getattr(args, "verify_len", 1) < 1:
         p.error("--verify-len must be >= 1")
+    tol = getattr(args, "verify_tol", None)
+    if tol is not None and not (math.isfinite(tol) and tol >= 0):  # NaN passed every check; found after the job
+        p.error(f"--verify-tol {tol}: must be a finite number >= 0")
     if hasattr(args, "eval_batches") and (args.eval_batches < 0 or args.eval_len < 2 or args.pass_tokens < 1):
         p.error("--eval-batches must be >= 0, --eval-len >= 2 and --pass-tokens >= 1")
     return args

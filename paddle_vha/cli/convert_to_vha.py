@@ -59,6 +59,8 @@ def parse_args(argv=None):
     args = parse_converter_args(p, argv)
     if args.calib_tokens < 1:
         p.error("--calib-tokens must be >= 1")
+    if not 0 <= args.seed < 2**32:  # numpy's generator: a ValueError traceback before
+        p.error(f"--seed {args.seed}: must be in [0, 2**32)")
     return args
 
 
@@ -156,6 +158,9 @@ def _memory(args, plan):
                                                                                                    args.eval_len)}
     if calibrated:
         parts["moments"] = mem.moments_bytes(c)
+        # the calibration text, drawn whole before the pass (10**12 tokens grew to 9.5 GB before it was stopped)
+        parts[f"calibration windows of {args.calib_tokens} tokens"] = mem.text_window_bytes(args.calib_tokens,
+                                                                                            args.eval_len)
     if args.eval_batches:
         parts["logit blocks"] = mem.logits_bytes(c, eval_tokens)
     return mem.total(parts)

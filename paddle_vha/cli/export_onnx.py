@@ -36,6 +36,7 @@ the more of that and 0.5 GB + the float32 weights + 6.5 x the largest tensor (Qw
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 
@@ -65,6 +66,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.decode_steps < 1:
         p.error("--decode-steps must be >= 1")
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):  # NaN failed only after the whole export
+        p.error(f"--tolerance {args.tolerance}: must be a finite number >= 0")
     from paddle_vha.export.errors import ExportError
     from paddle_vha.export.quantize import check_weights
 

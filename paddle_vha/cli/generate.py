@@ -34,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
     src.add_argument("--prompt-ids", action="append", help="comma-separated token ids (repeat for a batch)")
     p.add_argument("--chat", action="store_true", help="apply the folder's chat template to each --prompt")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="new tokens per row (default 64); prompt + these must fit the export's context "
+                        "(export_info.json's context_length), else refused")
     p.add_argument("--show-special", action="store_true", help="decode special tokens too (EOS, <|im_end|>, ...)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -169,15 +171,17 @@ def _prompts(args, info: dict, codec):
 
 
 def _left_padded(prompts, max_new_tokens: int, info: dict):
-    """(ids (B, W), attention_mask (B, W)) of the prompts left-padded to the longest; warns (stderr) when the
-    generation would pass the model's max_position_embeddings."""
+    """(ids (B, W), attention_mask (B, W)) of the prompts left-padded to the longest; refused (one line, exit 2) when
+    the generation would pass the export's context (export_info.json's context_length: max_position_embeddings, or
+    factor x it for dynamic NTK RoPE), the positions the model was trained and validated on."""
     import numpy as np
 
     width = max(len(x) for x in prompts)
-    limit = info.get("max_position_embeddings")
-    if isinstance(limit, int) and width + max_new_tokens > limit:
-        print(f"warning: prompt ({width} tokens) + {max_new_tokens} new tokens pass max_position_embeddings="
-              f"{limit}; the model was not trained on positions beyond it", file=sys.stderr)
+    limit = info.get("context_length", info.get("max_position_embeddings"))
+    if isinstance(limit, int) and not isinstance(limit, bool) and width + max_new_tokens > limit:
+        room = f"at most --max-new-tokens {limit - width}" if width < limit else "a shorter prompt"
+        fail(f"prompt ({width} tokens) + --max-new-tokens {max_new_tokens} pass the export's context of {limit} "
+             f"positions (context_length in export_info.json); ask for {room}")
     batch = np.array([[0] * (width - len(x)) + x for x in prompts], np.int64)  # left padding
     mask = np.array([[0] * (width - len(x)) + [1] * len(x) for x in prompts], np.int64)
     return batch, mask

@@ -27,6 +27,7 @@ head.
 """
 from __future__ import annotations
 
+import math
 from typing import List, Mapping
 
 import numpy as np
@@ -60,9 +61,10 @@ class Qwen3KVDecoder(nn.Layer):
         self.h_q, self.d = cfg.num_attention_heads, cfg.head_dim
         self.eps = float(cfg.rms_norm_eps)
         self.bias = bool(getattr(cfg, "attention_bias", False))
-        theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
-        inv_freq = 1.0 / theta ** (np.arange(0, self.d, 2, dtype=np.float64) / self.d)
-        self.inv_freq = self._const(inv_freq.astype(np.float32).reshape(1, 1, -1))  # (1, 1, d/2)
+        self.rope = plan.rope  # the config's RoPE scaling (paddle_vha/qwen3/rope_scaling.py)
+        self.inv_freq = self._const(self.rope.inv_freq.astype(np.float32).reshape(1, 1, -1))  # (1, 1, d/2)
+        if self.rope.dynamic:  # the exponents i/d of dynamic NTK's base, (1, 1, d/2)
+            self.rope_exponents = self._const((np.arange(0, self.d, 2, dtype=np.float64) / self.d).reshape(1, 1, -1))
         self.scale = self.d ** -0.5
 
         def w(name, transpose=False):
@@ -107,7 +109,9 @@ class Qwen3KVDecoder(nn.Layer):
     def forward(self, input_ids, attention_mask, position_ids, past_key_values):
         past = list(past_key_values)  # the cache inputs in order: key_0, value_0, key_1, ... (key_i only if shared)
         x = paddle.nn.functional.embedding(input_ids, self.embed)  # (B, S, h)
-        cos, sin = rope_tables(position_ids, self.inv_freq, x.dtype)  # (B, S, 1, d), computed once
+        cos, sin = rope_tables(position_ids, self._inv_freq(position_ids), x.dtype)  # (B, S, 1, d), computed once
+        if self.rope.attention_scaling != 1.0:  # YaRN's attention factor, on cos and sin as Qwen3RotaryEmbedding
+            cos, sin = cos * self.rope.attention_scaling, sin * self.rope.attention_scaling
         base_masks, total = self._base_masks(input_ids, attention_mask)
         masks = {}  # rows of the grouped layout are (query head in group, position): tile per group size, once
         presents, capacity = [], None
@@ -131,6 +135,20 @@ class Qwen3KVDecoder(nn.Layer):
         else:
             logits = paddle.matmul(x, self.lm_head)  # (B, S, V)
         return tuple([logits] + presents)
+
+    def _inv_freq(self, position_ids):
+        """The inverse frequencies (1, 1, d/2) of this call: the config's, or for dynamic NTK, once the call's largest
+        position passes max_position_embeddings M, those of the base theta * (f s / M - (f - 1))^(d / (d - 2)),
+        s = largest position + 1 (paddle_vha/qwen3/rope_scaling.py)."""
+        r = self.rope
+        if not r.dynamic:
+            return self.inv_freq
+        s = paddle.max(position_ids).astype("float32") + 1.0  # (), the call's sequence length
+        ratio = paddle.maximum(s, paddle.full([], float(r.max_position), "float32")) * (r.factor / r.max_position) \
+            - (r.factor - 1.0)
+        log_base = math.log(r.theta) + (r.dim / (r.dim - 2)) * paddle.log(ratio)  # ()
+        scaled = paddle.exp(-self.rope_exponents * log_base)  # (1, 1, d/2)
+        return paddle.where(s > float(r.max_position), scaled, self.inv_freq)
 
     def _base_masks(self, input_ids, attention_mask):
         """({window or None: additive mask (B, S, T)}, T): causal over absolute positions and the caller's padding

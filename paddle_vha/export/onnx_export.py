@@ -29,6 +29,7 @@ import os
 import shutil
 import time
 
+from ..checkpoint.contract import CheckpointError, file_problem
 from ..checkpoint.folder import CheckpointFolder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir
 from .decoder import Qwen3KVDecoder
@@ -89,6 +90,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     if cache_io == "buffer" and any(plan.cache_windows):
         raise ExportError(f"{plan.folder.path}: the buffer flavour (--cache buffer) is not offered for sliding-window "
                           "layers (their cache keeps only the window); export with the default --cache concat")
+    _check_side_files(plan.folder.path)
     float_bytes = weight_bytes(plan.folder)
     need = check_memory(float_bytes, plan.folder.path, weight_bytes(plan.folder, largest=True), weights != "fp32")
     log(f"loaded {plan.folder.path}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
@@ -149,6 +151,15 @@ def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_d
     return dict(info, quality=quality.as_dict(), bounds=list(bounds or BOUNDS[weights]))
 
 
+def _check_side_files(folder: str) -> None:
+    """The files the export copies (COPY_FILES), where present, are regular files: a FIFO, a device, a folder or a link
+    that cannot be followed is refused (CheckpointError, one line) before any work, not skipped at the end."""
+    for name in COPY_FILES[1:]:  # config.json was read already
+        path = os.path.join(folder, name)
+        if os.path.lexists(path) and file_problem(path):
+            raise CheckpointError(f"{path}: {file_problem(path)}; refusing to copy it")
+
+
 def _save_decoder(plan: ServingPlan, tensors, prefix: str) -> None:
     """The decoder built from the checkpoint, saved as the static Paddle program PREFIX.json + PREFIX.pdiparams, and
     freed (the next stages read the weights from PREFIX.pdiparams)."""
@@ -193,7 +204,9 @@ def _write_export_info(tmp: str, plan: ServingPlan, opset: int, val: Validation,
     info = dict(format="paddle-vha onnx decoder v1", opset=opset, inputs=ins, outputs=outs,
                 num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
                 num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
-                max_position_embeddings=cfg.max_position_embeddings,
+                max_position_embeddings=cfg.max_position_embeddings, context_length=plan.rope.context,
+                rope=dict(rope_type=plan.rope.rope_type, factor=plan.rope.factor,
+                          attention_scaling=plan.rope.attention_scaling),
                 kv_layout="[batch, num_key_value_heads, past_sequence, head_dim]", dtype="float32",
                 model_type=cfg.model_type, cache_shapes=[list(x) for x in plan.cache_shapes],
                 cache_names=[list(x) for x in plan.cache_names], cache_windows=plan.cache_windows,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from typing import Dict, List, Tuple
 from .errors import ExportError
 
 __all__ = ["ParamEntry", "save_program", "read_params", "program_params", "write_standin_params",
-           "run_paddle2onnx", "convert_without_weights"]
+           "run_paddle2onnx", "run_child", "convert_without_weights"]
 
 FP32 = 5  # VarType.Type FP32 in a TensorDesc
 _HEAD = struct.Struct("<IQIi")  # version, LoD levels, version, TensorDesc size
@@ -145,14 +146,36 @@ def write_standin_params(entries: List[ParamEntry], path: str) -> None:
             f.write(_HEAD.pack(0, 0, 0, len(desc)) + desc + struct.pack("<f", float(k)))
 
 
+def _die_with_parent(parent: int):
+    """A preexec_fn for a child that must not outlive this process: Linux sends it SIGKILL when its parent dies
+    (prctl PR_SET_PDEATHSIG), even by SIGKILL, where no cleanup of ours runs. (SIGTERM and Ctrl-C reach the parent's
+    handlers, and subprocess.run kills the child on the way out.) Elsewhere, a no-op."""
+    def preexec():
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+    return preexec
+
+
+def run_child(argv, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(argv) whose child dies with this process (_die_with_parent); output captured as text."""
+    return subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                          preexec_fn=_die_with_parent(os.getpid()), **kwargs)
+
+
 def run_paddle2onnx(model_json: str, params: str, out: str, opset: int) -> None:
     """paddle2onnx in a child process: its C++ code aborts the whole process on some inputs (an unsupported opset
     exits 134 with no message), and prints progress lines we do not want on the terminal. Its own words reach the
-    user when it fails (ExportError, one line)."""
+    user when it fails (ExportError, one line). The child dies with the export (run_child), however it is killed."""
     code = ("import sys, paddle2onnx; paddle2onnx.export(sys.argv[1], sys.argv[2], sys.argv[3], "
             "opset_version=int(sys.argv[4]), auto_upgrade_opset=False, optimize_tool='None')")
-    r = subprocess.run([sys.executable, "-c", code, model_json, params, out, str(opset)],
-                       capture_output=True, text=True, errors="replace")
+    r = run_child([sys.executable, "-c", code, model_json, params, out, str(opset)])
     said = [ln.strip() for ln in (r.stdout + "\n" + r.stderr).splitlines() if ln.strip()]
     if r.returncode != 0 or not os.path.isfile(out) or os.path.getsize(out) == 0:
         how = f"exit code {r.returncode}" if r.returncode >= 0 else f"killed by signal {-r.returncode}"

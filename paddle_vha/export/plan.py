@@ -16,6 +16,7 @@ from ..checkpoint.contract import CheckpointError
 from ..checkpoint.folder import CheckpointFolder
 from ..families import Family, family_of
 from ..qwen3.contract import sliding_window_layers
+from ..qwen3.rope_scaling import rope_scaling_of
 
 __all__ = ["ServingPlan", "serving_plan", "io_names", "cache_windows", "CACHE_IO"]
 
@@ -71,6 +72,11 @@ class ServingPlan:
         """(input names, output names) of the graph."""
         return io_names(self.num_layers, self.cache_names, self.cache_io)
 
+    @property
+    def rope(self):
+        """The config's RoPE and its scaling (paddle_vha/qwen3/rope_scaling.py); serving_plan checked it."""
+        return rope_scaling_of(self.config)
+
     def export_form(self, layer_idx: int, tensors, const):
         """Layer `layer_idx`'s form in the exported decoder (the family's serving module builds it)."""
         return self.family.export_form(self.config, layer_idx, tensors, const)
@@ -86,10 +92,15 @@ def serving_plan(src, cache_io: str = "concat") -> ServingPlan:
     if not fam.servable:  # refused before its config is even parsed: nothing of it is served
         raise CheckpointError(f"{ck.path}: is a {fam.label} checkpoint; {fam.not_exported}")
     cfg = fam.load_config(ck)
+    try:  # a RoPE scaling the graph does not implement: refused before anything is exported
+        rope_scaling_of(cfg)
+    except ValueError as e:
+        raise CheckpointError(f"{ck.path}: {e}") from None
     why = fam.export_refusal(cfg)
     if why:
         raise CheckpointError(f"{ck.path}: {why}")
     fam.check_tensors(ck, cfg)
+    ck.require_float()  # an integer tensor is refused by type here, not by the validation's tolerance
     shapes = [tuple(s) for s in fam.export_cache_shapes(cfg)]
     names = [tuple(n) for n in fam.export_cache_names(cfg)]
     windows = cache_windows(cfg)

@@ -51,20 +51,28 @@ def _finite(x, what):
     return x
 
 
-def reference_run(plan, tensors, prompt: np.ndarray, decode_steps: int) -> ReferenceRun:
+def reference_run(plan, tensors, prompt: np.ndarray, decode_steps: int, cached: bool = False) -> ReferenceRun:
     """The reference model's prefill logits of `prompt` and its greedy continuation (each step over the whole
-    sequence); the model is freed before returning."""
+    sequence, or with cached=True one token at a time through PaddleFormers' KV cache, as its generate runs: what
+    dynamic NTK RoPE past max_position_embeddings is defined by); the model is freed before returning."""
     import paddle
 
     ref = reference_model(plan, tensors)
     seq, tokens, steps = prompt, [], []
     with paddle.no_grad():
-        logits = _finite(ref(paddle.to_tensor(seq), return_dict=True).logits.numpy(), "Paddle's prefill logits")
+        out = ref(paddle.to_tensor(seq), use_cache=cached, return_dict=True)
+        logits = _finite(out.logits.numpy(), "Paddle's prefill logits")
         prefill, last = logits, logits[:, -1]
         for step in range(decode_steps):
             nxt = last.argmax(-1)[:, None].astype(np.int64)  # (B, 1)
             seq = np.concatenate([seq, nxt], axis=1)
-            full = ref(paddle.to_tensor(seq), return_dict=True).logits.numpy()[:, -1:]  # (B, 1, V)
+            if cached:  # positions given: PaddleFormers' Qwen3Model numbers a cached call's tokens from 0
+                pos = paddle.full([seq.shape[0], 1], seq.shape[1] - 1, dtype="int64")
+                out = ref(paddle.to_tensor(nxt), position_ids=pos, past_key_values=out.past_key_values,
+                          use_cache=True, return_dict=True)
+            else:
+                out = ref(paddle.to_tensor(seq), return_dict=True)
+            full = out.logits.numpy()[:, -1:]  # (B, 1, V)
             tokens.append(nxt)
             steps.append(_finite(full, f"Paddle's logits at decode step {step + 1}"))
             last = full[:, -1]
@@ -101,7 +109,9 @@ def validate_onnx(onnx_path, plan, tensors, decode_steps=16, batch=2, prompt_len
     val = Validation(ops=check_graph(onnx_path, plan))
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, plan.config.vocab_size, size=(batch, prompt_len)).astype(np.int64)
-    run = reference_run(plan, tensors, prompt, decode_steps)
+    rope = plan.rope
+    past_context = rope.dynamic and prompt_len + decode_steps > rope.max_position
+    run = reference_run(plan, tensors, prompt, decode_steps, cached=past_context)
     sess = OrtDecoder(onnx_path)
     sess.cache_windows = plan.input_windows
     sess.cache_io = plan.cache_io
@@ -113,6 +123,10 @@ def validate_onnx(onnx_path, plan, tensors, decode_steps=16, batch=2, prompt_len
     if windows:
         crossing = (f"; the decode crosses the sliding window ({windows[0]})" if prompt_len + val.steps > windows[0]
                     else f"; the sliding window ({windows[0]}) is longer than the validation text")
+    if rope.rope_type != "default":
+        crossing += f"; RoPE scaling {rope.rope_type} (factor {rope.factor:g})"
+        crossing += (f", past max_position_embeddings={rope.max_position} through Paddle's KV cache" if past_context
+                     else "")
     log(f"validation: onnxruntime vs Paddle logits, prefill {batch}x{prompt_len}: max abs diff "
         f"{val.prefill_max_abs:.2e}; {val.steps} greedy decode steps: max abs diff {val.decode_max_abs:.2e}; "
         f"greedy tokens {'match' if val.tokens_match else 'DIFFER'}{crossing}")

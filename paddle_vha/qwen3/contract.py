@@ -1,5 +1,6 @@
 """What a Qwen3 config.json must hold before any family reads it: positive integer sizes, finite positive eps and
-RoPE base, windows named where layer_types asks for them; the decoder layers' name prefix.
+RoPE base, a RoPE scaling paddle-vha implements (paddle_vha/qwen3/rope_scaling.py), windows named where layer_types
+asks for them; the decoder layers' name prefix.
 
 The tensors themselves (names, shapes) are declared in paddle_vha/qwen3/spec.py and each variant's spec.py.
 """
@@ -7,10 +8,14 @@ from __future__ import annotations
 
 import math
 
+from .rope_scaling import rope_fields_problem
+
 __all__ = ["layer_prefix", "check_config", "check_config_fields", "sliding_window_layers"]
 
 _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+_FLAGS = ("tie_word_embeddings", "attention_bias", "use_sliding_window")  # JSON booleans ("false" is truthy)
 
 
 def _activations() -> set:
@@ -21,8 +26,10 @@ def _activations() -> set:
 
 
 def check_config_fields(fields: dict) -> None:
-    """ValueError (one line naming the field) for a Qwen3 size that is not a positive int, an eps / RoPE base that
-    is not a positive finite number, a RoPE scaling that is not an object, or an unknown hidden_act, among the fields
+    """ValueError (one line naming the field) for a Qwen3 size that is not a positive int, a flag that is not a JSON
+    boolean (tie_word_embeddings "false" is a true string), an eps / RoPE base that
+    is not a positive finite number, a RoPE scaling that is not an object or that paddle-vha does not implement as
+    PaddleFormers and transformers both read it (paddle_vha/qwen3/rope_scaling.py), or an unknown hidden_act, among the fields
     present in `fields` (config.json as read, before a config
     class sees it: Qwen3Config itself turns a 4.0 or a null into a traceback that names no field)."""
     for name in _SIZES:
@@ -34,6 +41,12 @@ def check_config_fields(fields: dict) -> None:
         r = fields.get(key)
         if r is not None and not (isinstance(r, dict) and isinstance(r.get("rope_type", r.get("type", "")), str)):
             raise ValueError(f"{key} must be an object with a string rope_type (or null), got {r!r}"[:200])
+    why = rope_fields_problem(fields)
+    if why:
+        raise ValueError(why[:300])
+    for name in _FLAGS:
+        if name in fields and fields[name] is not None and not isinstance(fields[name], bool):
+            raise ValueError(f"{name} must be true or false, got {fields[name]!r}"[:200])
     act = fields.get("hidden_act")
     if act is not None and act not in _activations():
         raise ValueError(f"hidden_act {act!r} is not an activation PaddleFormers knows "
@@ -51,7 +64,9 @@ def check_config(cfg) -> None:
     """check_config_fields over every field of a built config object (defaults included), and sliding-window layers
     that name their window."""
     fields = {name: getattr(cfg, name, None) for name in _SIZES + ("rms_norm_eps", "rope_theta")}
-    fields["rope_parameters"] = getattr(cfg, "rope_parameters", None)
+    for key in ("rope_parameters", "rope_scaling", "partial_rotary_factor"):
+        if getattr(cfg, key, None) is not None:  # (a null config.json field is refused from the file itself)
+            fields[key] = getattr(cfg, key)
     fields["hidden_act"] = getattr(cfg, "hidden_act", None)
     check_config_fields(fields)
     window = getattr(cfg, "sliding_window", None)

@@ -24,7 +24,13 @@ class PaddleInferenceDecoder(DecoderSession):
         config.disable_mkldnn()
         config.set_cpu_math_library_num_threads(threads)
         config.disable_glog_info()
-        self.predictor = inference.create_predictor(config)
+        try:
+            self.predictor = inference.create_predictor(config)
+        except Exception as e:  # noqa: BLE001 - Paddle raises its own types for a truncated or foreign program
+            said = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+            hint = next((ln for ln in said if ln.startswith("[Hint")), said[-1] if said else "")
+            raise ServeError(f"{prefix}.json / .pdiparams: Paddle Inference cannot load them ({type(e).__name__}: "
+                             f"{hint[:300]})") from None
         self.inputs = self.predictor.get_input_names()
         self.outputs = self.predictor.get_output_names()
         self.cache_shapes = [tuple(s) for s in per_cache_input(info, "cache_shapes")]

@@ -115,6 +115,16 @@ def per_cache_input(info: dict, key: str) -> list:
     return [v for v, names in zip(info[key], info["cache_names"]) for _ in names]
 
 
+def _check_cache_outputs(outputs, positions: int, cache_io: str) -> None:
+    """ServeError (one line) when the graph's cache outputs do not hold the positions the session's cache_io expects
+    (past + new for "concat", the new ones for "buffer"): export_info.json's cache_io does not describe model.onnx."""
+    for t in outputs:
+        if np.ndim(t) != 4 or t.shape[2] != positions:
+            raise ServeError(f"the graph returned a cache output of shape {list(np.shape(t))} where cache_io "
+                             f"{cache_io!r} (export_info.json) gives {positions} positions: export_info.json does "
+                             "not describe this model.onnx (re-export the folder)")
+
+
 class DecoderSession:
     """Subclasses set cache_shapes ((heads, width) of every cache input, in order), optionally cache_windows (the
     sliding window of each cache input's layer, None for full attention) and cache_io ("concat": the cache is a list
@@ -151,6 +161,8 @@ class DecoderSession:
             past_len = full[0]
         feeds = decoder_feeds(ids, past_len, attention_mask)
         out = self._run(list(feeds) + [np.ascontiguousarray(c) for c in cache])
+        windows = self.cache_windows or [None] * len(out[1:])
+        _check_cache_outputs([c for c, w in zip(out[1:], windows) if w is None], past_len + ids.shape[1], "concat")
         return out[0], out[1:]
 
     def _run_buffers(self, ids, cache: "CacheBuffers", attention_mask=None):
@@ -170,6 +182,7 @@ class DecoderSession:
             graph_mask[:, :past] = mask[:, :past]
             graph_mask[:, cache.capacity:] = mask[:, past:]
         out = self._run([ids, graph_mask, positions] + cache.buffers)
+        _check_cache_outputs(out[1:], seq, "buffer")
         for buf, new in zip(cache.buffers, out[1:]):
             buf[:, :, past: past + seq] = new
         return out[0], CacheBuffers(cache.buffers, past + seq)

@@ -55,10 +55,27 @@ def check_stdlib_fits(vocab_size: int, tokenizer: Optional[str]) -> None:
         raise _byte_data_error("dataset=stdlib (the embedded corpus)", vocab_size, tokenizer)
 
 
+_IDX_MAGIC = b"MMIDIDX\x00\x00"  # PaddleFormers' MMapIndexedDataset index: magic, <Q version 1, <B dtype code, ...
+
+
+def _check_idx_header(path: str) -> None:
+    """TrainError (one line) for a PREFIX.idx whose header is not PaddleFormers' mmap index (magic, version 1, a known
+    dtype code): checked here because PaddleFormers' Index, failing on those, also prints an ignored-exception
+    traceback from its __del__."""
+    from paddleformers.data.indexed_dataset import dtypes
+
+    with open(path, "rb") as f:
+        head = f.read(18)
+    if len(head) < 18 or head[:9] != _IDX_MAGIC or int.from_bytes(head[9:17], "little") != 1 or head[17] not in dtypes:
+        raise TrainError(f"{path}: not PaddleFormers mmap pretraining data (its header is not an MMIDIDX version 1 "
+                         "index; write the data with tools/make_pretrain_data.py)")
+
+
 def _max_id(prefix: str) -> tuple:
     """(largest id read, ids read, ids in the file) of PREFIX.bin, read as its PREFIX.idx says."""
     from paddleformers.data.indexed_dataset import MMapIndexedDataset
 
+    _check_idx_header(prefix + ".idx")
     try:
         dtype = np.dtype(MMapIndexedDataset.Index(prefix + ".idx", skip_warmup=True).dtype)
     except (AssertionError, OSError, ValueError, KeyError, TypeError) as e:

@@ -17,7 +17,7 @@ import json
 import math
 import os
 
-from ..checkpoint.contract import CheckpointError
+from ..checkpoint.contract import CheckpointError, read_json_object
 from ..checkpoint.fsutil import MARKER, check_no_overlap
 from ..families import UnknownFamily, family
 from ..qwen3.contract import check_config, check_config_fields
@@ -56,15 +56,11 @@ def model_config_dict(model_args) -> dict:
     if src.lstrip().startswith("{"):
         try:
             cfg = json.loads(src)
-        except json.JSONDecodeError as e:
-            raise TrainError(f"model_config: not a JSON object ({e})")
-    else:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, a 5,000-digit int, deep nesting
+            raise TrainError(f"model_config: not a usable JSON object ({type(e).__name__}: {str(e)[:200]})")
+    else:  # the checked reader: a device (/dev/zero), FIFO, folder or link loop, too big, not JSON: one line
         path = os.path.join(src, "config.json") if os.path.isdir(src) else src
-        try:
-            with open(path, encoding="utf-8") as f:
-                cfg = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise TrainError(f"model_config {src}: cannot read a config.json ({type(e).__name__}: {e})")
+        cfg = read_json_object(path, TrainError)
     if not isinstance(cfg, dict):
         raise TrainError("model_config must be a JSON object")
     cfg.pop("model_type", None)
@@ -197,6 +193,13 @@ def check_arguments(model_args, data_args, training_args) -> None:
             raise TrainError(f"{name} must be >= 1, got {getattr(training_args, name)}")
     if training_args.max_steps == 0 or training_args.max_steps < -1:
         raise TrainError(f"max_steps must be > 0, or -1 to train num_train_epochs, got {training_args.max_steps}")
+    epochs = training_args.num_train_epochs
+    if training_args.max_steps == -1 and not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
+        raise TrainError(f"num_train_epochs must be a finite number > 0 (max_steps is -1), got {epochs!r}")
+    for name in ("seed", "data_seed"):  # numpy's and Paddle's generators take [0, 2**32)
+        v = getattr(training_args, name, None)
+        if v is not None and not 0 <= v < 2**32:
+            raise TrainError(f"{name} must be in [0, 2**32), got {v}")
     out = training_args.output_dir
     if os.path.lexists(out) and not os.path.isdir(out):
         raise TrainError(f"output_dir {out}: exists and is not a folder")
@@ -382,7 +385,10 @@ def build_model(model_cls, config, model_args, training_args, plan_tp: bool):
 
         with tempfile.TemporaryDirectory(prefix="paddle-vha-train-") as tmp:  # the loader's metadata lands here
             view = linked_view(model_args.model_name_or_path, os.path.join(tmp, "init"))
-            model = model_cls.from_pretrained(view, config=config, dtype=dtype)
+            try:
+                model = model_cls.from_pretrained(view, config=config, dtype=dtype)
+            except CheckpointError as e:  # a broken checkpoint, named as the user gave it (not the linked view)
+                raise TrainError(str(e).replace(view, model_args.model_name_or_path)) from None
     else:
         model = model_cls(config)
     if dtype == "bfloat16":

@@ -58,6 +58,13 @@ def total(parts: dict):
     return sum(parts.values()), " + ".join(f"{k} {v / 2**30:.2f} GB" for k, v in parts.items())
 
 
+def text_window_bytes(tokens: int, seq_len: int, batch: int = 4) -> int:
+    """The calibration / evaluation windows transform/text.py draws for `tokens` tokens, all held at once: batches of
+    `batch` x (seq_len + 1) int64 token ids."""
+    batches = -(-tokens // (batch * seq_len))
+    return 8 * batches * batch * (seq_len + 1)
+
+
 def moments_bytes(cfg) -> int:
     return cfg.num_hidden_layers * cfg.hidden_size ** 2 * 8
 

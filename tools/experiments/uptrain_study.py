@@ -77,6 +77,15 @@ def parse_args(argv=None):
     if args.hidden < 8 or args.head_dim < 2 or args.head_dim % 2:
         p.error("--hidden must be >= 8 and --head-dim even")
     check_toy_args(p, args)
+    if args.calib_tokens < 1:
+        p.error(f"--calib-tokens {args.calib_tokens}: must be >= 1")
+    from paddle_vha.machine import available_memory_bytes
+    from paddle_vha.transform.memory import text_window_bytes
+
+    need, have = text_window_bytes(args.calib_tokens, args.seq_len), available_memory_bytes()
+    if have is not None and need > have:  # refused now, not after training the base for minutes
+        p.error(f"--calib-tokens {args.calib_tokens}: its calibration windows need {need / 2**30:.1f} GiB, this "
+                f"machine has {have / 2**30:.1f} GiB available")
     return args
 
 
