@@ -31,3 +31,10 @@ def hf_python():
         tail = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
         pytest.skip(f"cannot create .venv-hf (tools/hf_env.sh exit {res.returncode}: {tail})")
     return res.stdout.strip().splitlines()[-1]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Files holding slow or multi-rank tests first (each file's own order kept): the suite runs one file per
+    worker (`--dist loadfile`), and a long file handed out last leaves the other worker idle at the end."""
+    heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("multirank")}
+    items.sort(key=lambda item: item.path not in heavy)

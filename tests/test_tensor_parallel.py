@@ -397,8 +397,8 @@ def test_parallelize_refuses_other_models():
     from _utils import TINY
     from paddle_vha.parallel import parallelize_model
 
-    with pytest.raises(TypeError, match="Qwen3-VHA, Qwen3-MEA and Qwen3 shared-KV attention only; this model has "
-                                        "Qwen3Attention"):
+    with pytest.raises(TypeError, match="Qwen3-VHA, Qwen3-MEA, Qwen3 shared-KV and Qwen3 with sinks attention only; "
+                                        "this model has Qwen3Attention"):
         parallelize_model(Qwen3ForCausalLM(Qwen3Config(**TINY)))
 
 
