@@ -226,3 +226,21 @@ def test_train_from_a_broken_checkpoint_names_it(tmp_path, capsys, monkeypatch, 
             "--max_steps", "1"]
     line = refused(train.main, argv, capsys, shard)
     assert "paddle-vha-train-" not in line and tree(tmp_path) == before
+
+
+def test_a_layer_count_bomb_is_refused_before_the_config_is_built(tmp_path, capsys, monkeypatch):
+    """model_config num_hidden_layers 1e8 (no layer_types): refused in one line from the fields as written, before
+    PaddleFormers' Qwen3Config builds its 1e8-element per-layer lists (which ran past 200 s before); nothing written."""
+    import time
+
+    from paddle_vha.cli import train
+
+    monkeypatch.chdir(tmp_path)
+    before = tree(tmp_path)
+    argv = [os.path.join(ROOT, "configs", "tiny-vha.json"), "--model_config",
+            json.dumps(dict(TINY, vocab_size=256, num_hidden_layers=10 ** 8)), "--output_dir", "out", "--max_steps", "1"]
+    t0 = time.time()
+    err = refused(train.main, argv, capsys, "refusing to train")
+    print(f"{time.time() - t0:.1f} s: {err}")
+    assert "num_hidden_layers 100,000,000" in err and time.time() - t0 < 60
+    assert tree(tmp_path) == before

@@ -22,7 +22,8 @@ import os
 from ..machine import available_memory_bytes, shortfall_line
 from ..units import fmt_bytes
 
-__all__ = ["BASE", "STATE_PER_WEIGHT", "SAVE_PER_WEIGHT", "TEACHER_PER_WEIGHT", "KD_PER_LOGIT", "weight_count", "train_need", "refuse_if_short"]
+__all__ = ["BASE", "STATE_PER_WEIGHT", "SAVE_PER_WEIGHT", "TEACHER_PER_WEIGHT", "KD_PER_LOGIT", "weight_count", "train_need",
+           "refuse_if_short", "refuse_raw_fields"]
 
 BASE = 800 << 20
 STATE_PER_WEIGHT = 16
@@ -55,6 +56,23 @@ def train_need(config, batch: int, seq_len: int, model_parallel: int = 1, saves:
     if local_procs > 1:
         formula = f"{local_procs} processes x ({formula})"
     return per_proc * local_procs, formula
+
+
+def refuse_raw_fields(fields: dict, error) -> None:
+    """Before any config class sees `fields` (model_config as written: PaddleFormers' Qwen3Config builds per-layer
+    lists, so num_hidden_layers 1e8 would hang there first): `error` (one line) when even a lower bound of the weights
+    (the embedding and, per layer, two norms and the MLP's three matrices; missing sizes counted as 1), held once in
+    float32, needs more than the machine has. train_need's full figure is checked once the config is built."""
+    size = {k: fields.get(k) if isinstance(fields.get(k), int) and fields.get(k) > 0 else 1
+            for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")}
+    h = size["hidden_size"]
+    weights = size["vocab_size"] * h + size["num_hidden_layers"] * (2 * h + 3 * h * size["intermediate_size"])
+    need = BASE + 4 * weights
+    refusal = shortfall_line(need, available_memory_bytes(), f"at least {weights:,} float32 weights "
+                             f"(num_hidden_layers {size['num_hidden_layers']:,}, hidden_size {h:,})", "train",
+                             "lower num_hidden_layers / hidden_size / intermediate_size / vocab_size")
+    if refusal is not None:
+        raise error(refusal)
 
 
 def local_process_count() -> int:

@@ -21,6 +21,7 @@ from ..checkpoint.contract import CheckpointError, read_json_object
 from ..checkpoint.fsutil import MARKER, check_no_overlap
 from ..families import UnknownFamily, family
 from ..qwen3.contract import check_config, check_config_fields
+from .memory import refuse_raw_fields
 from .arguments import tensor_parallel_degree
 from .callbacks import TrainLog, nonfinite_parameter
 from .errors import TrainError
@@ -87,6 +88,7 @@ def build_config(model_args, data_args, training_args, tp: int):
                          f"{fields['max_position_embeddings']}")
     try:
         check_config_fields(fields)  # Qwen3's sizes and numbers as written, then with the class's defaults
+        refuse_raw_fields(fields, TrainError)  # a memory bomb before PaddleFormers builds its per-layer lists
         config = config_cls(**fields)
         check_config(config)
     except (ValueError, TypeError) as e:  # VHAConfigError / MEAConfigError are ValueErrors
