@@ -33,8 +33,35 @@ def hf_python():
     return res.stdout.strip().splitlines()[-1]
 
 
+# Rough seconds of one test here by its marker (others ~1 s), for the tests tests/durations.txt does not list.
+_COST_S = {"multirank": 60, "slow": 30}
+
+
+def _measured_seconds() -> dict:
+    """tests/durations.txt: node id -> measured seconds (setup + call + teardown), from a `--durations` table."""
+    out = {}
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.txt")) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3 and parts[0].endswith("s") and not line.startswith("#"):
+                out[parts[2]] = out.get(parts[2], 0.0) + float(parts[0][:-1])
+    return out
+
+
+def _cost(item, measured: dict) -> float:
+    if item.nodeid in measured:
+        return measured[item.nodeid]
+    return max([s for m, s in _COST_S.items() if item.get_closest_marker(m)] or [1])
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Files holding slow or multi-rank tests first (each file's own order kept): the suite runs one file per
-    worker (`--dist loadfile`), and a long file handed out last leaves the other worker idle at the end."""
-    heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("multirank")}
-    items.sort(key=lambda item: item.path not in heavy)
+    """Files in decreasing estimated cost (each file's own order kept; a file's cost: the sum of its tests', measured
+    in tests/durations.txt or estimated from their markers): the suite runs one file per worker (`--dist loadfile`,
+    with pytest.ini's --no-loadscope-reorder, without which xdist reorders files by test count and undoes this), and
+    handing out the longest files first keeps a long file from starting last while the other worker idles
+    (longest-processing-time-first scheduling)."""
+    measured, cost, first = _measured_seconds(), {}, {}
+    for i, item in enumerate(items):
+        cost[item.path] = cost.get(item.path, 0) + _cost(item, measured)
+        first.setdefault(item.path, i)
+    items.sort(key=lambda item: (-cost[item.path], first[item.path]))

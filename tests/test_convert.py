@@ -318,6 +318,7 @@ def test_convert_uptrain_fold_export_generate(tmp_path, converted):
 
 
 @pytest.mark.slow
+@pytest.mark.multirank
 def test_converted_model_uptrains_under_tensor_parallelism(tmp_path, converted):
     """tools/train.py from a converted checkpoint with tensor_parallel_degree 2 (fleet launcher, CPU / gloo): the same
     losses as one process loading it with from_pretrained."""

@@ -55,9 +55,10 @@ HF_GREEDY = """
 
 
 @pytest.fixture(scope="module")
-def stages(tmp_path_factory, hf_python):
+def stages(tmp_path_factory, request):
     """The folders every stage wrote (src: the user's checkpoint, vha, folded, onnx) and Hugging Face's greedy
-    continuation of PROMPT on the fold."""
+    continuation of PROMPT on the fold. The side env (hf_python) is asked for after the stages, not before: on a
+    clean clone it may still be installing (by .ci/run or the other worker), and the stages need none of it."""
     root = tmp_path_factory.mktemp("real-width")
     d = {k: root / k for k in ("src", "vha", "folded", "onnx")}
     make_checkpoint(str(d["src"]), "0.6b", layers=2, untied=True, dtype="bfloat16", max_shard_bytes=400 << 20)
@@ -66,6 +67,7 @@ def stages(tmp_path_factory, hf_python):
     run_tool("fold", d["vha"], d["folded"], "--verify", 1, "--no-progress")
     d["export_log"] = run_tool("export_onnx", d["folded"], d["onnx"], "--decode-steps", 4, "--external-data").stdout
     (root / "hf.py").write_text(textwrap.dedent(HF_GREEDY))
+    hf_python = request.getfixturevalue("hf_python")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     r = subprocess.run([hf_python, str(root / "hf.py"), str(d["folded"]), PROMPT, str(NEW)], capture_output=True,
                        text=True, env=env, timeout=600)

@@ -1,8 +1,8 @@
 """Tensor-parallel Qwen3-VHA and Qwen3-MEA on CPU (gloo) through paddle.distributed.launch, exact against TP = 1.
 
-Each launch runs tests/tp/tp_worker.py on t = 2 ranks (KV heads split) and t = 4 ranks (H_kv = 2: KV heads
-replicated) for six tiny VHA models (composed prologue; gate + biases + r < d; H_kv 4; fused prologue + gate + r < d;
-shared KV + gate + biases; float64) and three tiny MEA models (stock + MEA layers with virtual heads split; virtual and stock KV heads
+Each launch runs tests/tp/tp_worker.py on t = 2 ranks (KV heads split; here) and t = 4 ranks (H_kv = 2: KV heads
+replicated; tests/test_tensor_parallel_t4.py, the same checks) for six tiny VHA models (composed prologue; gate +
+biases + r < d; H_kv 4; fused prologue + gate + r < d; shared KV + gate + biases; float64) and three tiny MEA models (stock + MEA layers with virtual heads split; virtual and stock KV heads
 replicated at t = 4 with the serving form; float64).
 Every rank compares against the single-device model it built itself: logits, loss, every gradient (gathered),
 global gradient norm, 3 SGD-momentum steps (asserted <= 1e-5), 3 AdamW steps (asserted no worse than TP = 1 fp32
@@ -19,6 +19,8 @@ import types
 
 import numpy as np
 import pytest
+
+from tp import launch as tp_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "tp", "tp_worker.py")
@@ -41,24 +43,6 @@ def _fused_available() -> bool:
     return fused_unavailable_reason() is None  # also builds the op once here, before the ranks start
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a launcher and every process under it, by pid (the launcher puts each rank in its own session, so
-    its process group alone does not reach the ranks)."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = root.children(recursive=True) + [root]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
-
-
 def launch(nproc: int, out_dir: str, cases: str, timeout: int = 420) -> dict:
     """Run the worker on nproc CPU ranks (retried once, in a fresh folder, if no rank got to write a result: the
     launcher's rendezvous can fail when other test runs start launchers on the same machine at the same moment)."""
@@ -79,44 +63,36 @@ class _NoResult(Exception):
 
 def _launch(nproc: int, out_dir: str, cases: str, timeout: int) -> dict:
     log_dir = os.path.join(out_dir, "log")
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", log_dir,
-           WORKER, "--out", out_dir, "--cases", cases]
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)
-        out, _ = proc.communicate()
-        pytest.fail(f"launcher timed out after {timeout}s:\n{out[-3000:]}")
-    finally:
-        _kill_tree(proc.pid)  # the launcher can leave rank processes behind
+    run = tp_launch.launch(WORKER, "--out", out_dir, "--cases", cases, nproc=nproc, log_dir=log_dir, timeout=timeout)
+    if run.returncode == -9:
+        pytest.fail(f"launcher timed out after {timeout}s:\n{run.output}")
     results = {}
     for k in range(nproc):
         path = os.path.join(out_dir, f"rank{k}.json")
         if not os.path.exists(path):
-            logs = ""
-            wl = os.path.join(log_dir, f"workerlog.{k}")
-            if os.path.exists(wl):
-                logs = open(wl, errors="replace").read()[-3000:]
-            raise _NoResult(f"rank {k} wrote no result (launcher rc={proc.returncode}):\n{out[-2000:]}\n{logs}")
+            raise _NoResult(f"rank {k} wrote no result (launcher rc={run.returncode}):\n{run.output}")
         with open(path) as f:
             results[k] = json.load(f)
         assert "error" not in results[k], f"rank {k} failed:\n{results[k]['error']}"
-    assert proc.returncode == 0, out[-3000:]
+    assert run.returncode == 0, run.output
     return results
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"t{n}")
-def tp_run(request, tmp_path_factory):
-    n = request.param
+def run_cases(n: int, tmp_path_factory) -> tuple:
+    """One launch of the worker on n ranks with every case: (n, its folder, the cases, each rank's results)."""
     out = str(tmp_path_factory.mktemp(f"tp{n}"))
     cases = (["base", "gated-bias-r9", "kv4"] + (["fused"] if _fused_available() else [])
              + ["shared-kv", "skv-folded", "window", "fp64", "premix-off", "premix-off-fp64", "mea", "mea-rep",
                 "mea-fp64"])
     results = launch(n, out, ",".join(cases))
     return n, results.pop("out_dir", out), cases, results
+
+
+# t = 4 (4 ranks, ~2.5x the time of t = 2 here) runs the same checks from tests/test_tensor_parallel_t4.py: a file is
+# the suite's unit of scheduling (--dist loadfile), so the two launches can run on both workers at once.
+@pytest.fixture(scope="module", params=[2], ids=lambda n: f"t{n}")
+def tp_run(request, tmp_path_factory):
+    return run_cases(request.param, tmp_path_factory)
 
 
 def expected_cache_heads(case: str, t: int) -> list:
@@ -132,6 +108,7 @@ def expected_cache_heads(case: str, t: int) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.multirank
 def test_tp_equals_single_device(tp_run):
     n, _, cases, results = tp_run
     check_tp_results(n, cases, results)
@@ -206,7 +183,14 @@ def _rel(got, ref):
 
 
 @pytest.mark.slow
+@pytest.mark.multirank
 def test_tp_sharded_save_merge_fold(tp_run):
+    check_sharded_save_merge_fold(tp_run)
+
+
+def check_sharded_save_merge_fold(tp_run) -> None:
+    """Each case's sharded save merged (the CLI once, the API for the rest) equals the TP = 1 model's save_pretrained,
+    reloads to the TP model's logits, and folds (VHA) to fold(TP = 1); the merge's refusals, one line each."""
     import paddle
 
     from _utils import TINY

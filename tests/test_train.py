@@ -12,6 +12,7 @@ import pytest
 from paddle_vha.accounting import arch_from_config, kv_bytes_per_token
 from _utils import validate_vha_checkpoint
 from paddle_vha.train.datasets import ByteWindows
+from tp import launch as tp_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "train.py")
@@ -216,23 +217,12 @@ def test_paper_config_dry_runs(tmp_path):
 
 
 def launch_train(log_dir, *args, nproc: int = 2, timeout: int = 300) -> None:
-    """tools/train.py under paddle.distributed.launch on nproc CPU ranks; asserts it succeeded."""
-    import signal
-
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir",
-           str(log_dir), TOOL, *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher can leave rank processes behind
-    logs = "".join(open(p).read()[-2000:] for p in sorted(glob.glob(os.path.join(str(log_dir), "workerlog.*"))))
-    assert proc.returncode == 0, out[-2000:] + logs
+    """tools/train.py under paddle.distributed.launch on nproc CPU ranks (tests/tp/launch.py); asserts it succeeded."""
+    tp_launch.ok(tp_launch.launch_train(log_dir, *args, nproc=nproc, timeout=timeout))
 
 
 @pytest.mark.slow
+@pytest.mark.multirank
 def test_tensor_parallel_training_matches_single_process(tmp_path):
     """tools/train.py under Paddle's launcher with tensor_parallel_degree 2 (configs/tiny-vha-tp2.json, CPU / gloo):
     the same losses as one process, and a merged final model in the documented format with the same weights."""
@@ -256,6 +246,7 @@ def test_tensor_parallel_training_matches_single_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.multirank
 def test_mea_uptraining_under_tensor_parallelism(tmp_path):
     """The MEA pipeline under TP: a stock Qwen3 checkpoint -> tools/compress_kv.py (layer 1 to 2 of 4 KV heads) ->
     tools/train.py from that checkpoint with tensor_parallel_degree 2 (configs/tiny-mea-tp2.json, CPU / gloo).
