@@ -2,7 +2,7 @@
 # Run a command inside the project's pinned virtual environment, creating or refreshing it first.
 #
 #   bash tools/env.sh python tools/quickstart.py
-#   bash tools/env.sh python -m pytest -q tests
+#   bash tools/env.sh python -m pytest -q tests   (tools/test.sh runs the suite as CI does)
 #
 # Set-up (first run, ~2 min; later runs skip it unless requirements/constraints/setup.py/pyproject.toml change):
 #   .venv with pip 23.2.1, the pinned requirements under constraints.txt, paddle_vha installed editable (which also
