@@ -59,7 +59,7 @@ def check_vocab_split(vocab_size: int, t: int) -> None:
     if vocab_size % t:
         raise TPPlanError(f"vocab_size={vocab_size} is not divisible by the tensor-parallel size t={t}: the "
                           f"vocabulary-parallel embedding and LM head split it into t equal parts (pad the vocabulary "
-                          f"to a multiple of {t}; Qwen3's 151936 divides by 2, 4 and 8)")
+                          f"to a multiple of {t}, or keep them whole: tools/train.py --vocab_parallel false)")
 
 
 def _masked_lookup(weight, ids, start: int):
