@@ -41,6 +41,9 @@ def declare_tp_shards(sharded: dict, state) -> dict:
     from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
     split = {name: s.axis for name, s in state.shards.items() if s.axis is not None}
+    for alias, name in getattr(state, "aliases", {}).items():  # a tied LM head, if the dict names it too
+        if alias in sharded and name in split:
+            split[alias] = split[name]
     missing = sorted(set(split) - set(sharded))
     if missing:  # a split parameter saved under another name would be written as if it were whole
         raise RuntimeError(f"sharded_state_dict has no entry for the tensor-parallel parameter {missing[0]}")

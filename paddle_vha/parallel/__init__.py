@@ -7,6 +7,9 @@ plan.py         plans as data: LayerPlan, TensorShard, the GQA head split (each 
 apply.py        applies the family's plan (from the registry) to a built model in place; gathers full parameters /
                 gradients; exact global grad norm
 collectives.py  PyLayers on plain dist.all_reduce / all_gather (gloo on CPU, NCCL on GPU, same code)
+vocab.py        vocabulary parallelism: embedding / LM head split by vocabulary row, parallel cross-entropy (fleet's
+                ops on GPU, the same math on plain collectives on CPU)
+weights.py      weights per rank under the plan, counted from the config
 
 The sharded save and its merge into the single-device checkpoint format are in paddle_vha/parallel/tp_shards.py.
 """

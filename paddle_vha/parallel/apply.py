@@ -21,7 +21,7 @@ collectives.py on plain dist.all_reduce / all_gather (gloo and NCCL alike).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 import numpy as np
@@ -41,6 +41,7 @@ from .collectives import (
     reduce_from_tp,
 )
 from ..spec.sharding import LayerPlan, TensorShard, TPPlanError
+from .vocab import apply_vocab_plan, check_vocab_split, vocab_params
 
 __all__ = [
     "TPState",
@@ -61,12 +62,15 @@ COLLECTIVES = {"all_reduce_partial": all_reduce_partial}  # what a plan may name
 
 @dataclass
 class TPState:
-    """What parallelize_model did: size, rank, group and the shard of every parameter (by its name)."""
+    """What parallelize_model did: size, rank, group and the shard of every parameter (by its name); `aliases`:
+    other names of a parameter (a tied LM head: {"lm_head.weight": "model.embed_tokens.weight"})."""
 
     t: int
     rank: int
     group: object
     shards: Dict[str, TensorShard]
+    vocab_parallel: bool = False
+    aliases: Dict[str, str] = field(default_factory=dict)
 
     def shard(self, name: str) -> TensorShard:
         return self.shards.get(name, TensorShard(None))
@@ -191,12 +195,14 @@ def _layer_of(name: str, layers):
     return None
 
 
-def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> TPState:
+def parallelize_model(model, group=None, sync_from_first_rank: bool = True, vocab_parallel: bool = False) -> TPState:
     """Shard a built causal LM (or backbone) of a family with a tensor-parallel plan over `group` in place.
 
     Build the model at tensor_model_parallel_size=1 on every rank first. With sync_from_first_rank (default) the
     whole model is broadcast from the group's first rank before slicing, so every rank starts from the same
     weights whatever its seed. Create the optimizer afterwards (the sharded parameters are new tensors).
+    vocab_parallel: split the embedding and LM head by vocabulary row as well (paddle_vha/parallel/vocab.py; the
+    vocabulary must divide by t); otherwise they stay whole on every rank.
     """
     if tp_state(model) is not None:
         raise RuntimeError("model is already tensor-parallel")
@@ -213,13 +219,16 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
         raise TypeError(f"paddle_vha.parallel shards {listed} attention only; this model has {', '.join(kinds)}")
     t, rank = group_size(group), group_rank(group)
     plans = layer_plans(config, t, rank)
+    _refuse_master_grad_hooks(model)
+    vocab_parallel = vocab_parallel and t > 1
+    vocab, tied = _vocab_setup(model, config, t) if vocab_parallel else ({}, False)
     if t > 1 and sync_from_first_rank:
         _sync_from_first_rank(model, group)
 
     shards: Dict[str, TensorShard] = {}
     for name, p in dict(model.named_parameters()).items():
         where = _layer_of(name, layers)
-        rule = plans[where[0]].params.get(where[1]) if where else None
+        rule = plans[where[0]].params.get(where[1]) if where else vocab.get(name)
         if where and rule is None:  # every tensor of a decoder layer is declared with its shard (the family's spec.py)
             raise RuntimeError(f"{name}: the {fam.label} tensor-parallel plan has no rule for this parameter")
         if rule is None or t == 1:
@@ -240,9 +249,28 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True) -> T
     if t > 1:
         for _, i, layer in layers:
             _apply_layer_plan(layer, plans[i], group)
-    state = TPState(t=t, rank=rank, group=group, shards=shards)
+    aliases = apply_vocab_plan(model, group, tied) if vocab_parallel else {}
+    state = TPState(t=t, rank=rank, group=group, shards=shards, vocab_parallel=vocab_parallel, aliases=aliases)
     model._vha_tp_state = state
     return state
+
+
+def _vocab_setup(model, config, t: int):
+    """({name: shard} of the vocabulary parameters, whether the LM head is tied to the embedding)."""
+    check_vocab_split(config.vocab_size, t)
+    head = getattr(model, "lm_head", None)
+    embedding = (model.model if hasattr(model, "model") else model).embed_tokens.weight
+    return vocab_params(model), head is not None and head.weight is embedding
+
+
+def _refuse_master_grad_hooks(model) -> None:
+    """The plan's gradient-summing hooks must run before PaddleFormers' master-grad hook (MixPrecisionLayer with
+    amp_master_grad), which moves each gradient into an fp32 `main_grad` and clears it: hooks run in registration
+    order, so the plan must be applied first (docs/tensor_parallel.md, "Master gradients")."""
+    if any(hasattr(p, "main_grad") for p in model.parameters()):
+        raise RuntimeError("parallelize_model: the model already carries master-grad hooks (MixPrecisionLayer / "
+                           "amp_master_grad); shard it first, then wrap it, so the gradients are summed before they "
+                           "move into main_grad")
 
 
 def _apply_layer_plan(layer, plan: LayerPlan, group) -> None:
@@ -266,13 +294,16 @@ def _apply_layer_plan(layer, plan: LayerPlan, group) -> None:
 
 
 def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_rank: bool = True,
-                                weights_from: Optional[str] = None):
+                                weights_from: Optional[str] = None, vocab_parallel: bool = False,
+                                tensor_parallel_output: bool = False):
     """The entry point for trainers: build `model_cls(config)` single-device, then shard it over `group`.
 
     `config.tensor_model_parallel_size` may say t (as PaddleFormers' Trainer sets it); the model is built with a
     copy at 1 (the plan, not fleet's layers, does the sharding) and must equal the group size. `weights_from`: a
     checkpoint folder (the single-device contract, e.g. tools/compress_kv.py's output or a merged TP save) whose
     weights every rank loads before slicing (paddle_vha.checkpoint.load: no PaddleFormers loader inside the ranks).
+    vocab_parallel: the embedding and LM head split by vocabulary row too; tensor_parallel_output (with it): the
+    head returns this rank's logits and the criterion computes the parallel cross-entropy (else whole logits).
     """
     import copy
 
@@ -283,11 +314,12 @@ def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_r
     config.check_runtime_support(tensor_parallel_plan=True)  # sequence parallel, fused qkv: still refused
     cfg = copy.deepcopy(config)
     cfg.tensor_model_parallel_size = 1
-    cfg.tensor_parallel_output = False  # the LM head is replicated: full logits, ordinary cross-entropy
+    # whole logits and the ordinary cross-entropy unless the vocabulary-parallel head keeps its rank's logits
+    cfg.tensor_parallel_output = bool(vocab_parallel and tensor_parallel_output and t > 1)
     model = model_cls(cfg)
     if weights_from is not None:
         load_checkpoint_into(model, weights_from)
-    parallelize_model(model, group, sync_from_first_rank=sync_from_first_rank)
+    parallelize_model(model, group, sync_from_first_rank=sync_from_first_rank, vocab_parallel=vocab_parallel)
     return model
 
 

@@ -11,6 +11,8 @@ downstream of it is replicated (same on every rank) or rank-specific:
                                                                      region (rank-specific -> replicated)
     all_reduce_partial  forward all-reduce     backward all-reduce   a sum of rank-specific partials consumed
                                                                      rank-specifically (VHA's Postmix Z = sum_r U_r^T Y_r)
+    gather_from_tp      forward all-gather     backward slice        rank-specific last-axis parts -> the whole
+                        (last axis)                                  tensor on every rank (vocab-parallel logits)
     allreduce_grad_hook a parameter-gradient hook: sums the gradient of a replicated parameter that each rank uses
                         only partly (q_proj, q_norm, ...) so the replicas stay identical
 
@@ -26,6 +28,7 @@ __all__ = [
     "all_reduce_partial",
     "allreduce_grad_hook",
     "copy_to_tp",
+    "gather_from_tp",
     "group_rank",
     "group_size",
     "reduce_from_tp",
@@ -78,6 +81,20 @@ class _AllReducePartial(PyLayer):
         return _all_reduce(dy, ctx.group)
 
 
+class _GatherFromTP(PyLayer):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group, ctx.n = group, x.shape[-1]
+        parts = []
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return paddle.concat(parts, axis=-1)  # [..., t * n]: rank k's part at [k*n, (k+1)*n)
+
+    @staticmethod
+    def backward(ctx, dy):
+        k, n = group_rank(ctx.group), ctx.n
+        return paddle.slice(dy, [dy.ndim - 1], [k * n], [(k + 1) * n]).clone()
+
+
 def copy_to_tp(x: paddle.Tensor, group=None) -> paddle.Tensor:
     """Identity forward; all-reduce of the gradient backward (enter a rank-specific region)."""
     return _CopyToTP.apply(x, group)
@@ -93,6 +110,12 @@ def all_reduce_partial(x: paddle.Tensor, group=None) -> paddle.Tensor:
     return _AllReducePartial.apply(x, group)
 
 
+def gather_from_tp(x: paddle.Tensor, group=None) -> paddle.Tensor:
+    """All-gather along the last axis forward; this rank's slice of the gradient backward (the consumer of the whole
+    tensor is replicated, so every rank's dy is the same and its own part is the gradient of its input)."""
+    return _GatherFromTP.apply(x, group)
+
+
 def allreduce_grad_hook(group=None):
     """A gradient hook (`param.register_hook(...)`) summing the gradient over the group.
 
@@ -101,6 +124,8 @@ def allreduce_grad_hook(group=None):
     """
 
     def hook(grad):
-        return _all_reduce(grad, group)
+        # in place, returning nothing: a hook registered after this one (PaddleFormers' master-grad hook, which
+        # moves the gradient into an fp32 main_grad and clears it) then sees, and clears, the summed tensor itself
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=group)
 
     return hook

@@ -7,7 +7,8 @@ and no checkpoint-N or saved model contains it), and the RNG state is the same b
 student's initialisation and data order do not depend on whether a teacher is loaded).
 
 Under tensor parallelism every rank holds the whole teacher (replicated): the student's plan keeps the hidden states
-and the logits whole on every rank (row-parallel closes each block with an all-reduce; the LM head is replicated), so
+and the logits whole on every rank (row-parallel closes each block with an all-reduce; the vocabulary-parallel head
+all-gathers its logits, tensor_parallel_output off for a distillation run), so
 each rank computes the same teacher outputs for the same tokens with no collective, and any family loads the same way
 (docs/training.md, "Distillation").
 """

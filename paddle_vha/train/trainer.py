@@ -103,6 +103,10 @@ def build_config(model_args, data_args, training_args, tp: int):
 
                 check(tensor_parallel_plan=True)  # sharded by paddle_vha.parallel, not by fleet's layers
                 check_plan(config, tp)
+                if vocab_parallel_here(training_args):  # vocabulary-parallel embedding and head
+                    from ..parallel.vocab import check_vocab_split
+
+                    check_vocab_split(config.vocab_size, tp)
             else:
                 check()
         except ValueError as e:  # VHAConfigError, MEAConfigError, TPPlanError
@@ -112,6 +116,11 @@ def build_config(model_args, data_args, training_args, tp: int):
         raise TrainError(f"tensor_model_parallel_size={tp} needs at least {tp} processes: launch with "
                          f"python -m paddle.distributed.launch --nproc_per_node N tools/train.py ...")
     return config, model_cls
+
+
+def vocab_parallel_here(training_args) -> bool:
+    """The plan splits the embedding and LM head by vocabulary row (`vocab_parallel`, not with pipeline stages)."""
+    return bool(getattr(training_args, "vocab_parallel", True)) and training_args.pipeline_model_parallel_size <= 1
 
 
 def uses_plan_tensor_parallel(model_args, tp: int) -> bool:
@@ -450,8 +459,13 @@ def _build_plan_parallel_model(model_cls, config, model_args, training_args):
         # mp rank reads the same deterministic batches here, so fleet's own switch turns the broadcast off.
         fleet.fleet._user_defined_strategy.hybrid_configs["mp_configs"].need_broadcast_data = False
     group = fleet.get_hybrid_communicate_group().get_model_parallel_group()
+    # the embedding and LM head split by vocabulary row; the head keeps its rank's logits for the parallel
+    # cross-entropy (PaddleFormers' tensor_parallel_output) unless a teacher's KL needs the whole logits
+    tp_output = bool(getattr(config, "tensor_parallel_output", True)) and not getattr(training_args, "teacher", None)
     try:  # single-device layers (loaded from model_name_or_path, if given), sharded by the plan
-        return build_tensor_parallel_model(model_cls, config, group, weights_from=model_args.model_name_or_path)
+        return build_tensor_parallel_model(model_cls, config, group, weights_from=model_args.model_name_or_path,
+                                           vocab_parallel=vocab_parallel_here(training_args),
+                                           tensor_parallel_output=tp_output)
     except CheckpointError as e:
         raise TrainError(str(e)) from None
 
