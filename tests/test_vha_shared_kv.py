@@ -11,7 +11,7 @@ from paddleformers.transformers.cache_utils import DynamicCache
 import oracle
 from _utils import attention_tensors, config_dict, load_checkpoint_numpy, read_tensor_shapes, rel_err, tiny_config
 from _utils import to_numpy, validate_vha_checkpoint
-from family_cases import CASES, randomize_biases, randomize_postmix
+from family_cases import CASES, greedy_by_full_forwards, randomize_biases, randomize_postmix
 from paddle_vha import Qwen3VHAAttention, Qwen3VHAForCausalLM, VHAConfigError
 from paddle_vha.checkpoint.contract import CheckpointError
 from test_checkpoint import _rewrite_tensors
@@ -132,10 +132,7 @@ def test_generate_matches_full_forwards():
     randomize_postmix(model)
     prompt = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(2, 5)))
     gen, _ = model.generate(prompt, max_new_tokens=8, decode_strategy="greedy_search", use_cache=True)
-    seq = prompt
-    for _ in range(8):
-        seq = paddle.concat([seq, model(seq, return_dict=True).logits[:, -1].argmax(-1, keepdim=True)], axis=1)
-    assert np.array_equal(gen.numpy(), seq[:, 5:].numpy())
+    assert np.array_equal(gen.numpy(), greedy_by_full_forwards(model, prompt, 8))
 
 
 def test_refusals(tmp_path):
