@@ -169,7 +169,8 @@ class ModelSpec:
     def served_constants(self, cfg, layer_idx: int) -> Dict[str, str]:
         """{tensor name: the serving form's attribute} of layer `layer_idx`'s tensors served as graph constants."""
         prefix = self.layer_prefix(layer_idx)
-        return {prefix + p.name: p.serve for p, _ in layer_params(self.layer(cfg, layer_idx), cfg, layer_idx) if p.serve}
+        params = layer_params(self.layer(cfg, layer_idx), cfg, layer_idx)
+        return {prefix + p.name: p.serve for p, _ in params if p.serve}
 
     def extra_linears(self, cfg) -> List[str]:
         """Linears of any layer that the base's flex-checkpoint rules do not know, each named once."""
