@@ -69,17 +69,20 @@ class Family:
     # Tensor parallelism through paddle_vha.parallel: a module with check(cfg, t) and layer_plan(cfg, t, rank, i) ->
     # parallel.plan.LayerPlan; None: the family is not sharded by this project.
     tp_plan: Optional[ModuleType] = None
-    # Serving: a module with export_form(cfg, layer index, tensors, const) -> the layer's form in the exported decoder
-    # (paddle_vha/export/decoder.py), cache_shape(cfg, layer index) -> (heads, width) of its cache tensors,
-    # cache_names(cfg, layer index) -> their names ("key", "value"), and export_refusal(cfg) -> why a checkpoint
-    # cannot be exported as it is, or None; optionally GENAI_MODEL_TYPE, the onnxruntime-genai decoder type that runs
-    # its exports. A family without one is not exported; `not_exported` says what to do.
+    # Serving: "module:attribute" of a qwen3.serving.Serving (its layers' form in the exported decoder, cache shapes
+    # and names, the refusal, genai's decoder type); the graph constants come from the spec (Param.serve). A family
+    # without one is not exported; `not_exported` says what to do.
     serving_ref: Optional[str] = None
     not_exported: str = "cannot be exported"
     # Cost model (paddle_vha/accounting.py): a module with arch_fields(config.json dict, common fields) -> the Arch
     # fields of its attention; importing it registers its attention kinds' formulas (paddle_vha/spec/cost.py).
     cost: Optional[ModuleType] = None
     base: Base = QWEN3_BASE  # what its classes derive from (paddle_vha/spec/base.py)
+    # Fold (paddle_vha/transform/fold.py): "module:attribute" of what its checkpoints fold into (refusals, folded
+    # model_type and config.json, notes, the plan's header: vha/fold_form.py); the tensors' fold roles are its spec's.
+    # None: the family is not folded.
+    fold_ref: Optional[str] = None
+    architecture: Optional[str] = None  # config.json's architectures entry, where the causal LM is not model_ref's
 
     def tensor_shapes(self, cfg) -> Shapes:
         """The on-disk tensor contract for config `cfg`: name -> HF-layout shape."""
@@ -88,6 +91,21 @@ class Family:
     @property
     def config_class(self):
         return _resolve(self.config_ref)
+
+    @property
+    def fold_form(self):
+        """What this family's checkpoints fold into (None: not folded)."""
+        return _resolve(self.fold_ref) if self.fold_ref else None
+
+    @property
+    def causal_lm_name(self) -> str:
+        """The causal LM class config.json's `architectures` names (what Hugging Face loads)."""
+        return self.architecture or self.model_ref.rpartition(":")[2]
+
+    @property
+    def stock(self) -> bool:
+        """Whether the family is its base's own model (stock Qwen3, stock Qwen3-MoE), not a variant of it."""
+        return self.spec is self.base.spec
 
     @property
     def has_model(self) -> bool:
@@ -110,28 +128,34 @@ class Family:
         """Whether the export serves checkpoints of this family as they are (else see `not_exported`)."""
         return self.serving_ref is not None
 
+    @property
+    def _serving(self):
+        return _resolve(self.serving_ref)
+
     def export_refusal(self, cfg) -> Optional[str]:
         """Why the checkpoint with config `cfg` (of a servable family) cannot be exported as it is, or None."""
-        return importlib.import_module(self.serving_ref).export_refusal(cfg)
+        return self._serving.refusal(cfg)
 
     @property
     def genai_model_type(self) -> Optional[str]:
         """onnxruntime-genai's decoder type for this family's exports (None: genai has none that runs them)."""
-        return getattr(importlib.import_module(self.serving_ref), "GENAI_MODEL_TYPE", None) if self.servable else None
+        return self._serving.genai_model_type if self.servable else None
 
     def export_form(self, cfg, layer_idx: int, tensors, const):
-        """Layer `layer_idx`'s form in the exported decoder (paddle_vha/export/decoder.py)."""
-        return importlib.import_module(self.serving_ref).export_form(cfg, layer_idx, tensors, const)
+        """Layer `layer_idx`'s form in the exported decoder (paddle_vha/export/decoder.py): the serving's form, with
+        the tensors the spec serves as graph constants (`Param.serve`) on it."""
+        form = self._serving.build(cfg, layer_idx, tensors, const)
+        for name, attribute in self.spec.served_constants(cfg, layer_idx).items():
+            setattr(form, attribute, const(tensors[name]))
+        return form
 
     def export_cache_shapes(self, cfg) -> List[tuple]:
         """(heads, width) of every layer's cache tensors in the exported decoder."""
-        serving = importlib.import_module(self.serving_ref)
-        return [serving.cache_shape(cfg, i) for i in range(cfg.num_hidden_layers)]
+        return [self._serving.cache_shape(cfg, i) for i in range(cfg.num_hidden_layers)]
 
     def export_cache_names(self, cfg) -> List[tuple]:
         """The names of every layer's cache tensors in the exported decoder: ("key", "value"), or ("key",)."""
-        serving = importlib.import_module(self.serving_ref)
-        return [serving.cache_names(cfg, i) for i in range(cfg.num_hidden_layers)]
+        return [self._serving.cache_names for _ in range(cfg.num_hidden_layers)]
 
     def load_config(self, folder):
         """The typed config of a checkpoint folder of this family; config errors become one-line CheckpointErrors."""
@@ -158,7 +182,7 @@ FAMILIES: Dict[str, Family] = {
             model_ref="paddleformers.transformers:Qwen3ForCausalLM",
             spec=QWEN3,
             cost=qwen3_cost,
-            serving_ref="paddle_vha.qwen3.serving",
+            serving_ref="paddle_vha.qwen3.serving:STOCK_QWEN3",
         ),
         Family(
             model_type="qwen3_vha",
@@ -169,6 +193,7 @@ FAMILIES: Dict[str, Family] = {
             tp_plan=vha_tp_plan,
             not_exported="fold it first (python tools/fold.py IN OUT)",
             cost=vha_cost,
+            fold_ref="paddle_vha.vha.fold_form:VHA_FOLD",
         ),
         Family(
             model_type="qwen3_mea",
@@ -177,7 +202,7 @@ FAMILIES: Dict[str, Family] = {
             model_ref="paddle_vha.mea.modeling:Qwen3MEAForCausalLM",
             spec=QWEN3_MEA,
             tp_plan=mea_tp_plan,
-            serving_ref="paddle_vha.mea.serving",
+            serving_ref="paddle_vha.mea.serving:MEA",
             cost=mea_cost,
         ),
         Family(
@@ -187,7 +212,7 @@ FAMILIES: Dict[str, Family] = {
             model_ref="paddle_vha.shared_kv.modeling:Qwen3SharedKVForCausalLM",
             spec=QWEN3_SHARED_KV,
             tp_plan=shared_kv_tp_plan,
-            serving_ref="paddle_vha.shared_kv.serving",
+            serving_ref="paddle_vha.shared_kv.serving:SHARED_KV",
             cost=shared_kv_cost,
         ),
         Family(
@@ -198,6 +223,7 @@ FAMILIES: Dict[str, Family] = {
             spec=QWEN3_MOE,
             cost=qwen3_cost,
             base=QWEN3_MOE_BASE,
+            architecture="Qwen3MoeForCausalLM",
             not_exported=("the exported decoder has no routed experts (no top-k gating in its graph); serve it with a "
                           "runtime that runs Qwen3-MoE (Hugging Face Qwen3MoeForCausalLM, vLLM, SGLang)"),
         ),
@@ -209,6 +235,7 @@ FAMILIES: Dict[str, Family] = {
             spec=QWEN3_MOE_VHA,
             cost=vha_cost,
             base=QWEN3_MOE_BASE,
+            fold_ref="paddle_vha.moe_vha.fold_form:MOE_VHA_FOLD",
             not_exported=("fold it first (python tools/fold.py IN OUT: a stock Qwen3-MoE checkpoint), then serve that "
                           "with a runtime that runs Qwen3-MoE; the exported decoder has no routed experts"),
         ),
@@ -219,7 +246,7 @@ FAMILIES: Dict[str, Family] = {
             model_ref="paddle_vha.sinks.modeling:Qwen3SinksForCausalLM",
             spec=QWEN3_SINKS,
             tp_plan=sinks_tp_plan,
-            serving_ref="paddle_vha.sinks.serving",
+            serving_ref="paddle_vha.qwen3.serving:GQA",
             cost=sinks_cost,
         ),
     )

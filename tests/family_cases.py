@@ -296,3 +296,85 @@ CASES: Dict[str, FamilyCases] = {
 
 def positions(B: int, S: int) -> np.ndarray:
     return np.broadcast_to(np.arange(S), (B, S))
+
+
+# --- Qwen3-VHA causal LMs with sliding-window layers (tests/test_vha_window.py, tests/test_attention_sinks.py) ----------
+
+WINDOW = 4  # the window: a query sees its own position and the 3 before it
+WINDOW_LAYERS = dict(sliding_window=WINDOW, use_sliding_window=True, num_hidden_layers=3,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+
+
+def make_vha_model(fields: Dict, attn: str = "eager"):
+    """(cfg, eval-mode Qwen3VHAForCausalLM) over TINY with `fields`: Postmix and biases away from their init, the
+    norm weights 1 + 0.3 N(0, 1), sink logits (where the config has them) 1.5 N(0, 1), large enough to take a real
+    share of the softmax."""
+    import paddle
+
+    from _utils import tiny_config
+    from paddle_vha import Qwen3VHAForCausalLM
+
+    cfg = tiny_config(**fields)
+    cfg._attn_implementation = attn
+    model = Qwen3VHAForCausalLM(cfg)
+    model.eval()
+    randomize_postmix(model)
+    for n, p in model.named_parameters():
+        if n.endswith("norm.weight"):  # ones at init: make them count
+            p.set_value(1.0 + paddle.randn(p.shape) * 0.3)
+        if n.endswith("self_attn.sinks"):
+            p.set_value(paddle.randn(p.shape) * 1.5)
+    return cfg, model
+
+
+def saved_state(model) -> Dict[str, np.ndarray]:
+    """The model's tensors as save_pretrained writes them (Linear weights [out, in]), float64."""
+    import tempfile
+
+    from _utils import load_checkpoint_numpy
+
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        return load_checkpoint_numpy(d)
+
+
+def greedy_by_full_forwards(model, prompt, steps: int):
+    """`steps` greedy tokens after `prompt` (B, P), each from a full forward of everything so far (no cache)."""
+    import paddle
+
+    seq = prompt
+    for _ in range(steps):
+        seq = paddle.concat([seq, model(seq, return_dict=True).logits[:, -1].argmax(-1, keepdim=True)], axis=1)
+    return seq[:, prompt.shape[1]:].numpy()
+
+
+def attention_gradient_errors(model, cfg, ids: np.ndarray) -> Dict[str, float]:
+    """Paddle's fp32 autograd through the whole model vs central differences of the float64 oracle
+    (oracle.causal_lm), one random direction per attention tensor of every layer (the rest is stock Qwen3):
+    {tensor: relative error}, printed per tensor."""
+    import paddle
+
+    from _utils import config_dict, to_numpy
+
+    model.train()
+    logits = model(paddle.to_tensor(ids), return_dict=True).logits
+    g_out = np.random.randn(*logits.shape)
+    (logits * paddle.to_tensor(g_out, dtype="float32")).sum().backward()
+    state, c = saved_state(model), config_dict(cfg)
+    grads = {}
+    for n, p in model.named_parameters():
+        g = to_numpy(p.grad)
+        grads[n] = g.T if n.endswith("_proj.weight") else g  # Paddle Linear: [in, out]
+        assert grads[n].shape == state[n].shape, n
+
+    def loss(s):
+        return float((oracle.causal_lm(ids, s, c)[0] * g_out).sum())
+
+    eps, errors = 1e-6, {}
+    for n in sorted(n for n in state if "self_attn" in n):
+        direction = np.random.randn(*state[n].shape)
+        fd = (loss({**state, n: state[n] + eps * direction}) - loss({**state, n: state[n] - eps * direction})) / (2 * eps)
+        an = float((grads[n] * direction).sum())
+        errors[n] = abs(fd - an) / max(abs(fd), np.linalg.norm(grads[n]), 1e-12)
+        print(f"{n}: autograd {an:+.6e} finite-diff {fd:+.6e} rel err {errors[n]:.2e}")
+    return errors

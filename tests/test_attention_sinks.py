@@ -9,13 +9,13 @@ from paddleformers.transformers.cache_utils import DynamicCache
 
 import oracle
 from _utils import config_dict, load_checkpoint_numpy, read_tensor_shapes, rel_err, tiny_config, to_numpy
-from family_cases import randomize_postmix
+from family_cases import WINDOW as W
+from family_cases import WINDOW_LAYERS, attention_gradient_errors, greedy_by_full_forwards, make_vha_model
+from family_cases import saved_state as on_disk
 from paddle_vha import Qwen3VHAForCausalLM, VHAConfigError
 from paddle_vha.qwen3.modeling import attention_core
 
-W = 4  # the window: a query sees its own position and the 3 before it
-SWA = dict(sliding_window=W, use_sliding_window=True, num_hidden_layers=3, window_attention_sinks=True,
-           layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+SWA = dict(WINDOW_LAYERS, window_attention_sinks=True)
 
 VARIANTS = {
     "plain": dict(),
@@ -33,25 +33,7 @@ VARIANTS = {
 
 
 def make_model(name, attn="eager", **extra):
-    cfg = tiny_config(**{**SWA, **VARIANTS[name], **extra})
-    cfg._attn_implementation = attn
-    model = Qwen3VHAForCausalLM(cfg)
-    model.eval()
-    randomize_postmix(model)
-    for n, p in model.named_parameters():
-        if n.endswith("norm.weight"):
-            p.set_value(1.0 + paddle.randn(p.shape) * 0.3)
-        if n.endswith("self_attn.sinks"):  # large enough to take a real share of the softmax
-            p.set_value(paddle.randn(p.shape) * 1.5)
-    return cfg, model
-
-
-def on_disk(model):
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        model.save_pretrained(d)
-        return load_checkpoint_numpy(d)
+    return make_vha_model({**SWA, **VARIANTS[name], **extra}, attn)
 
 
 class _Core:
@@ -148,10 +130,7 @@ def test_generate_matches_full_forwards():
     cfg, model = make_model("odd-heads-r<d")
     prompt = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(2, 5)))
     gen, _ = model.generate(prompt, max_new_tokens=8, decode_strategy="greedy_search", use_cache=True)
-    seq = prompt
-    for _ in range(8):
-        seq = paddle.concat([seq, model(seq, return_dict=True).logits[:, -1].argmax(-1, keepdim=True)], axis=1)
-    assert np.array_equal(gen.numpy(), seq[:, 5:].numpy())
+    assert np.array_equal(gen.numpy(), greedy_by_full_forwards(model, prompt, 8))
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -160,28 +139,10 @@ def test_gradients_match_oracle_finite_differences(name, attn):
     """fp32 autograd through the whole model (the sinks included) vs central differences of the float64 oracle, one
     random direction per attention tensor."""
     cfg, model = make_model(name, attn)
-    model.train()
-    ids = np.random.randint(0, cfg.vocab_size, size=(2, 7))
-    logits = model(paddle.to_tensor(ids), return_dict=True).logits
-    g_out = np.random.randn(*logits.shape)
-    (logits * paddle.to_tensor(g_out, dtype="float32")).sum().backward()
-    state, c = on_disk(model), config_dict(cfg)
-    grads = {n: (to_numpy(p.grad).T if n.endswith("_proj.weight") else to_numpy(p.grad))
-             for n, p in model.named_parameters()}
-
-    def loss(s):
-        return float((oracle.causal_lm(ids, s, c)[0] * g_out).sum())
-
-    eps, worst = 1e-6, 0.0
-    names = sorted(n for n in state if "self_attn" in n)
-    assert sum(n.endswith(".sinks") for n in names) == 2
-    for n in names:
-        direction = np.random.randn(*state[n].shape)
-        fd = (loss({**state, n: state[n] + eps * direction}) - loss({**state, n: state[n] - eps * direction})) / (2 * eps)
-        an = float((grads[n] * direction).sum())
-        err = abs(fd - an) / max(abs(fd), np.linalg.norm(grads[n]), 1e-12)
-        worst = max(worst, err)
-        assert err <= 2e-4, f"{n}: autograd {an:+.6e} finite-diff {fd:+.6e} rel err {err:.2e}"
+    errors = attention_gradient_errors(model, cfg, np.random.randint(0, cfg.vocab_size, size=(2, 7)))
+    assert sum(n.endswith(".sinks") for n in errors) == 2
+    worst = max(errors.values())
+    assert worst <= 2e-4, {n: e for n, e in errors.items() if e > 2e-4}
     print(f"{name} {attn}: worst attention-gradient rel err {worst:.2e}")
 
 

@@ -43,13 +43,21 @@ def attention_class(model_type: str, cfg, layer_idx: int = 0) -> type:
     return cls
 
 
+def build_layer(model_type: str, attention, fields: dict, B: int, S: int, impl: str = "eager"):
+    """(cfg, layer, x): an `attention` layer 0 over the family's config with `fields`, in eval mode with its tensors
+    away from their init (the family's randomize_layer), and an input x (B, S, h). The family-specific tests build
+    their own shapes with it."""
+    cfg = family_config(model_type, fields, impl)
+    attn = attention(cfg, 0)
+    attn.eval()
+    CASES[model_type].randomize_layer(attn)
+    return cfg, attn, paddle.randn([B, S, cfg.hidden_size])
+
+
 def make_layer(model_type: str, case: str, impl: str = "eager"):
     c = CASES[model_type].layers[case]
     cfg = family_config(model_type, c.fields, impl)
-    attn = attention_class(model_type, cfg)(cfg, 0)
-    attn.eval()
-    CASES[model_type].randomize_layer(attn)
-    return cfg, attn, paddle.randn([c.B, c.S, cfg.hidden_size])
+    return build_layer(model_type, attention_class(model_type, cfg), c.fields, c.B, c.S, impl)
 
 
 def run_layer(cfg, attn, x):

@@ -10,9 +10,9 @@ from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding, appl
 
 import mea_oracle
 from _utils import TINY, rel_err, to_numpy
-from family_cases import randomize_mea_layer
 from paddle_vha.mea.attention import Qwen3MEAAttention, hlc
 from paddle_vha.mea.config import MEAConfigError, Qwen3MEAConfig, parse_layer_spec
+from test_family_layers import build_layer
 from test_family_layers import oracle_layer as family_oracle_layer
 from test_family_layers import run_layer
 
@@ -23,13 +23,9 @@ def mea_config(**overrides):
 
 def make_layer(B, S, H, n_p, n_v, d, pos, gn, bias, impl="eager"):
     """An MEA layer with every tensor away from its init (tests/family_cases.py), and an input (B, S, h)."""
-    cfg = mea_config(num_attention_heads=H, num_key_value_heads=n_p, mea_kv_heads=n_v, head_dim=d,
-                     mea_k_norm_position=pos, mea_group_norm=gn, attention_bias=bias)
-    cfg._attn_implementation = impl
-    attn = Qwen3MEAAttention(cfg, 0)
-    attn.eval()
-    randomize_mea_layer(attn)
-    return cfg, attn, paddle.randn([B, S, cfg.hidden_size])
+    return build_layer("qwen3_mea", Qwen3MEAAttention, dict(
+        num_attention_heads=H, num_key_value_heads=n_p, mea_kv_heads=n_v, head_dim=d, mea_k_norm_position=pos,
+        mea_group_norm=gn, attention_bias=bias), B, S, impl)
 
 
 def oracle_layer(cfg, tensors, x_np):

@@ -3,14 +3,16 @@
 A demonstration variant, not shipped: Qwen3 with a learned per-head output scale (`self_attn.head_scale`, one number
 per query head, applied to the attention output before o_proj). Everything it needs is in this file:
 
-    its spec      one Param added to the stock layer's (HEAD_SCALE below), its initializer included
+    its spec      one Param added to the stock layer's (HEAD_SCALE below), its initializer and fold role included
     its math      HeadScaleAttention.forward (the only code with equations; __init__ builds what the spec declares)
+                  and its fold rule (the scale absorbed into o_proj's input columns, float64)
     its config    a Qwen3Config subclass naming its model_type
+    its fold form one object: it folds into stock Qwen3 (paddle_vha.spec.fold.FoldForm as it is)
     the registry  one line: FAMILIES[model_type] = Family(...)
 
 and nothing in paddle_vha/ changes: the contract, the checkpoint validation, the flex-checkpoint name rules, the
-tensor-parallel shards and the model classes all come from the spec and the factory (checked below, including that
-no package file spells the new tensor's name).
+tensor-parallel shards, the model classes and the fold (plan, table, write, --verify) all come from the spec, the
+factory and the transform pipeline (checked below, including that no package file spells the new tensor's name).
 """
 import os
 import pathlib
@@ -31,6 +33,7 @@ from paddle_vha.qwen3.base import QWEN3_BASE
 from paddle_vha.qwen3.modeling import attention_core
 from paddle_vha.qwen3.spec import QWEN3, QWEN3_LAYER, TOP, top_sizes
 from paddle_vha.qwen3.tp_plan import GQAPlan
+from paddle_vha.spec.fold import FoldForm, FoldRule
 from paddle_vha.spec.params import ModelSpec, Param, TensorShard
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -40,14 +43,24 @@ SIZES = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_lay
 
 # --- the demonstration variant: spec, math, config, registry line ---------------------------------------------------
 
+def fold_head_scale(w_o, scale):
+    """[h, H*d] o_proj and the [H] scale -> [h, H*d]: input block j of o_proj times s_j (float64)."""
+    w = np.asarray(w_o, np.float64)
+    return w * np.repeat(np.asarray(scale, np.float64), w.shape[1] // scale.shape[0])[None, :]  # (h, H*d)
+
+
 HEAD_SCALE_LAYER = QWEN3_LAYER.replace("qwen3_head_scale_demo", add=[Param(
     "self_attn.head_scale", lambda s: (s.heads,), TensorShard(0),  # split by query head, as q_proj
-    init=lambda s, cfg: nn.initializer.Constant(1.0))])
+    init=lambda s, cfg: nn.initializer.Constant(1.0),
+    fold=FoldRule("self_attn.o_proj", "fold head scale", {"weight": fold_head_scale}))])
 HEAD_SCALE = ModelSpec(top=TOP, top_sizes=top_sizes, layer=lambda cfg, i: HEAD_SCALE_LAYER)
 
 
 class HeadScaleConfig(Qwen3Config):
     model_type = "qwen3_head_scale_demo"
+
+
+DEMO_FOLD = FoldForm(Qwen3Config.model_type)  # what its checkpoints fold into: stock Qwen3
 
 
 class HeadScaleAttention(Qwen3Attention):
@@ -78,7 +91,7 @@ def demo():
         module=__name__, attention=lambda config, layer_idx: HeadScaleAttention))
     entry = Family(model_type=HeadScaleConfig.model_type, label="Qwen3 head-scale (demo)",  # the registry line
                    config_ref=f"{__name__}:HeadScaleConfig", model_ref=f"{__name__}:DEMO_CAUSAL_LM",
-                   spec=HEAD_SCALE, tp_plan=GQAPlan(HEAD_SCALE))
+                   spec=HEAD_SCALE, tp_plan=GQAPlan(HEAD_SCALE), fold_ref=f"{__name__}:DEMO_FOLD")
     globals()["DEMO_CAUSAL_LM"] = classes.causal_lm
     FAMILIES[entry.model_type] = entry
     yield classes
@@ -162,6 +175,53 @@ def test_demo_variant_contract_registry_and_plan(demo, tmp_path):
     # nothing in the installed package names the demo's tensor: the variant touched no package file
     spelled = [str(p.relative_to(ROOT)) for p in (ROOT / "paddle_vha").rglob("*.py") if "head_scale" in p.read_text()]
     assert spelled == [], spelled
+
+
+def test_demo_variant_folds_through_the_generic_pipeline(demo, tmp_path):
+    """The fold pipeline (paddle_vha/transform/fold.py) folds the demo into stock Qwen3 from its spec's fold role and
+    its registry line alone: the folded o_proj is the rule's product (float64, exact), the plan's table names the
+    step and the absorbed tensor, and --verify's comparison (the demo model vs PaddleFormers' stock Qwen3 loading the
+    folded folder) agrees to float32 rounding."""
+    from paddle_vha.checkpoint.safetensors_io import read_header, read_tensor
+    from paddle_vha.transform.describe import format_plan
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold, verify_fold
+
+    paddle.seed(0)
+    cfg = HeadScaleConfig(**SIZES)
+    model = demo.causal_lm(cfg)
+    scale = np.random.default_rng(2).uniform(0.5, 1.5, (2, SIZES["num_attention_heads"])).astype("float32")
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.head_scale.set_value(paddle.to_tensor(scale[i]))
+    src, out = str(tmp_path / "demo"), str(tmp_path / "folded")
+    model.save_pretrained(src)
+    plan = plan_fold(src, out, dtype="float64")
+    text = format_plan(plan)
+    print(text)
+    rows = [ln.split() for ln in text.splitlines() if "self_attn.o_proj.weight" in ln or "self_attn.head_scale" in ln]
+    assert [r[2:4] for r in rows] == [["fold", "head"], ["absorbed", "[6]"]], rows
+    assert plan.out_config["model_type"] == "qwen3" and plan.out_config["architectures"] == ["Qwen3ForCausalLM"]
+    fold_checkpoint(plan, progress=False)
+
+    def tensors(folder):
+        found = {}
+        for f in sorted(os.listdir(folder)):
+            if f.endswith(".safetensors"):
+                refs = read_header(os.path.join(folder, f))[1]
+                found.update({n: read_tensor(r).astype(np.float64) for n, r in refs.items()})
+        return found
+
+    before, after = tensors(src), tensors(out)
+    assert set(after) == set(before) - {f"model.layers.{i}.self_attn.head_scale" for i in range(2)}
+    for i in range(2):
+        n = f"model.layers.{i}.self_attn.o_proj.weight"
+        want = before[n] * np.repeat(scale[i].astype(np.float64), SIZES["head_dim"])[None, :]
+        print(f"layer {i} folded o_proj vs W_O diag(s): max |diff| {np.abs(after[n] - want).max():.1e}")
+        np.testing.assert_array_equal(after[n], want)
+    assert all(np.array_equal(after[n], before[n]) for n in after if "o_proj.weight" not in n)
+    assert family_of(out).model_type == "qwen3"
+    errors = verify_fold(src, out)
+    print(f"demo vs folded stock Qwen3 (Paddle fp32): {errors}")
+    assert errors["max_rel"] <= 1e-5
 
 
 def test_factory_adds_nothing_to_the_base(demo):

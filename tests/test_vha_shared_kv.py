@@ -11,24 +11,20 @@ from paddleformers.transformers.cache_utils import DynamicCache
 import oracle
 from _utils import attention_tensors, config_dict, load_checkpoint_numpy, read_tensor_shapes, rel_err, tiny_config
 from _utils import to_numpy, validate_vha_checkpoint
-from family_cases import CASES, randomize_biases, randomize_postmix
+from family_cases import CASES, greedy_by_full_forwards, randomize_postmix
 from paddle_vha import Qwen3VHAAttention, Qwen3VHAForCausalLM, VHAConfigError
 from paddle_vha.checkpoint.contract import CheckpointError
 from test_checkpoint import _rewrite_tensors
+from test_family_layers import build_layer
 from test_family_layers import make_layer as make_family_layer
 from test_family_layers import run_layer
 from test_vha_layer import oracle_layer
 
 
 def make_layer(B, S, h_v, h_kv, d, r, gated, bias, fused=False):
-    cfg = tiny_config(num_attention_heads=h_v, num_key_value_heads=h_kv, head_dim=d, vha_q_head_dim=r,
-                      vha_gated_attention=gated, attention_bias=bias, vha_postmix_v_init_std=0.3, vha_shared_kv=True,
-                      vha_fused_prologue=fused)
-    cfg._attn_implementation = "eager"
-    attn = Qwen3VHAAttention(cfg, 0)
-    attn.eval()
-    randomize_biases(attn)
-    return cfg, attn, paddle.randn([B, S, cfg.hidden_size])
+    return build_layer("qwen3_vha", Qwen3VHAAttention, dict(
+        num_attention_heads=h_v, num_key_value_heads=h_kv, head_dim=d, vha_q_head_dim=r, vha_gated_attention=gated,
+        attention_bias=bias, vha_postmix_v_init_std=0.3, vha_shared_kv=True, vha_fused_prologue=fused), B, S)
 
 
 SKV_CASES = [c for c in CASES["qwen3_vha"].layers if CASES["qwen3_vha"].layers[c].fields.get("vha_shared_kv")]
@@ -132,10 +128,7 @@ def test_generate_matches_full_forwards():
     randomize_postmix(model)
     prompt = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(2, 5)))
     gen, _ = model.generate(prompt, max_new_tokens=8, decode_strategy="greedy_search", use_cache=True)
-    seq = prompt
-    for _ in range(8):
-        seq = paddle.concat([seq, model(seq, return_dict=True).logits[:, -1].argmax(-1, keepdim=True)], axis=1)
-    assert np.array_equal(gen.numpy(), seq[:, 5:].numpy())
+    assert np.array_equal(gen.numpy(), greedy_by_full_forwards(model, prompt, 8))
 
 
 def test_refusals(tmp_path):

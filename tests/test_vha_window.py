@@ -11,12 +11,11 @@ from paddleformers.transformers.cache_utils import DynamicCache
 import oracle
 from _utils import assert_clean_graph, config_dict, load_checkpoint_numpy, read_tensor_shapes, rel_err, tiny_config
 from _utils import to_numpy
-from family_cases import randomize_postmix
+from family_cases import WINDOW as W
+from family_cases import WINDOW_LAYERS as SWA
+from family_cases import attention_gradient_errors, greedy_by_full_forwards, make_vha_model
+from family_cases import saved_state as paddle_state
 from paddle_vha import Qwen3VHAForCausalLM, VHAConfigError
-
-W = 4  # the window: a query sees its own position and the 3 before it
-SWA = dict(sliding_window=W, use_sliding_window=True, num_hidden_layers=3,
-           layer_types=["sliding_attention", "full_attention", "sliding_attention"])
 
 VARIANTS = {
     # window layers with the full layers' sizes
@@ -33,24 +32,7 @@ VARIANTS = {
 
 
 def make_model(name, attn="eager", **extra):
-    cfg = tiny_config(**{**SWA, **VARIANTS[name], **extra})
-    cfg._attn_implementation = attn
-    model = Qwen3VHAForCausalLM(cfg)
-    model.eval()
-    randomize_postmix(model)
-    for n, p in model.named_parameters():
-        if n.endswith("norm.weight"):  # ones at init: make them count
-            p.set_value(1.0 + paddle.randn(p.shape) * 0.3)
-    return cfg, model
-
-
-def paddle_state(model) -> dict:
-    """The model's tensors as save_pretrained writes them (Linear weights [out, in]), float64."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        model.save_pretrained(d)
-        return load_checkpoint_numpy(d)
+    return make_vha_model({**SWA, **VARIANTS[name], **extra}, attn)
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -121,10 +103,7 @@ def test_generate_past_the_window_matches_full_forwards():
     cfg, model = make_model("own-r-R-odd-heads")
     prompt = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(2, 5)))
     gen, _ = model.generate(prompt, max_new_tokens=8, decode_strategy="greedy_search", use_cache=True)
-    seq = prompt
-    for _ in range(8):
-        seq = paddle.concat([seq, model(seq, return_dict=True).logits[:, -1].argmax(-1, keepdim=True)], axis=1)
-    assert np.array_equal(gen.numpy(), seq[:, 5:].numpy())
+    assert np.array_equal(gen.numpy(), greedy_by_full_forwards(model, prompt, 8))
 
 
 @pytest.mark.parametrize("name", ["own-r-R-odd-heads", "own-heads-width-theta"])
@@ -132,31 +111,9 @@ def test_gradients_match_oracle_finite_differences(name):
     """Paddle's fp32 autograd through the whole model vs central differences of the float64 oracle, one random
     direction per tensor."""
     cfg, model = make_model(name)
-    model.train()
-    ids = np.random.randint(0, cfg.vocab_size, size=(2, 9))
-    logits = model(paddle.to_tensor(ids), return_dict=True).logits
-    g_out = np.random.randn(*logits.shape)
-    (logits * paddle.to_tensor(g_out, dtype="float32")).sum().backward()
-    state, c = paddle_state(model), config_dict(cfg)
-    grads = {}
-    for n, p in model.named_parameters():
-        g = to_numpy(p.grad)
-        grads[n] = g.T if n.endswith("_proj.weight") else g  # Paddle Linear: [in, out]
-        assert grads[n].shape == state[n].shape, n
-
-    def loss(s):
-        return float((oracle.causal_lm(ids, s, c)[0] * g_out).sum())
-
-    eps, worst = 1e-6, 0.0
-    for n in sorted(state):
-        if "self_attn" not in n:  # the attention tensors, every layer; the rest is stock Qwen3
-            continue
-        direction = np.random.randn(*state[n].shape)
-        fd = (loss({**state, n: state[n] + eps * direction}) - loss({**state, n: state[n] - eps * direction})) / (2 * eps)
-        an = float((grads[n] * direction).sum())
-        err = abs(fd - an) / max(abs(fd), np.linalg.norm(grads[n]), 1e-12)
-        worst = max(worst, err)
-        assert err <= 2e-4, f"{n}: autograd {an:+.6e} finite-diff {fd:+.6e} rel err {err:.2e}"
+    errors = attention_gradient_errors(model, cfg, np.random.randint(0, cfg.vocab_size, size=(2, 9)))
+    worst = max(errors.values())
+    assert worst <= 2e-4, {n: e for n, e in errors.items() if e > 2e-4}
     print(f"{name}: worst attention-gradient rel err {worst:.2e}")
 
 
@@ -285,10 +242,7 @@ def test_window_cache_stops_growing_and_generation_matches_paddle(exported):
     cfg, model, root, _, _ = exported
     prompt = np.random.randint(0, cfg.vocab_size, size=(2, 6))
     want, _ = model.generate(paddle.to_tensor(prompt), max_new_tokens=12, decode_strategy="greedy_search", use_cache=True)
-    seq = paddle.to_tensor(prompt)  # and full forwards, which need no cache
-    for _ in range(12):
-        seq = paddle.concat([seq, model(seq, return_dict=True).logits[:, -1].argmax(-1, keepdim=True)], axis=1)
-    assert np.array_equal(want.numpy(), seq[:, 6:].numpy())
+    assert np.array_equal(want.numpy(), greedy_by_full_forwards(model, paddle.to_tensor(prompt), 12))  # no cache
     for session in (OrtDecoder.from_dir(str(root / "onnx")), PaddleInferenceDecoder(str(root / "onnx"))):
         got = generate(session, prompt, 12)
         assert np.array_equal(got.tokens, want.numpy()), type(session).__name__

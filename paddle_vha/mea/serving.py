@@ -12,10 +12,10 @@ from typing import Optional
 import numpy as np
 import paddle
 
-from ..qwen3.serving import GQAForm
+from ..qwen3.serving import GQAForm, Serving
 from .functional import apply_value_coefficients, head_rms_norm, query_coefficients, wide_kv_head, widen_queries
 
-__all__ = ["MEAServingForm", "export_form", "cache_shape", "cache_names", "export_refusal"]
+__all__ = ["MEAServingForm", "MEA", "export_form", "cache_shape", "export_refusal"]
 
 
 class MEAServingForm(GQAForm):
@@ -61,12 +61,11 @@ def cache_shape(cfg, layer_idx: int) -> tuple:
     return (cfg.mea_stock_kv_heads, cfg.head_dim)
 
 
-def cache_names(cfg, layer_idx: int) -> tuple:
-    return GQAForm.cache_names
-
-
 def export_refusal(cfg) -> Optional[str]:
     if cfg.mea_layer_indices and cfg.mea_k_norm_position != "before_hlc":
         return (f"mea_k_norm_position={cfg.mea_k_norm_position!r}: the ONNX export uses the multi-query serving form, "
                 "which needs 'before_hlc' (compress with tools/compress_kv.py --k-norm before)")
     return None
+
+
+MEA = Serving(build=export_form, cache_shape=cache_shape, refusal=export_refusal)

@@ -5,6 +5,6 @@ spec.py        the stock tensors, declared once (a folded VHA checkpoint is exac
 contract.py    config.json checks every Qwen3 family runs first
 modeling.py    attention core, shared K = V cache, RoPE tables per layer, cache-continuing positions
 functional.py  Qwen3's math on plain tensors (RMSNorm, RoPE, grouped attention, SwiGLU) for exported graphs
-serving.py     a stock GQA layer in the exported decoder
+serving.py     Serving (a family's layers in the exported decoder, as data), the stock GQA form
 tp_plan.py     the tensor-parallel plan of a stock GQA layer
 """

@@ -14,7 +14,7 @@ class SharedKVConfigError(ValueError):
 
 
 class Qwen3SharedKVConfig(WindowSinks, RuntimeSupport, Qwen3Config):
-    r"""Configuration of Qwen3 with one shared K = V projection per layer (`shared_kv_proj`, H_kv heads of width d).
+    r"""Configuration of Qwen3 with one shared K = V projection per layer (spec.py; H_kv heads of width d).
 
     Everything Qwen3Config accepts; num_attention_heads query heads read the H_kv shared heads as in GQA. Plus
     window_attention_sinks (bool, default False): a sink logit per query head on the window layers (what a shared-KV

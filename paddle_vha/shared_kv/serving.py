@@ -1,17 +1,14 @@
 """How Qwen3 shared-KV is served by the exported decoder (paddle_vha/export/decoder.py): each layer caches ONE tensor,
 `past_key_values.{i}.key` -> `present.{i}.key` (B, H_kv, T, d), the normed and rotated shared projection, which
-attention reads as keys and as values; the output is rotated back by the query's angle (inverse RoPE in the graph)."""
+attention reads as keys and as values; the output is rotated back by the query's angle (inverse RoPE in the graph).
+A window layer's sink logits come from the spec (paddle_vha/sinks/spec.py), as for any family."""
 from __future__ import annotations
 
-from typing import Optional
-
 from ..qwen3.functional import inverse_rope
-from ..qwen3.serving import GQAForm
-from ..qwen3.serving import export_refusal as stock_refusal
-from ..sinks.spec import SINKS
+from ..qwen3.serving import GQAForm, Serving
 from .spec import KV_PROJECTIONS
 
-__all__ = ["SharedKVForm", "export_form", "cache_shape", "cache_names", "export_refusal"]
+__all__ = ["SharedKVForm", "SHARED_KV"]
 
 
 class SharedKVForm(GQAForm):
@@ -29,20 +26,4 @@ class SharedKVForm(GQAForm):
         return inverse_rope(y, cos, sin)  # R(-theta s) at the query positions
 
 
-def export_form(cfg, layer_idx: int, tensors, const) -> SharedKVForm:
-    form = SharedKVForm(*cache_shape(cfg, layer_idx))
-    if cfg.has_sinks(layer_idx):  # a window layer's sink logits (H,), a constant of the graph
-        form.sinks = const(tensors[f"model.layers.{layer_idx}.{SINKS}"])
-    return form
-
-
-def cache_shape(cfg, layer_idx: int) -> tuple:
-    return (cfg.num_key_value_heads, cfg.head_dim)
-
-
-def cache_names(cfg, layer_idx: int) -> tuple:
-    return SharedKVForm.cache_names
-
-
-def export_refusal(cfg) -> Optional[str]:
-    return stock_refusal(cfg)
+SHARED_KV = Serving(build=SharedKVForm.build, cache_names=SharedKVForm.cache_names)

@@ -1,5 +1,5 @@
 """Tensor-parallel plan of Qwen3 shared-KV: the stock GQA plan (paddle_vha/qwen3/tp_plan.py) over its spec, where
-shared_kv_proj is split (or replicated) as the keys are (paddle_vha/shared_kv/spec.py)."""
+the one K = V projection is split (or replicated) as the keys are (paddle_vha/shared_kv/spec.py)."""
 from __future__ import annotations
 
 from ..qwen3.tp_plan import GQAPlan

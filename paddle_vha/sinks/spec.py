@@ -4,7 +4,8 @@ and the tensors of Qwen3 with sinks (stock Qwen3's layer plus that tensor on win
 
 The softmax of head h over keys t gains exp(s_h) in its denominator and no value (docs/method.md, "Attention sinks").
 Tensor parallelism: split by query head as the heads are (TensorShard(0): rank k holds the logits of its heads).
-Fold: a virtual head is a folded head, so the tensor is copied as it is.
+Fold: a virtual head is a folded head, so the tensor is copied as it is. Serving: a graph constant of the layer's
+form (`serve="sinks"`: the exported softmax's extra column).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def init_sinks(s, cfg):
 
 def sinks_param(heads=lambda s: s.heads, when=lambda s: s.sinks) -> Param:
     """The sink logits of a layer with `heads(sizes)` query heads, present where `when(sizes)` holds."""
-    return Param(SINKS, lambda s: (heads(s),), TensorShard(0), init=init_sinks, when=when)
+    return Param(SINKS, lambda s: (heads(s),), TensorShard(0), init=init_sinks, when=when, serve="sinks")
 
 
 def sinks_sizes(cfg, layer_idx: int) -> SimpleNamespace:

@@ -11,7 +11,10 @@ Each Param says, in one place:
 * `shard` - how tensor parallelism holds it in memory (a `TensorShard`, or a function of the rank's head layout, e.g.
   split when the KV heads are split and whole otherwise);
 * `linear` - a Linear weight: [out, in] on disk, [in, out] in memory (flex-checkpoint needs a transpose rule);
-* `fold` - where fold puts it: None (copied as it is) or the tensor it is absorbed into;
+* `fold` - where fold puts it: None (copied as it is) or the `FoldRule` that absorbs it (paddle_vha/spec/fold.py:
+  the Linear it goes into and the math);
+* `serve` - None, or the attribute under which the exported decoder's layer form carries it as a graph constant
+  (the window layers' sink logits: `sinks`; paddle_vha/qwen3/serving.py);
 * `when(sizes)` - whether this layer has it at all (a bias with attention_bias, the gate with gated attention, ...);
 * `init(sizes, config)` - the initializer of a tensor that is not a Linear's (Premix, Postmix, HLC ...): called when the
   layer is built (paddle_vha/modeling/parameters.py), so it may import Paddle; Linears get Paddle's default.
@@ -55,9 +58,10 @@ class Param:
     shape: Callable[[Sizes], Tuple[int, ...]]
     shard: ShardRule = WHOLE
     linear: bool = False
-    fold: Optional[str] = None
+    fold: Optional[Any] = None  # a spec.fold.FoldRule
     when: Callable[[Sizes], bool] = _always
     init: Optional[Callable[[Sizes, Any], Any]] = None
+    serve: Optional[str] = None
 
     def shard_for(self, layout) -> TensorShard:
         return self.shard(layout) if callable(self.shard) else self.shard
@@ -81,7 +85,7 @@ def _bias_shard(weight: ShardRule) -> ShardRule:
 
 def linear(name: str, out: Callable[[Sizes], int], inp: Callable[[Sizes], int], shard: ShardRule,
            bias: Optional[Callable[[Sizes], bool]] = lambda s: s.bias, when: Callable[[Sizes], bool] = _always,
-           fold: Optional[str] = None) -> Tuple[Param, ...]:
+           fold: Optional[Any] = None) -> Tuple[Param, ...]:
     """A Linear `name` ("self_attn.q_proj"): its weight [out, in] on disk, and its bias [out] where `bias(sizes)`
     holds (bias=None: a Linear that never has one)."""
     weight = Param(f"{name}.weight", lambda s: (out(s), inp(s)), shard, linear=True, fold=fold, when=when)
@@ -161,6 +165,12 @@ class ModelSpec:
 
     def layer_shards(self, cfg, layer_idx: int, layout) -> Dict[str, TensorShard]:
         return layer_shards(self.layer(cfg, layer_idx), cfg, layer_idx, layout)
+
+    def served_constants(self, cfg, layer_idx: int) -> Dict[str, str]:
+        """{tensor name: the serving form's attribute} of layer `layer_idx`'s tensors served as graph constants."""
+        prefix = self.layer_prefix(layer_idx)
+        params = layer_params(self.layer(cfg, layer_idx), cfg, layer_idx)
+        return {prefix + p.name: p.serve for p, _ in params if p.serve}
 
     def extra_linears(self, cfg) -> List[str]:
         """Linears of any layer that the base's flex-checkpoint rules do not know, each named once."""

@@ -2,7 +2,7 @@
 
 config.py      Qwen3VHAConfig                      attention.py  Qwen3VHAAttention: Premix, Postmix (the equations)
 modeling.py    Qwen3VHAModel / ForCausalLM         spec.py       its tensors, declared once
-cost.py        the cost model's formulas           fold.py       Qwen3-VHA -> stock Qwen3 GQA (exact)
+cost.py        the cost model's formulas           fold_rules.py its fold roles: Premix -> q_proj, Postmix -> o_proj
                                                    tp_plan.py    tensor-parallel plan (data)
 fleet_config.py      upstream PaddleFleet config names -> ours (Qwen3VHAConfig calls it)
 fleet_import.py      upstream checkpoints -> this contract (tools/import_fleet.py)

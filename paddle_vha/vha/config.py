@@ -94,7 +94,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         vha_postmix_form (str): how Postmix is computed, same result to rounding: "lowrank" (Z = U^T Y, then
             Y + V Z), "dense" (M = I + V U^T, one GEMM) or "auto" (default: the form measured faster for the layer's
             shape; low-rank under tensor parallelism). paddle_vha/vha/postmix_form.py.
-        vha_shared_kv (bool): one projection `shared_kv_proj` (hidden -> H_kv*d) replaces k_proj and v_proj; after
+        vha_shared_kv (bool): one shared K = V projection (hidden -> H_kv*d, spec.py) replaces k_proj and v_proj; after
             k_norm and RoPE it is both the keys and the values, and the attention output is rotated back (inverse
             RoPE at the query's position) before Postmix. The cache holds one tensor per layer. Default False.
 

@@ -23,8 +23,9 @@ from types import SimpleNamespace
 from ..qwen3.spec import QWEN3_LAYER, TOP, top_sizes
 from ..sinks.spec import sinks_param
 from ..spec.params import COLUMN, ROW, SUMMED, ModelSpec, Param, TensorShard, linear, split_kv
+from .fold_rules import POSTMIX, PREMIX
 
-__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "VHA_ONLY", "kv_projections", "init_premix"]
+__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "kv_projections", "init_premix"]
 
 
 def vha_sizes(cfg, layer_idx: int) -> SimpleNamespace:
@@ -87,10 +88,10 @@ VHA_LAYER = QWEN3_LAYER.replace(
         # one projection that is both keys and values (vha_shared_kv), split as the keys are
         *linear("self_attn.shared_kv_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=lambda s: s.shared_kv),
         Param("self_attn.vha_premix_weight", lambda s: (s.kv_heads, s.q_head_dim, s.head_dim),
-              split_kv(TensorShard(0)), fold="self_attn.q_proj", init=_premix_init, when=lambda s: s.premix),
-        Param("self_attn.vha_postmix_U", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold="self_attn.o_proj",
+              split_kv(TensorShard(0)), fold=PREMIX, init=_premix_init, when=lambda s: s.premix),
+        Param("self_attn.vha_postmix_U", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold=POSTMIX,
               init=_normal_or_zero("vha_postmix_u_init_std")),
-        Param("self_attn.vha_postmix_V", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold="self_attn.o_proj",
+        Param("self_attn.vha_postmix_V", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold=POSTMIX,
               init=_normal_or_zero("vha_postmix_v_init_std")),
         *linear("self_attn.gate_proj", lambda s: s.heads * s.head_dim, lambda s: s.h, COLUMN, bias=None,
                 when=lambda s: s.gated),
@@ -101,9 +102,6 @@ VHA_LAYER = QWEN3_LAYER.replace(
 
 QWEN3_VHA = ModelSpec(top=TOP, top_sizes=top_sizes, layer=lambda cfg, i: VHA_LAYER)
 tensor_shapes = QWEN3_VHA.tensor_shapes  # the on-disk contract: name -> HF-layout shape
-
-# Tensors only a Qwen3-VHA attention has (their leaf names); fold absorbs them into q_proj / o_proj.
-VHA_ONLY = tuple(p.name.rsplit(".", 1)[-1] for p in VHA_LAYER.params if p.fold)
 
 
 def kv_projections(cfg) -> tuple:
