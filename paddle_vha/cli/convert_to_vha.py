@@ -22,12 +22,18 @@ complete.
 --premix off (the research fork's kv_postmix_only): no Premix; q_proj is kept as it is, keys and values are merged as
 below and Postmix is added over the query heads. With --kv-heads equal to the checkpoint's KV heads it is exact.
 
+--regroup key-similarity | fit-error chooses which old KV heads merge into each new one (non-contiguous groups, the
+query heads following; printed per layer); --refine-steps N then refines each layer's attention tensors against the
+original's layer output, layer by layer (printing each layer's held-out relative MSE before -> after; a layer that is
+exact already is left bit-identical). docs/conversion.md, "Head regrouping" and "Layer-wise refinement".
+
 Methods: mean   queries by the weight-space factorization, keys and values averaged per group (the GQA recipe)
          svd    queries as mean; values by the best rank-d fit of each group, the maps absorbed into o_proj
          calibrated   as svd, both fits weighted by E[x x^T] of each layer's attention input on calibration text
 Memory: one decoder layer at a time (weights, calibration and the KL run layer by layer in float32, the logits in
 vocabulary blocks), never the whole model: about 0.6 GB + one layer's float32 weights x 12 + --pass-tokens x
-(8 hidden + 4 intermediate) x 4 B + (calibrated) layers x hidden^2 x 8 B + (KL) ~0.5 GB; printed before the work
+(8 hidden + 4 intermediate) x 4 B + (calibrated) layers x hidden^2 x 8 B + (KL) ~0.5 GB + (--refine-steps)
+6 x 1.25 x --refine-tokens x hidden x 4 B + 3 forwards of 4 x --eval-len tokens; printed before the work
 starts and refused up front, in one line, when /proc/meminfo's MemAvailable is lower. Measured (docs/conversion.md,
 "Memory"): Qwen3-0.6B shape (1.2 GB bf16), --method svd with all three KLs: 1.39 GB peak RSS (20.7 GB before).
 Exit status: 0 done, 2 refused (one line on stderr says why).
