@@ -22,14 +22,21 @@ complete.
 --premix off (the research fork's kv_postmix_only): no Premix; q_proj is kept as it is, keys and values are merged as
 below and Postmix is added over the query heads. With --kv-heads equal to the checkpoint's KV heads it is exact.
 
+--regroup key-similarity | fit-error chooses which old KV heads merge into each new one (non-contiguous groups, the
+query heads following; printed per layer); --refine-steps N then refines each layer's attention tensors against the
+original's layer output, layer by layer (printing each layer's held-out relative MSE before -> after; a layer that is
+exact already is left bit-identical). docs/conversion.md, "Head regrouping" and "Layer-wise refinement".
+
 Methods: mean   queries by the weight-space factorization, keys and values averaged per group (the GQA recipe)
          svd    queries as mean; values by the best rank-d fit of each group, the maps absorbed into o_proj
          calibrated   as svd, both fits weighted by E[x x^T] of each layer's attention input on calibration text
 Memory: one decoder layer at a time (weights, calibration and the KL run layer by layer in float32, the logits in
 vocabulary blocks), never the whole model: about 0.6 GB + one layer's float32 weights x 12 + --pass-tokens x
-(8 hidden + 4 intermediate) x 4 B + (calibrated) layers x hidden^2 x 8 B + (KL) ~0.5 GB; printed before the work
+(8 hidden + 4 intermediate) x 4 B + (calibrated) layers x hidden^2 x 8 B + (KL) ~0.5 GB + (--refine-steps)
+6 x 1.25 x --refine-tokens x hidden x 4 B + 3 forwards of 4 x --eval-len tokens; printed before the work
 starts and refused up front, in one line, when /proc/meminfo's MemAvailable is lower. Measured (docs/conversion.md,
 "Memory"): Qwen3-0.6B shape (1.2 GB bf16), --method svd with all three KLs: 1.39 GB peak RSS (20.7 GB before).
+--refine-steps 20 (4096 tokens) at Qwen3-0.6B widths, 2 layers, --no-compare: 1.19 GB peak RSS.
 Exit status: 0 done, 2 refused (one line on stderr says why).
 """
 from __future__ import annotations
@@ -52,6 +59,16 @@ def parse_args(argv=None):
     p.add_argument("--method", default="svd", choices=["mean", "svd", "calibrated"], help="default svd")
     p.add_argument("--calib-tokens", type=int, default=8192, metavar="T",
                    help="calibration tokens (random windows of the calibration text) for 'calibrated' (default 8192)")
+    p.add_argument("--regroup", default="contiguous", choices=["contiguous", "key-similarity", "fit-error"],
+                   help="which old KV heads merge into each new one: contiguous (default), key-similarity (the "
+                        "keys' cosine similarity on calibration tokens), fit-error (the smallest k / v fit error); "
+                        "non-contiguous groups, the query heads follow their KV head")
+    p.add_argument("--refine-steps", type=int, default=0, metavar="N",
+                   help="after the fit, refine each layer's attention against the original's layer output, layer "
+                        "by layer, N Adam steps per layer (default 0: no refinement)")
+    p.add_argument("--refine-lr", type=float, default=1e-3, metavar="LR", help="refinement's peak Adam rate (1e-3)")
+    p.add_argument("--refine-tokens", type=int, default=4096, metavar="T",
+                   help="calibration tokens the refinement fits on (default 4096; a quarter as many held out)")
     p.add_argument("--seed", type=int, default=0, help="seed of Postmix's small U (default 0)")
     p.add_argument("--no-compare", action="store_true", help="evaluate only the chosen method")
     add_converter_options(p)
@@ -59,6 +76,8 @@ def parse_args(argv=None):
     args = parse_converter_args(p, argv)
     if args.calib_tokens < 1:
         p.error("--calib-tokens must be >= 1")
+    if args.refine_steps < 0 or args.refine_tokens < 1 or not args.refine_lr > 0:
+        p.error("--refine-steps must be >= 0, --refine-tokens >= 1 and --refine-lr > 0")
     if not 0 <= args.seed < 2**32:  # numpy's generator: a ValueError traceback before
         p.error(f"--seed {args.seed}: must be in [0, 2**32)")
     return args
@@ -76,7 +95,8 @@ def _plan(args):
 
     return plan_convert(args.in_dir, args.out_dir, args.kv_heads, q_head_dim=args.q_head_dim,
                         postmix_rank=args.postmix_rank, method=args.method, dtype=args.dtype, force=args.force,
-                        seed=args.seed, max_shard_size=args.max_shard_size, premix=args.premix)
+                        seed=args.seed, max_shard_size=args.max_shard_size, premix=args.premix,
+                        regroup=args.regroup)
 
 
 def _reference(args, plan, text):
@@ -118,9 +138,10 @@ def _write(args, plan) -> None:
 
     methods = [args.method] if args.no_compare else [m for m in cv.METHODS if m != args.method] + [args.method]
     text = None
-    if "calibrated" in methods or args.eval_batches:
+    calibrate = "calibrated" in methods or args.regroup == "key-similarity"
+    if calibrate or args.eval_batches or args.refine_steps:
         text = load_text(plan.in_dir, plan.src_cfg.vocab_size, args.calib_data, cv.ConvertError)
-    moments = _moments(args, plan, text) if "calibrated" in methods else None
+    moments = _moments(args, plan, text) if calibrate else None
     ref = _reference(args, plan, text)
 
     def report(method, model):
@@ -130,9 +151,12 @@ def _write(args, plan) -> None:
             if kl["nonfinite"]:
                 raise cv.ConvertError(f"logit KL: the {kl['nonfinite'].replace('compared', 'converted')} model's "
                                       "logits are not finite (NaN or Inf)")
-        mark = "  <- written" if method == args.method else ""
+        mark = ("  <- written" + (f" (refined, {args.refine_steps} steps per layer)" if args.refine_steps else "")
+                if method == args.method else "")
         kl_text = f"KL {kl['mean_kl']:.4e} nats/token, max rel logit diff {kl['max_rel']:.3e}; " if kl else ""
         print(f"  {method:<10} {kl_text}fit {_errors_line(plan.errors)}{mark}", flush=True)
+        if mark and plan.groups:
+            print("  " + groups_line(plan), flush=True)
 
     for method in methods[:-1]:  # the others first, never written: converted layer by layer inside the forward
         tensors = cv.LayerTensors(plan, method, moments)
@@ -141,8 +165,26 @@ def _write(args, plan) -> None:
                 tensors(f"model.layers.{i}.self_attn.q_proj.weight")
         report(method, cv.candidate_weights(plan, tensors) if ref is not None else None)
     tensors = cv.LayerTensors(plan, args.method, moments)
-    cv.convert_checkpoint(plan, tensors, progress=not args.no_progress,
-                          check=lambda folder: report(args.method, lw.folder_weights(folder)))
+    if not args.refine_steps:
+        cv.convert_checkpoint(plan, tensors, progress=not args.no_progress,
+                              check=lambda folder: report(args.method, lw.folder_weights(folder)))
+        return
+    if ref is not None:  # the closed-form start, for comparison with the refined model written
+        report(f"{args.method} (fit)", cv.candidate_weights(plan, tensors))
+    from paddle_vha.transform.refine import RefineSettings, refine_and_write
+
+    print(f"refinement: each layer's attention against the original's layer output, {args.refine_steps} Adam steps "
+          f"per layer (lr {args.refine_lr}), on {args.refine_tokens} calibration tokens; relative MSE of each "
+          "layer's output on held-out tokens, before -> after:", flush=True)
+    refine_and_write(plan, tensors, text, RefineSettings(args.refine_steps, lr=args.refine_lr, seed=args.seed),
+                     args.refine_tokens, args.eval_len, progress=not args.no_progress,
+                     check=lambda folder: report(args.method, lw.folder_weights(folder)))
+
+
+def groups_line(plan) -> str:
+    """The old KV heads of each new KV head, per layer (--regroup)."""
+    return f"groups (--regroup {plan.regroup}, old KV heads per new one): " + "; ".join(
+        f"layer {i} {g}" for i, g in sorted(plan.groups.items()))
 
 
 def _memory(args, plan):
@@ -150,7 +192,8 @@ def _memory(args, plan):
     from paddle_vha.transform import memory as mem
 
     c = plan.src_cfg
-    calibrated = "calibrated" in ([args.method] if args.no_compare else ["calibrated"])
+    calibrated = "calibrated" in ([args.method] if args.no_compare else ["calibrated"]) or \
+        args.regroup == "key-similarity"
     eval_tokens = args.eval_batches * 4 * args.eval_len
     tokens = max(4 * args.eval_len, min(args.pass_tokens, max(eval_tokens, args.calib_tokens if calibrated else 0)))
     math = mem.tensor_bytes(max(c.num_attention_heads * c.head_dim, c.hidden_size) * c.hidden_size)
@@ -163,6 +206,10 @@ def _memory(args, plan):
                                                                                             args.eval_len)
     if args.eval_batches:
         parts["logit blocks"] = mem.logits_bytes(c, eval_tokens)
+    if args.refine_steps:
+        from paddle_vha.transform.refine import refine_memory
+
+        parts["refinement"] = refine_memory(c, args.refine_tokens, args.eval_len)
     return mem.total(parts)
 
 

@@ -41,6 +41,7 @@ from ..transform.describe import kv_cache_line, output_line
 from ..transform.plan import open_output
 from ..vha.config import Qwen3VHAConfig
 from ..vha.spec import tensor_shapes as vha_tensor_shapes
+from . import regroup as rg
 
 __all__ = ["ConvertError", "ConvertPlan", "METHODS", "PREMIX", "factor_queries", "merge_kv", "plan_convert", "convert_layer",
            "LayerTensors", "convert_state", "calibration_moments", "candidate_weights", "convert_checkpoint",
@@ -146,6 +147,8 @@ class ConvertPlan(TransformPlan):
     method: str
     seed: int = 0
     errors: Dict[int, Tuple[float, float, float]] = field(default_factory=dict)  # layer -> (q, k, v) rel fit error
+    regroup: str = "contiguous"  # how the old KV heads of each new one are chosen (transform/regroup.py)
+    groups: Dict[int, list] = field(default_factory=dict)  # layer -> the old KV heads of each new KV head
 
     def describe(self) -> Description:
         c, s = self.cfg, self.src_cfg
@@ -203,11 +206,13 @@ def _converted_config(raw: dict, in_dir: str, kv_heads: int, r: int, postmix_ran
 
 def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = None, postmix_rank: int = 4,
                  method: str = "svd", dtype: str = "auto", force: bool = False, seed: int = 0,
-                 max_shard_size="5GB", premix="on") -> ConvertPlan:
+                 max_shard_size="5GB", premix="on", regroup="contiguous") -> ConvertPlan:
     """Validate `src` (a stock Qwen3 checkpoint: path or CheckpointFolder) and the request from headers alone.
-    premix "off": keep q_proj as it is, no Premix (the research fork's kv_postmix_only)."""
+    premix "off": keep q_proj as it is, no Premix (the research fork's kv_postmix_only); regroup: transform/regroup.py."""
     if method not in METHODS:
         raise ConvertError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
+    if regroup not in rg.REGROUP:
+        raise ConvertError(f"--regroup {regroup!r}: expected one of {', '.join(rg.REGROUP)}")
     if premix not in PREMIX:
         raise ConvertError(f"--premix {premix!r}: expected one of {', '.join(PREMIX)}")
     premix = premix == "on"
@@ -220,12 +225,13 @@ def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = N
     entries = [Entry(n, tuple(shape), code, "convert" if n.rsplit("self_attn.", 1)[-1] in CONVERTED else "copy",
                      (n,)) for n, shape in vha_tensor_shapes(cfg).items()]
     return ConvertPlan.build(ck, out_dir, entries, max_shard_size, cfg=cfg, out_config=out_raw, out_code=code,
-                             force=force, src_cfg=src_cfg, method=method, seed=seed)
+                             force=force, src_cfg=src_cfg, method=method, seed=seed, regroup=regroup)
 
 
 def convert_layer(plan: ConvertPlan, i: int, method: str, moment: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """Layer i's converted attention tensors (float64, on-disk layout) for one method; moment: E[x x^T] of its
-    attention input (needed by "calibrated"). Sets plan.errors[i]."""
+    attention input (needed by "calibrated"; read by --regroup key-similarity when given). Sets plan.errors[i] and
+    plan.groups[i]."""
     c, s = plan.cfg, plan.src_cfg
     if method == "calibrated" and moment is None:
         raise ValueError("the calibrated method needs calibration moments")
@@ -233,6 +239,10 @@ def convert_layer(plan: ConvertPlan, i: int, method: str, moment: Optional[np.nd
     rng = np.random.default_rng([plan.seed, i])  # Postmix's U of layer i: the same whichever layers run first
     read, p = plan.read_float64, f"model.layers.{i}.self_attn."
     mom = moment if method == "calibrated" else None
+    if plan.regroup != "contiguous":
+        plan.groups[i] = rg.choose_groups(plan.regroup, read(p + "k_proj.weight"), read(p + "v_proj.weight"),
+                                          n_old, n_new, d, moment, low_rank=method != "mean", value_moment=mom)
+        read = rg.permuted_reader(read, p, rg.head_order(plan.groups[i]), h_v, n_old, d)  # groups made contiguous
     if c.vha_premix:
         wq, premix, eq = factor_queries(read(p + "q_proj.weight"), h_v, n_new, d, c.vha_q_head_dim, mom)
     else:  # no Premix: the stock query heads are kept as they are
@@ -268,7 +278,7 @@ class LayerTensors:
         i = int(name.split(".")[2])
         if i != self._layer:
             self._tensors = {}  # the previous layer's arrays go before the next one's are made
-            mom = self.moments[i] if self.moments is not None and self.method == "calibrated" else None
+            mom = self.moments[i] if self.moments is not None else None
             self._tensors, self._layer = convert_layer(self.plan, i, self.method, mom), i
         return self._tensors[name]
 

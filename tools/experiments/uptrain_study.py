@@ -8,6 +8,9 @@ is uptrained with the same tokens (per seed: the same batches, in the same order
     VHA mean|svd|calibrated   tools/convert_to_vha.py --kv-heads 2 --method ...
     VHA premix-off      tools/convert_to_vha.py --kv-heads 2 --premix off (the research fork's kv_postmix_only: the
                         16 query heads kept, no Premix, Postmix added; K/V merged as svd does)
+  and, only when named in --starts (not in the default set):
+    VHA refined         svd, then --refine-steps (--study-refine-steps) layer-wise refinement against the base
+    VHA regrouped       svd with --regroup key-similarity (the keys' cosine similarity on calibration tokens)
 and two references trained from scratch with the base's tokens (--reference-tokens total: plus the uptraining's), what
 the small-cache model reaches without a base: GQA-2 scratch and VHA scratch.
 
@@ -41,6 +44,7 @@ from .toy import toy_fields, check_toy_args
 
 PREMIX_OFF = "VHA premix-off"
 STARTS = ["GQA-2 mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated", PREMIX_OFF]
+EXTRA_STARTS = ["VHA refined", "VHA regrouped"]  # selectable with --starts, not in the default set
 REFERENCES = ["GQA-2 scratch", "VHA scratch"]
 HEADS, BASE_KV, KV = 16, 8, 2
 
@@ -63,8 +67,10 @@ def parse_args(argv=None):
     p.add_argument("--val-batches", type=int, default=16)
     p.add_argument("--evals", type=int, default=5, help="validation points per uptraining run (default 5)")
     p.add_argument("--corpus-mb", type=float, default=8.0)
-    p.add_argument("--starts", nargs="+", default=STARTS + REFERENCES, choices=STARTS + REFERENCES, metavar="NAME",
-                   help="subset of: " + ", ".join(STARTS + REFERENCES))
+    p.add_argument("--starts", nargs="+", default=STARTS + REFERENCES, choices=STARTS + EXTRA_STARTS + REFERENCES,
+                   metavar="NAME", help="subset of: " + ", ".join(STARTS + EXTRA_STARTS + REFERENCES))
+    p.add_argument("--study-refine-steps", type=int, default=100, help="refinement steps per layer (VHA refined)")
+    p.add_argument("--study-refine-tokens", type=int, default=4096, help="refinement tokens (VHA refined)")
     p.add_argument("--reference-tokens", choices=["base", "total"], default="base",
                    help="tokens of the from-scratch references: the base's (default) or the base's plus the uptraining's")
     p.add_argument("--cache", default=os.path.join("runs", "uptrain_study"), help="where the base is cached")
@@ -170,6 +176,28 @@ def mean_pooled(args, base_dir):
     return model
 
 
+def refined_or_regrouped(name, args, base_dir, seed, out, moments):
+    """VHA svd refined layer by layer against the base, or VHA svd with key-similarity regrouping."""
+    from paddle_vha import Qwen3VHAForCausalLM
+    from paddle_vha.transform import convert_to_vha as cv
+    from paddle_vha.transform.refine import RefineSettings, refine_and_write
+    from paddle_vha.transform.text import load_text
+
+    regroup = "key-similarity" if name == "VHA regrouped" else "contiguous"
+    plan = cv.plan_convert(base_dir, out, KV, postmix_rank=args.rank, method="svd", seed=seed, regroup=regroup)
+    tensors = cv.LayerTensors(plan, "svd", moments)
+    if name == "VHA regrouped":
+        cv.convert_checkpoint(plan, tensors, progress=False)
+        print(f"{name} seed {seed}: groups {plan.groups}", file=sys.stderr, flush=True)
+    else:
+        text = load_text(base_dir, plan.src_cfg.vocab_size, None, cv.ConvertError)
+        reports = refine_and_write(plan, tensors, text, RefineSettings(args.study_refine_steps, seed=seed),
+                                   args.study_refine_tokens, args.seq_len, progress=False, log=None)
+        print(f"{name} seed {seed}: per-layer held-out rel MSE " + ", ".join(
+            f"{r.before:.3f} -> {r.after:.3f}" for r in reports), file=sys.stderr, flush=True)
+    return load(Qwen3VHAForCausalLM, out)
+
+
 def start_model(name, args, base_dir, seed, scratch_dir, moments):
     """The model a start begins uptraining from (or a fresh reference)."""
     import paddle
@@ -187,6 +215,8 @@ def start_model(name, args, base_dir, seed, scratch_dir, moments):
         plan = mea.plan_compress(base_dir, out, KV)
         mea.compress_checkpoint(plan, progress=False)
         return load(Qwen3MEAForCausalLM, out)
+    if name in EXTRA_STARTS:
+        return refined_or_regrouped(name, args, base_dir, seed, out, moments)
     if name.startswith("VHA ") and not name.endswith("scratch"):
         method, premix = ("svd", "off") if name == PREMIX_OFF else (name.split()[1], "on")
         plan = cv.plan_convert(base_dir, out, KV, postmix_rank=args.rank, method=method, seed=seed, premix=premix)
@@ -235,7 +265,7 @@ def summarize(runs, names):
 
 
 def sentence(stats, base_val, seeds):
-    starts = [n for n in STARTS if n in stats]
+    starts = [n for n in STARTS + EXTRA_STARTS if n in stats]
     if not starts:
         return ""
     ranked = sorted(starts, key=lambda n: stats[n]["val"][0])
@@ -353,7 +383,7 @@ def run_starts(args, corpus, base_dir, windows, base_logits, moments) -> list:
 def write_report(args, runs, base_dir, base_info, base_val, t0: float) -> None:
     """uptrain.json, uptrain.png and uptrain.md from the runs, and the same table and sentence on stdout."""
     tokens_per_step = args.batch_size * args.seq_len
-    names = [n for n in STARTS + REFERENCES if n in args.starts]
+    names = [n for n in STARTS + EXTRA_STARTS + REFERENCES if n in args.starts]
     stats = summarize(runs, names)
     said = sentence(stats, base_val, args.seeds)
     wall = time.time() - t0
@@ -394,7 +424,7 @@ def main(argv=None):
     windows = corpus.val_batches(args.batch_size, args.seq_len, args.val_batches)
     base_logits, base_val = base_reference(base_dir, windows)
     moments = None
-    if "VHA calibrated" in args.starts:
+    if "VHA calibrated" in args.starts or "VHA regrouped" in args.starts:
         moments = cv.calibration_moments(base_dir, args.calib_tokens, seq_len=args.seq_len)
     runs = run_starts(args, corpus, base_dir, windows, base_logits, moments)
     write_report(args, runs, base_dir, base_info, base_val, t0)
