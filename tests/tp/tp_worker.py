@@ -2,19 +2,22 @@
 
     python -m paddle.distributed.launch --nproc_per_node N --log_dir DIR tests/tp/tp_worker.py --out OUT [--cases a,b]
 
-Every rank builds the single-device (TP = 1) reference model itself (same seed, tiny), copies its weights into a
-second model and shards that one with paddle_vha.parallel (Qwen3-VHA cases, and Qwen3-MEA cases "mea*"). For each
+Every rank builds the single-device (TP = 1) reference model at its initial weights (same seed, tiny), copies them
+into a second model and shards that one with paddle_vha.parallel (Qwen3-VHA cases, and Qwen3-MEA cases "mea*"). For each
 case it compares, in fp32 (float64 in the "*fp64" cases):
 logits, loss, every parameter gradient (gathered), the global gradient norm, then the same after 3 SGD-momentum
 steps (3 AdamW steps: reported next to fp32's own error); cached decode (MEA 'before_hlc': also in the multi-query
 serving form); replicated parameters identical on every rank; and writes the sharded save plus the TP = 1 weights
-(OUT/CASE-tT/) for the test's merge -> fold check. Results go to OUT/rank{k}.json; the test asserts on them.
+(OUT/CASE-tT/) for the test's merge -> fold check. The TP = 1 references are trained once per case, not on every
+rank: each of the three (SGD, AdamW fp32, AdamW fp64) on one rank (OWNERS), handed to the others through
+OUT/references/. Results go to OUT/rank{k}.json; the test asserts on them.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import pickle
 import sys
 import traceback
 
@@ -167,12 +170,19 @@ def _changed_classes(ref, tp) -> str:
     return True if not bad and a.keys() == b.keys() else "; ".join(bad) or "different sublayers"
 
 
-def run_case(name, overrides, out_dir, rank, t):
-    from paddle_vha.parallel import full_state, global_grad_norm, parallelize_model, replica_divergence
-    from paddle_vha.parallel.tp_shards import save_tp_checkpoint
-    from paddleformers.transformers.cache_utils import DynamicCache
+# Which rank trains which single-device (TP = 1) reference: the SGD-momentum one (whose weights rank 0 also saves),
+# the AdamW fp32 one, the AdamW fp64 one. Each is trained once, on its rank, after the TP runs (whose collectives keep
+# every rank in step), and handed to every rank through a file; a rank compares its own TP results with them.
+OWNERS = {"sgd": 0, "ref32": 1, "ref64": 2}
 
-    res = {}
+
+def owner(kind: str, t: int) -> int:
+    return OWNERS[kind] % t
+
+
+def build_case(overrides):
+    """(config, model class, the TP = 1 model at its initial weights, those weights, dtype, restore-or-None); the same
+    on every rank (same seeds)."""
     overrides = dict(overrides)
     dtype = overrides.pop("dtype", "float32")
     attn = overrides.pop("attn", None)
@@ -194,74 +204,149 @@ def run_case(name, overrides, out_dir, rank, t):
         if n.endswith("self_attn.sinks"):  # N(0, 0.02) at init: make them take a share of the softmax
             p.set_value(paddle.randn(p.shape))
     init = {k: v.clone() for k, v in ref.state_dict().items()}
+    return cfg, model_cls, ref, init, dtype, restore
 
-    def tp_copy():
-        m = model_cls(cfg)
-        m.set_state_dict(init)
-        parallelize_model(m, sync_from_first_rank=True)
-        return m
 
-    tp = tp_copy()
-    # the plan is applied from outside: layer classes stay the model's own (no class swap), names stay the same
-    res["classes_unchanged"] = _changed_classes(ref, tp)
-    res["names_unchanged"] = [n for n, _ in tp.named_parameters()] == [n for n, _ in ref.named_parameters()]
-    ref.train()
-    tp.train()
+def fwd_bwd(model, ids):
+    out = model(ids, labels=ids, return_dict=True)
+    out.loss.backward()
+    return out
 
-    rng = np.random.RandomState(7)
-    batches = [paddle.to_tensor(rng.randint(0, cfg.vocab_size, size=(2, 11)).astype("int64")) for _ in range(STEPS)]
 
-    def fwd_bwd(model, ids):
-        out = model(ids, labels=ids, return_dict=True)
-        out.loss.backward()
-        return out
+def sgd(model):
+    return paddle.optimizer.Momentum(LR_SGD, momentum=MOMENTUM, parameters=model.parameters())
 
-    def sgd(model):
-        return paddle.optimizer.Momentum(LR_SGD, momentum=MOMENTUM, parameters=model.parameters())
 
-    opt_ref, opt_tp = sgd(ref), sgd(tp)
+def adamw(model):
+    return paddle.optimizer.AdamW(LR_ADAM, parameters=model.parameters(), weight_decay=0.01)
+
+
+def train_sgd(model, batches, tp: bool) -> dict:
+    """STEPS SGD-momentum steps: each step's logits, loss, every gradient (gathered under TP), the global norm (and,
+    under TP, the replicas' gradient divergence); then the parameters and the eval logits and loss on batches[0]."""
+    from paddle_vha.parallel import full_state, global_grad_norm, replica_divergence
+
+    got, opt = {}, sgd(model)
+    model.train()
     for step in range(STEPS):
-        o_ref, o_tp = fwd_bwd(ref, batches[step]), fwd_bwd(tp, batches[step])
+        o, tag = fwd_bwd(model, batches[step]), f"step{step}"
+        got[f"{tag}.logits"], got[f"{tag}.loss"] = np_(o.logits), float(o.loss)
+        got[f"{tag}.grads"] = full_state(model, grads=True) if tp else named_grads(model)
+        got[f"{tag}.grad_norm"] = (global_grad_norm(model) if tp else
+                                   float(np.sqrt(sum((g ** 2).sum() for g in got[f"{tag}.grads"].values()))))
+        if tp:
+            got[f"{tag}.replica_grad_divergence"] = replica_divergence(model, grads=True)
+        opt.step()
+        opt.clear_grad()
+    got["params"] = full_state(model) if tp else {n: np_(p) for n, p in model.named_parameters()}
+    if tp:
+        got["after.replica_param_divergence"] = replica_divergence(model)
+    model.eval()
+    with paddle.no_grad():
+        o = model(batches[0], labels=batches[0], return_dict=True)
+    got["after.logits"], got["after.loss"] = np_(o.logits), float(o.loss)
+    return got
+
+
+def train_adamw(model, batches, tp: bool) -> dict:
+    """STEPS AdamW steps: the parameters (gathered under TP) and the logits on batches[0] after them."""
+    from paddle_vha.parallel import full_state
+
+    opt = adamw(model)
+    for step in range(STEPS):
+        fwd_bwd(model, batches[step])
+        opt.step()
+        opt.clear_grad()
+    params = full_state(model) if tp else {n: np_(p) for n, p in model.named_parameters()}
+    with paddle.no_grad():
+        logits = np_(model(batches[0], return_dict=True).logits)
+    return {"params": params, "logits": logits}
+
+
+def train_references(ref, cfg, model_cls, init, dtype, batches, rank, t, ref_dir) -> None:
+    """This rank's share of the TP = 1 references (OWNERS), each written to ref_dir/KIND.pkl."""
+    def dump(kind, got):
+        with open(os.path.join(ref_dir, f"{kind}.pkl.tmp"), "wb") as f:
+            pickle.dump(got, f)
+        os.replace(os.path.join(ref_dir, f"{kind}.pkl.tmp"), os.path.join(ref_dir, f"{kind}.pkl"))
+
+    if rank == owner("sgd", t):
+        dump("sgd", train_sgd(ref, batches, tp=False))
+    if rank == owner("ref32", t):
+        ref32 = model_cls(cfg)  # the case's dtype (float32 but for the fp64 case)
+        ref32.set_state_dict(init)
+        dump("ref32", train_adamw(ref32, batches, tp=False))
+    if rank == owner("ref64", t):
+        paddle.set_default_dtype("float64")
+        ref64 = model_cls(cfg)
+        ref64.set_state_dict({k: v.astype("float64") for k, v in init.items()})
+        paddle.set_default_dtype(dtype)
+        dump("ref64", train_adamw(ref64, batches, tp=False))
+
+
+def load_references(ref_dir) -> dict:
+    out = {}
+    for kind in OWNERS:
+        with open(os.path.join(ref_dir, f"{kind}.pkl"), "rb") as f:
+            out[kind] = pickle.load(f)
+    return out
+
+
+def compare_sgd(got, ref, init) -> dict:
+    """The TP model's SGD run (train_sgd, tp=True) against the TP = 1 one."""
+    res = {}
+    for step in range(STEPS):
         tag = f"step{step}"
-        res[f"{tag}.logits"] = rel(np_(o_tp.logits), np_(o_ref.logits))
-        res[f"{tag}.loss"] = rel([float(o_tp.loss)], [float(o_ref.loss)])
-        g_tp, g_ref = full_state(tp, grads=True), named_grads(ref)
+        res[f"{tag}.logits"] = rel(got[f"{tag}.logits"], ref[f"{tag}.logits"])
+        res[f"{tag}.loss"] = rel([got[f"{tag}.loss"]], [ref[f"{tag}.loss"]])
+        g_tp, g_ref = got[f"{tag}.grads"], ref[f"{tag}.grads"]
         assert set(g_tp) == set(g_ref), sorted(set(g_tp) ^ set(g_ref))
         res[f"{tag}.grads"] = worst({n: rel(g_tp[n], g_ref[n]) for n in g_ref})
-        ref_norm = float(np.sqrt(sum((g ** 2).sum() for g in g_ref.values())))
-        res[f"{tag}.grad_norm"] = rel([global_grad_norm(tp)], [ref_norm])
-        res[f"{tag}.replica_grad_divergence"] = replica_divergence(tp, grads=True)
-        opt_ref.step()
-        opt_tp.step()
-        opt_ref.clear_grad()
-        opt_tp.clear_grad()
-    res["info.param_change"] = worst({n: rel(np_(p), init[n].astype("float64").numpy())
-                                      for n, p in ref.named_parameters()})  # the steps did move the weights
-    # after 3 optimizer steps: parameters, logits and loss
-    p_tp, p_ref = full_state(tp), {n: np_(p) for n, p in ref.named_parameters()}
+        res[f"{tag}.grad_norm"] = rel([got[f"{tag}.grad_norm"]], [ref[f"{tag}.grad_norm"]])
+        res[f"{tag}.replica_grad_divergence"] = got[f"{tag}.replica_grad_divergence"]
+    p_tp, p_ref = got["params"], ref["params"]
+    res["info.param_change"] = worst({n: rel(p_ref[n], init[n].astype("float64").numpy())
+                                      for n in p_ref})  # the steps did move the weights
     res["after.params"] = worst({n: rel(p_tp[n], p_ref[n]) for n in p_ref})
-    res["after.replica_param_divergence"] = replica_divergence(tp)
-    ref.eval()
+    res["after.replica_param_divergence"] = got["after.replica_param_divergence"]
+    res["after.logits"] = rel(got["after.logits"], ref["after.logits"])
+    res["after.loss"] = rel([got["after.loss"]], [ref["after.loss"]])
+    return res
+
+
+def compare_adamw(tp, ref32, ref64) -> dict:
+    """AdamW, reported (not asserted against 1e-5): TP fp32 vs TP = 1 fp32, and TP = 1 fp32 vs TP = 1 fp64."""
+    res, pa, lg = {}, {"tp": tp["params"], "ref32": ref32["params"], "ref64": ref64["params"]}, {}
+    lg = {"tp": tp["logits"], "ref32": ref32["logits"], "ref64": ref64["logits"]}
+    for a, b in (("tp", "ref32"), ("ref32", "ref64"), ("tp", "ref64")):
+        res[f"adamw.{a}_vs_{b}.params"] = worst({n: rel(pa[a][n], pa[b][n]) for n in pa[b]})
+    # the same over all parameters at once (sum |diff| / sum |ref|): the size of the deviation, not its worst element
+    res["adamw.tp_vs_ref32.params_all"] = aggregate(pa["tp"], pa["ref32"])
+    res["adamw.ref32_vs_ref64.params_all"] = aggregate(pa["ref32"], pa["ref64"])
+    for a, b in (("tp", "ref32"), ("ref32", "ref64"), ("tp", "ref64")):
+        res[f"adamw.{a}_vs_{b}.logits"] = rel(lg[a], lg[b])
+    return res
+
+
+def decode_checks(tp, cfg, ids, full) -> dict:
+    """Cached decode on the TP model: prompt of 7, then 4 single tokens, against the TP = 1 full forward `full`
+    (MEA 'before_hlc': also in the multi-query serving form)."""
+    from paddleformers.transformers.cache_utils import DynamicCache
+
+    res = {}
+
+    def cached_decode():
+        """(worst relative error of the step logits vs `full`, the cache after the last step)."""
+        cache, errs = DynamicCache(config=cfg), []
+        for a, b in [(0, 7)] + [(i, i + 1) for i in range(7, 11)]:
+            pos = paddle.arange(a, b, dtype="int64").expand([2, b - a])
+            o = tp(ids[:, a:b], position_ids=pos, past_key_values=cache, use_cache=True, return_dict=True)
+            cache = o.past_key_values
+            errs.append(rel(np_(o.logits), full[:, a:b])["rel"])
+        return max(errs), cache
+
     tp.eval()
-    ids = batches[0]
     with paddle.no_grad():
-        o_ref = ref(ids, labels=ids, return_dict=True)
-        o_tp = tp(ids, labels=ids, return_dict=True)
-        res["after.logits"] = rel(np_(o_tp.logits), np_(o_ref.logits))
-        res["after.loss"] = rel([float(o_tp.loss)], [float(o_ref.loss)])
-        # cached decode on the TP model: prompt of 7, then 4 single tokens, against the TP = 1 full forward
-        full = np_(o_ref.logits)
-
-        def cached_decode():
-            """(worst relative error of the step logits vs `full`, the cache after the last step)."""
-            cache, errs = DynamicCache(config=cfg), []
-            for a, b in [(0, 7)] + [(i, i + 1) for i in range(7, 11)]:
-                pos = paddle.arange(a, b, dtype="int64").expand([2, b - a])
-                o = tp(ids[:, a:b], position_ids=pos, past_key_values=cache, use_cache=True, return_dict=True)
-                cache = o.past_key_values
-                errs.append(rel(np_(o.logits), full[:, a:b])["rel"])
-            return max(errs), cache
-
         res["decode.rel"], cache = cached_decode()
         res["decode.cache_heads"] = [int(layer.keys.shape[1]) for layer in cache.layers]  # per decoder layer
         if getattr(cfg, "mea_k_norm_position", None) == "before_hlc":
@@ -271,46 +356,50 @@ def run_case(name, overrides, out_dir, rank, t):
             use_multiquery_form(tp)
             res["decode_serving.rel"], _ = cached_decode()
             use_multiquery_form(tp, False)
+    return res
 
-    # AdamW, reported (not asserted against 1e-5): TP fp32 vs TP = 1 fp32, and TP = 1 fp32 vs TP = 1 fp64
-    paddle.set_default_dtype("float64")
-    ref64 = model_cls(cfg)
-    ref64.set_state_dict({k: v.astype("float64") for k, v in init.items()})
-    paddle.set_default_dtype(dtype)
-    ref32 = model_cls(cfg)  # the case's dtype (float32 but for the fp64 case)
-    ref32.set_state_dict(init)
+
+def run_case(name, overrides, out_dir, rank, t):
+    from paddle_vha.parallel import parallelize_model
+    from paddle_vha.parallel.tp_shards import save_tp_checkpoint
+
+    cfg, model_cls, ref, init, dtype, restore = build_case(overrides)
+
+    def tp_copy():
+        m = model_cls(cfg)
+        m.set_state_dict(init)
+        parallelize_model(m, sync_from_first_rank=True)
+        return m
+
+    tp = tp_copy()
+    # the plan is applied from outside: layer classes stay the model's own (no class swap), names stay the same
+    res = {"classes_unchanged": _changed_classes(ref, tp),
+           "names_unchanged": [n for n, _ in tp.named_parameters()] == [n for n, _ in ref.named_parameters()]}
+    rng = np.random.RandomState(7)
+    batches = [paddle.to_tensor(rng.randint(0, cfg.vocab_size, size=(2, 11)).astype("int64")) for _ in range(STEPS)]
+    got_sgd = train_sgd(tp, batches, tp=True)
     tp32 = tp_copy()
-    models = {"tp": tp32, "ref32": ref32, "ref64": ref64}
-    opts = {k: paddle.optimizer.AdamW(LR_ADAM, parameters=m.parameters(), weight_decay=0.01) for k, m in models.items()}
-    for step in range(STEPS):
-        for k, m in models.items():
-            fwd_bwd(m, batches[step])
-            opts[k].step()
-            opts[k].clear_grad()
-    pa = {"tp": full_state(tp32), "ref32": {n: np_(p) for n, p in ref32.named_parameters()},
-          "ref64": {n: np_(p) for n, p in ref64.named_parameters()}}
-    res["adamw.tp_vs_ref32.params"] = worst({n: rel(pa["tp"][n], pa["ref32"][n]) for n in pa["ref32"]})
-    res["adamw.ref32_vs_ref64.params"] = worst({n: rel(pa["ref32"][n], pa["ref64"][n]) for n in pa["ref64"]})
-    res["adamw.tp_vs_ref64.params"] = worst({n: rel(pa["tp"][n], pa["ref64"][n]) for n in pa["ref64"]})
-    # the same over all parameters at once (sum |diff| / sum |ref|): the size of the deviation, not its worst element
-    res["adamw.tp_vs_ref32.params_all"] = aggregate(pa["tp"], pa["ref32"])
-    res["adamw.ref32_vs_ref64.params_all"] = aggregate(pa["ref32"], pa["ref64"])
-    with paddle.no_grad():
-        lg = {k: np_(m(batches[0], return_dict=True).logits) for k, m in models.items()}
-    res["adamw.tp_vs_ref32.logits"] = rel(lg["tp"], lg["ref32"])
-    res["adamw.ref32_vs_ref64.logits"] = rel(lg["ref32"], lg["ref64"])
-    res["adamw.tp_vs_ref64.logits"] = rel(lg["tp"], lg["ref64"])
+    got_adamw = train_adamw(tp32, batches, tp=True)
+    case_dir = os.path.join(out_dir, f"{name}-t{t}")
+    ref_dir = os.path.join(out_dir, "references", f"{name}-t{t}")
+    os.makedirs(ref_dir, exist_ok=True)
+    train_references(ref, cfg, model_cls, init, dtype, batches, rank, t, ref_dir)
+    dist.barrier()
+    refs = load_references(ref_dir)
+    res.update(compare_sgd(got_sgd, refs["sgd"], init))
+    res.update(decode_checks(tp, cfg, batches[0], refs["sgd"]["after.logits"]))
+    res.update(compare_adamw(got_adamw, refs["ref32"], refs["ref64"]))
 
     # sharded save; the merge and fold run in the test process (PaddleFormers' save_pretrained, used for the TP = 1
     # reference checkpoint, is collective under a launcher and calls .cuda(): it cannot run in a CPU worker)
-    case_dir = os.path.join(out_dir, f"{name}-t{t}")
     save_tp_checkpoint(tp, os.path.join(case_dir, "shards"))
-    if rank == 0:
+    if rank == owner("sgd", t):
         np.savez(os.path.join(case_dir, "ref_state.npz"), **{n: p.numpy() for n, p in ref.state_dict().items()})
-        np.save(os.path.join(case_dir, "tp_logits.npy"), np_(o_tp.logits))
-        np.save(os.path.join(case_dir, "ids.npy"), ids.numpy())
+        np.save(os.path.join(case_dir, "tp_logits.npy"), got_sgd["after.logits"])
+        np.save(os.path.join(case_dir, "ids.npy"), batches[0].numpy())
         with open(os.path.join(case_dir, "overrides.json"), "w") as f:
-            json.dump({**overrides, "dtype": dtype, "model": CASES[name].get("model", "vha")}, f)
+            json.dump({**{k: v for k, v in overrides.items() if k not in ("dtype", "attn", "model")},
+                       "dtype": dtype, "model": overrides.get("model", "vha")}, f)
     dist.barrier()
     paddle.set_default_dtype("float32")
     if restore is not None:
