@@ -22,8 +22,9 @@ from paddle_vha import Qwen3VHAForCausalLM
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["def fib(n):\n    ", "Hello world, this is", "# héllo wörld €\n"]  # multi-byte UTF-8 in the last one
 NEW = 12
-# teacher-forced next-token agreement with PaddleFormers and mean KL(paddle || llama.cpp) per GGUF format
-BOUNDS = {"F32": (1.0, 1e-4), "F16": (0.9, 1e-2), "Q8_0": (0.9, 2e-2), "Q4_0": (0.5, 0.5)}
+# teacher-forced next-token agreement with PaddleFormers and mean KL(paddle || llama.cpp) per GGUF format; measured
+# 2026-12-01: F32 1.000 / 9.9e-07, F16 1.000 / 6.6e-06, Q8_0 0.917 / 2.3e-03, Q4_0 0.639 / 0.30 (36 positions)
+BOUNDS = {"F32": (1.0, 1e-5), "F16": (0.9, 1e-3), "Q8_0": (0.85, 2e-2), "Q4_0": (0.5, 0.5)}
 
 
 @pytest.fixture(scope="module")
