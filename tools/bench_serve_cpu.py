@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Serving on a CPU, side by side: our session per weight format, onnxruntime-genai on the same export, Hugging Face
-transformers (torch) fp32 on the checkpoint; tokens/s, ms per decode step and each one's floor, in one run.
+"""Serving on a CPU, side by side: our session per weight format, onnxruntime-genai on the same export, llama.cpp per
+GGUF format on the same checkpoint, Hugging Face transformers (torch) fp32 on the checkpoint; tokens/s, ms per decode
+step and each one's floor, in one run.
 
     python tools/bench_serve_cpu.py WORK [--shape 0.6b] [--layers N] [--checkpoint DIR] [--formats fp32 int8 int4]
-                                    [--batch 1] [--prompt 128] [--new 128]
+                                    [--llama-formats F32 F16 Q8_0 Q4_0] [--batch 1] [--prompt 128] [--new 128]
 
 WORK (created) receives the checkpoint (tools/fixtures/qwen3_shaped.py at --shape, tied, random bf16 weights: speed
 does not depend on their values) unless --checkpoint names one, its float32 export (tools/export_onnx.py's code, 2
@@ -16,6 +17,9 @@ mean context, read once) over this machine's copy bandwidth measured in the same
 read + written). Memory: a full-size export holds about 1.7x the float32 weights (Qwen3-0.6B: 4.6 GB; 1.7B: 12.2 GB;
 paddle_vha/export/memory.py), refused up front; run full sizes under the shared lock (flock
 /work/locks/fullsize.lock ...). HF needs the side environment (tools/hf_env.sh); without it that row is skipped.
+llama.cpp (tools/bench_llamacpp.py) needs tools/llama_env.sh's .venv-llama, and runs at batch 1 only (llama-cpp-python's
+Llama object decodes one sequence); its floor counts its KV cache at 2 bytes a value (llama.cpp's default f16 cache).
+All runtimes use the same threads (one per core this process may run on).
 """
 from __future__ import annotations
 
@@ -27,7 +31,10 @@ import subprocess
 import sys
 import time
 
+import bench_llamacpp  # tools/ is the script's folder, first on the path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+THREADS = len(os.sched_getaffinity(0))
 TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "100000000000"}
 
 OURS = """
@@ -35,8 +42,8 @@ import json, sys, time
 import numpy as np
 from paddle_vha.serve.generate import generate
 from paddle_vha.serve.ort_session import OrtDecoder
-folder, batch, prompt, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-sess = OrtDecoder.from_dir(folder)
+folder, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
+sess = OrtDecoder.from_dir(folder, threads)
 ids = np.random.default_rng(0).integers(0, 151643, size=(batch, prompt))
 generate(sess, ids[:, :8], 4, eos_token_id=-1)  # warm-up
 res = generate(sess, ids, new, eos_token_id=-1)
@@ -211,7 +218,8 @@ def timings(args, ckpt, exports, log):
             if malloc and not args.tuned_malloc:
                 continue
             log(f"timing our session, {fmt}{malloc}")
-            rows.append((f"ours {fmt}{malloc}", folder, run_json(sys.executable, OURS, [folder, *shape], extra, log)))
+            rows.append((f"ours {fmt}{malloc}", folder,
+                         run_json(sys.executable, OURS, [folder, *shape, THREADS], extra, log)))
         if have_hf and not args.no_genai and fmt in args.genai_formats:
             log(f"timing onnxruntime-genai, {fmt}")
             rows.append((f"genai {fmt}", folder, run_json(hf_python, GENAI, [folder, *shape], log=log)))
@@ -220,6 +228,24 @@ def timings(args, ckpt, exports, log):
         rows.append(("HF torch fp32", exports["fp32"], run_json(hf_python, HF, [ckpt, *shape], log=log)))
     if not have_hf:
         log(f"onnxruntime-genai and HF transformers: not timed ({hf_python} missing: bash tools/hf_env.sh)")
+    return rows + llama_rows(args, ckpt, shape, log)
+
+
+def llama_rows(args, ckpt, shape, log):
+    """[(label, GGUF path, result dict with its own weight_bytes)] of llama.cpp, or [] with the reason logged."""
+    if not args.llama_formats:
+        return []
+    env = bench_llamacpp.llama_env()
+    if env is None:
+        log("llama.cpp: not timed (.venv-llama missing: bash tools/llama_env.sh, ~20+ min the first time)")
+        return []
+    if args.batch != 1:
+        log("llama.cpp: not timed at batch > 1 (llama-cpp-python's Llama object decodes one sequence)")
+        return []
+    rows = []
+    for fmt, path in bench_llamacpp.prepare_gguf(args.work, ckpt, args.llama_formats, env, log).items():
+        log(f"timing llama.cpp, {fmt}")
+        rows.append((f"llama.cpp {fmt}", path, bench_llamacpp.time_llama(env, path, shape, THREADS, log)))
     return rows
 
 
@@ -235,6 +261,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--new", type=int, default=128)
+    p.add_argument("--llama-formats", nargs="*", default=list(bench_llamacpp.FORMATS),
+                   choices=bench_llamacpp.FORMATS, help="GGUF formats for llama.cpp (none: no llama.cpp rows)")
     p.add_argument("--tuned-malloc", action="store_true", help="also time our session with MALLOC_MMAP_MAX_=0 ...")
     p.add_argument("--no-genai", action="store_true")
     p.add_argument("--no-hf", action="store_true")
@@ -271,14 +299,16 @@ def main(argv=None) -> int:
     print(hdr)
     print("-" * len(hdr))
     for label, folder, res in rows:
-        weights = step_weight_bytes(os.path.join(folder, "model.onnx"))
-        floor = (weights + kv) / bandwidth
         if res is None:
             print(f"{label:<28} | {'failed':>8} |")
             continue
+        weights = res.get("weight_bytes") or step_weight_bytes(os.path.join(folder, "model.onnx"))
+        read = weights + kv * res.get("kv_bytes_per_value", 4) // 4
+        floor = read / bandwidth
         step = res["step"]
         print(f"{label:<28} | {args.batch / step:>8.2f} | {step * 1e3:>8.1f} | {res['prefill']:>9.2f} | "
-              f"{(weights + kv) / 1e6:>8.0f} | {floor * 1e3:>8.1f} | {step / floor:>6.2f}x")
+              f"{read / 1e6:>8.0f} | {floor * 1e3:>8.1f} | {step / floor:>6.2f}x"
+              + (f" ({', '.join(res['tensor_types'])})" if res.get("tensor_types") else ""))
     return 0
 
 

@@ -137,8 +137,11 @@ def byte_tokenizer(model_max_length: int) -> Tuple[dict, dict]:
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                   "vocab": {chars[b]: b for b in range(256)}, "merges": []},
     }
+    # GPT2Tokenizer's defaults would add "<|endoftext|>" as token 256 to a 256-token model (transformers then has 257
+    # tokens; llama.cpp's converter asserts every id < vocab_size): no special tokens, explicitly
     config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": int(model_max_length), "add_bos_token": False,
-              "add_prefix_space": False, "clean_up_tokenization_spaces": False}
+              "add_prefix_space": False, "clean_up_tokenization_spaces": False, "bos_token": None, "eos_token": None,
+              "unk_token": None, "pad_token": None}
     return tokenizer, config
 
 

@@ -9,13 +9,20 @@ __all__ = ["OrtDecoder"]
 
 
 class OrtDecoder(DecoderSession):
-    def __init__(self, onnx_path: str, threads: int = 0):
+    """threads: onnxruntime's intra-op threads (0: its default, one per physical core). spin: let idle intra-op
+    threads busy-wait between ops (onnxruntime's default; spin=False turns it off: session.intra_op.allow_spinning
+    0). Whether off is faster on a shared 2-core VM was not settled: interleaved A/B rounds of the Qwen3-0.6B int4
+    export under load averages 4-10 varied 2-4x from round to round, either way (docs/deploy.md)."""
+
+    def __init__(self, onnx_path: str, threads: int = 0, spin: bool = True):
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         if threads:
             opts.intra_op_num_threads = threads
+        if not spin:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self.session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types for unreadable or truncated models
@@ -27,9 +34,9 @@ class OrtDecoder(DecoderSession):
         self.cache_shapes = [(i.shape[1], i.shape[3]) for i in self.session.get_inputs()[3:]]
 
     @classmethod
-    def from_dir(cls, export_dir: str, threads: int = 0):
+    def from_dir(cls, export_dir: str, threads: int = 0, spin: bool = True):
         info = read_export_info(export_dir)  # ServeError (one line) for a folder tools/export_onnx.py did not write whole
-        session = cls(os.path.join(export_dir, "model.onnx"), threads)
+        session = cls(os.path.join(export_dir, "model.onnx"), threads, spin)
         session.cache_windows = per_cache_input(info, "cache_windows")
         session.cache_io = info["cache_io"]
         return session

@@ -1,0 +1,121 @@
+"""llama.cpp's rows of tools/bench_serve_cpu.py: the same checkpoint converted to GGUF by llama.cpp's own converter
+(F32 / F16 / Q8_0), Q4_0 by llama.cpp's quantizer (llama_model_quantize, from the F32 file), each timed through
+llama-cpp-python (batch 1: its high-level Llama object decodes one sequence) in the side environment of
+tools/llama_env.sh.
+
+The converter recognises a tokenizer by hashing the ids it gives a fixed text, so it reads the checkpoint through
+WORK/llama-src: links to the checkpoint's config and weights beside Qwen's real tokenizer, rebuilt from llama.cpp's
+models/ggml-vocab-qwen2.gguf (tools/fixtures/qwen2_vocab.py; speed does not depend on the tokenizer).
+Disk: F32 + F16 + Q8_0 + Q4_0 take ~2.1x the float32 weights (0.6B: ~5 GB, 1.7B: ~14 GB) in WORK/gguf.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FORMATS = ("F32", "F16", "Q8_0", "Q4_0")
+
+LLAMA = """
+import json, os, sys, time
+import numpy as np, gguf
+from llama_cpp import Llama
+path, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
+reader = gguf.GGUFReader(path)
+names = {t.name: int(t.n_bytes) for t in reader.tensors}
+# a step reads every weight but the embedding table, whose one row is looked up, unless it is also the LM head
+weights = sum(names.values()) - (names["token_embd.weight"] if "output.weight" in names else 0)
+kinds = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
+del reader
+llm = Llama(model_path=path, n_ctx=prompt + new + 8, n_threads=threads, n_threads_batch=threads, n_batch=512,
+            logits_all=False, verbose=False)
+ids = np.random.default_rng(0).integers(0, 151643, size=prompt).tolist()
+llm.eval(ids[:8]); llm.eval([ids[8]]); llm.reset()  # warm-up
+t = time.perf_counter()
+llm.eval(ids)
+nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+prefill = time.perf_counter() - t
+t = time.perf_counter()
+for _ in range(new - 1):
+    llm.eval([nxt])
+    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1), weight_bytes=weights,
+                      kv_bytes_per_value=2, tensor_types=kinds)))
+"""
+
+CONVERT = """
+import os, subprocess, sys
+import llama_cpp
+src, folder, out, kind = sys.argv[1:5]
+if kind == "Q4_0":
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    rc = llama_cpp.llama_model_quantize(os.path.join(os.path.dirname(out), "F32.gguf").encode(), out.encode(), params)
+    sys.exit(f"llama_model_quantize: {rc}" if rc else 0)
+conv = os.path.join(src, "vendor", "llama.cpp", "convert_hf_to_gguf.py")
+r = subprocess.run([sys.executable, conv, folder, "--outfile", out, "--outtype", kind.lower()], capture_output=True,
+                   text=True)
+sys.exit(0 if r.returncode == 0 else "convert_hf_to_gguf: " + (r.stderr.strip().splitlines() or ["?"])[-1][:300])
+"""
+
+
+def llama_env():
+    """(python, unpacked sdist) of an existing .venv-llama, or None (it is not created here: ~20+ min)."""
+    venv = os.environ.get("LLAMA_VENV", os.path.join(ROOT, ".venv-llama"))
+    python, src = os.path.join(venv, "bin", "python"), os.path.join(venv, "src", "llama_cpp_python-0.3.36")
+    ok = os.path.isfile(os.path.join(venv, ".llama_env")) and os.path.isdir(src)
+    return (python, src) if ok else None
+
+
+def _side(python, code, args):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run([python, "-c", code, *map(str, args)], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def llama_source(work: str, ckpt: str, src: str) -> str:
+    """WORK/llama-src: links to the checkpoint's config and weights, and Qwen's real tokenizer files."""
+    from fixtures.qwen3_shaped import write_tokenizer  # tools/ is the script's folder, first on the path
+
+    out = os.path.join(work, "llama-src")
+    if os.path.isfile(os.path.join(out, "tokenizer.json")):
+        return out
+    tmp = out + ".tmp"
+    os.makedirs(tmp, exist_ok=True)
+    for name in os.listdir(ckpt):
+        if name == "config.json" or name.endswith((".safetensors", ".safetensors.index.json")):
+            os.symlink(os.path.abspath(os.path.join(ckpt, name)), os.path.join(tmp, name))
+    write_tokenizer(tmp, vocab_gguf=os.path.join(src, "vendor", "llama.cpp", "models", "ggml-vocab-qwen2.gguf"))
+    os.rename(tmp, out)
+    return out
+
+
+def prepare_gguf(work: str, ckpt: str, formats, env, log) -> dict:
+    """{format: GGUF path} in WORK/gguf, writing what is missing (Q4_0 needs F32, converted first)."""
+    python, src = env
+    folder, out_dir = llama_source(work, ckpt, src), os.path.join(work, "gguf")
+    os.makedirs(out_dir, exist_ok=True)
+    need = list(formats) + (["F32"] if "Q4_0" in formats and "F32" not in formats else [])
+    paths = {}
+    for kind in sorted(need, key=FORMATS.index):
+        path = os.path.join(out_dir, f"{kind}.gguf")
+        if not os.path.isfile(path):
+            t = time.time()
+            r = _side(python, CONVERT, [src, folder, path + ".tmp", kind])
+            if r.returncode != 0:
+                log(f"  GGUF {kind}: failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+                continue
+            os.rename(path + ".tmp", path)
+            log(f"GGUF {kind}: written in {time.time() - t:.0f} s, {os.path.getsize(path) / 1e6:.0f} MB")
+        paths[kind] = path
+    return {k: v for k, v in paths.items() if k in formats}
+
+
+def time_llama(env, path: str, shape, threads: int, log):
+    """llama.cpp's result dict (prefill, step, weight_bytes, ...) for one GGUF file, or None."""
+    r = _side(env[0], LLAMA, [path, *shape, threads])
+    if r.returncode != 0:
+        log(f"  failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])

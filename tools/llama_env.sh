@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Create (once) the llama.cpp side environment: llama-cpp-python built here from PyPI's source distribution, and the
+# HF -> GGUF converter it vendors (vendor/llama.cpp/convert_hf_to_gguf.py) with what that converter imports.
+#
+#   bash tools/llama_env.sh                      # create/refresh .venv-llama, print its python
+#   bash tools/llama_env.sh src                  # print the unpacked sdist (convert_hf_to_gguf.py, models/*.gguf)
+#   bash tools/llama_env.sh python script.py     # run a command inside it (LLAMA_SRC set to the unpacked sdist)
+#
+# Separate from .venv (PaddlePaddle) and .venv-hf: the vendored gguf-py wants numpy >= 2.2.6, the converter imports
+# torch and transformers. Pins: llama-cpp-python 0.3.36 (built from the sdist, CPU only; llama.cpp's tests, examples,
+# tools, server and the multimodal library are switched off to cut the build), torch 2.13.0 (CPU build), transformers
+# 4.57.6, safetensors 0.8.0, numpy 2.2.6, sentencepiece 0.2.3 (the converter imports it before it looks for a
+# tokenizer.model, even for a BPE tokenizer), gguf from the sdist's vendor/llama.cpp/gguf-py.
+# Build: ggml is compiled for this CPU (GGML_NATIVE): the built wheel sits in pip's wheel cache, so a second set-up
+# (a new venv on the same machine) does not compile again. Cold set-up ~20+ min on 2 cores; warm ~1 min.
+# Idempotent: a stamp file holding the pin list skips set-up when nothing changed (~0.1 s).
+# LLAMA_VENV overrides the location; PYTHON the interpreter used to create it (default python3).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${LLAMA_VENV:-$ROOT/.venv-llama}"
+PY="${PYTHON:-python3}"
+LCP="llama-cpp-python==0.3.36"
+PINS="$LCP torch==2.13.0 transformers==4.57.6 safetensors==0.8.0 numpy==2.2.6 sentencepiece==0.2.3 tqdm pyyaml requests"
+BUILD_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON"
+STAMP="$VENV/.llama_env"
+SRC="$VENV/src/llama_cpp_python-0.3.36"
+
+needs_setup() { [ ! -x "$VENV/bin/python" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$PINS $BUILD_ARGS" ]; }
+if needs_setup; then
+  # One set-up at a time (the test suite's workers may both ask): wait for the lock, then look again.
+  mkdir -p "$(dirname "$VENV")"
+  exec 9>"$VENV.lock"
+  flock 9
+fi
+if needs_setup; then
+  t0=$(date +%s)
+  echo "[llama-env] setting up $VENV ($PINS; CMAKE_ARGS=$BUILD_ARGS)" >&2
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+  "${PIP[@]}" install -q scikit-build-core cmake ninja
+  # From the index (not a local file) so pip caches the wheel it builds; CMAKE_ARGS reach llama.cpp's CMake.
+  # shellcheck disable=SC2086
+  CMAKE_ARGS="$BUILD_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+    "${PIP[@]}" install -q --no-binary llama-cpp-python $PINS
+  # The converter and the vocabularies live in the sdist only (pip's HTTP cache answers this download).
+  if [ ! -f "$SRC/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
+    "${PIP[@]}" download -q --no-deps --no-binary :all: "$LCP" -d "$VENV/src"
+    tar xzf "$VENV/src/llama_cpp_python-0.3.36.tar.gz" -C "$VENV/src"
+  fi
+  "${PIP[@]}" install -q --no-deps "$SRC/vendor/llama.cpp/gguf-py"
+  "$VENV/bin/python" -c "import llama_cpp, gguf, torch, transformers, numpy, sentencepiece; assert hasattr(llama_cpp, 'llama_model_quantize')" \
+    || { echo "[llama-env] import check failed" >&2; exit 1; }
+  echo "$PINS $BUILD_ARGS" > "$STAMP"
+  echo "[llama-env] ready in $(( $(date +%s) - t0 )) s" >&2
+fi
+
+if [ "$#" -eq 0 ]; then
+  echo "$VENV/bin/python"
+  exit 0
+fi
+if [ "$1" = "src" ]; then
+  echo "$SRC"
+  exit 0
+fi
+export PATH="$VENV/bin:$PATH"
+export VIRTUAL_ENV="$VENV"
+export LLAMA_SRC="$SRC"
+cd "$ROOT"
+exec "$@"
