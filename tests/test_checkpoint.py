@@ -222,7 +222,7 @@ def test_the_four_transforms_are_one_pipeline():
     assert {"source", "out_dir", "out_config", "entries", "shards", "out_code", "copy_files", "force"} <= base
     own = {cls.__name__: [f.name for f in dataclasses.fields(cls) if f.name not in base]
            for cls in (FoldPlan, ConvertPlan, CompressPlan, ImportPlan)}
-    assert own == {"FoldPlan": [], "ConvertPlan": ["src_cfg", "method", "seed", "errors"],
+    assert own == {"FoldPlan": [], "ConvertPlan": ["src_cfg", "method", "seed", "errors", "regroup", "groups"],
                    "CompressPlan": ["layers", "errors"],
                    "ImportPlan": ["dialect", "layout", "qkv_layout", "up_gate_order"]}, own
     assert len({cls.tool for cls in (FoldPlan, ConvertPlan, CompressPlan, ImportPlan)}) == 4
