@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 
@@ -82,7 +83,8 @@ def llama_source(work: str, ckpt: str, src: str) -> str:
     if os.path.isfile(os.path.join(out, "tokenizer.json")):
         return out
     tmp = out + ".tmp"
-    os.makedirs(tmp, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run
+    os.makedirs(tmp)
     for name in os.listdir(ckpt):
         if name == "config.json" or name.endswith((".safetensors", ".safetensors.index.json")):
             os.symlink(os.path.abspath(os.path.join(ckpt, name)), os.path.join(tmp, name))
