@@ -17,11 +17,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 8  # checkpoint-4 is resumed; steps 5..8 are compared with the uninterrupted run
 
 
-def _config(tmp_path) -> str:
-    """configs/tiny-vha-tp2.json (TP = 2), 8 steps of batch 8 x 64 bytes, a checkpoint every 4, a loss every step."""
+def _config(tmp_path, **model) -> str:
+    """configs/tiny-vha-tp2.json (TP = 2), 8 steps of batch 8 x 64 bytes, a checkpoint every 4, a loss every step;
+    `model` overrides model_config fields."""
     with open(os.path.join(ROOT, "configs", "tiny-vha-tp2.json")) as f:
         cfg = json.load(f)
     cfg["model_config"]["vha_fused_prologue"] = False  # the composed prologue: no operator build inside the ranks
+    cfg["model_config"].update(model)
     cfg.update(max_steps=STEPS, save_steps=4, save_strategy="steps", logging_steps=1, do_eval=False)
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps(cfg))

@@ -6,41 +6,20 @@ embedding as two row shards of the whole tensor and resumes in one process with 
 vocabulary that does not divide by the degree is refused in one line. Harness: tests/tp/launch.py (no retries)."""
 import json
 import os
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tp.launch import launch_train, train_once
+import test_parallel_checkpoints as pc
+from tp.launch import launch, launch_train, train_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 8
+STEPS = pc.STEPS
 
 
 def _config(tmp_path, **model) -> str:
-    """configs/tiny-vha-tp2.json with a tied LM head (as Qwen3-0.6B), 8 steps, a checkpoint every 4, a loss every step."""
-    with open(os.path.join(ROOT, "configs", "tiny-vha-tp2.json")) as f:
-        cfg = json.load(f)
-    cfg["model_config"].update(vha_fused_prologue=False, tie_word_embeddings=True, **model)
-    cfg.update(max_steps=STEPS, save_steps=4, save_strategy="steps", logging_steps=1, do_eval=False)
-    path = tmp_path / "cfg.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
-
-
-def _losses(run_dir) -> dict:
-    with open(os.path.join(run_dir, "train_log.jsonl")) as f:
-        return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
-
-
-def _worst_rel(label, got: dict, ref: dict, steps) -> float:
-    rel = {s: abs(got[s] - ref[s]) / abs(ref[s]) for s in steps}
-    print(f"{label}: " + "  ".join(f"step {s} {got[s]:.8f} vs {ref[s]:.8f}" for s in steps)
-          + f"; max rel {max(rel.values()):.2e}")
-    assert sorted(got) == list(steps), got
-    return max(rel.values())
+    """test_parallel_checkpoints' run (8 steps, a checkpoint every 4) with a tied LM head (as Qwen3-0.6B)."""
+    return pc._config(tmp_path, tie_word_embeddings=True, **model)
 
 
 def _weights(folder) -> dict:
@@ -61,20 +40,12 @@ def _embedding_parts(ckpt) -> list:
 
 def _launch_worker(tmp_path, timeout=300) -> dict:
     """tests/tp/vocab_worker.py on 2 CPU ranks; its rank files (a timeout kills every rank, nothing is retried)."""
-    out, logs = tmp_path / "out", tmp_path / "logs"
+    out = tmp_path / "out"
     out.mkdir()
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(logs),
-           os.path.join(ROOT, "tests", "tp", "vocab_worker.py"), "--out", str(out)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        text, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        text = f"TIMEOUT after {timeout}s\n" + proc.communicate()[0]
+    run = launch(os.path.join(ROOT, "tests", "tp", "vocab_worker.py"), "--out", out, log_dir=tmp_path / "logs",
+                 timeout=timeout)
     ranks = sorted(out.glob("rank*.json"))
-    logs_text = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(logs.glob("workerlog.*")))
-    assert proc.returncode == 0 and len(ranks) == 2, text[-3000:] + logs_text
+    assert run.returncode == 0 and len(ranks) == 2, run.output
     return {p.stem: json.loads(p.read_text()) for p in ranks}
 
 
@@ -106,7 +77,7 @@ def test_tp2_vocab_parallel_tied_head_equals_one_process_and_resumes_at_tp1(tmp_
     assert run.returncode == 0, run.output
     run = train_once(cfg, "--tensor_parallel_degree", "1", "--output_dir", b)
     assert run.returncode == 0, run.output
-    assert _worst_rel("TP=2 (vocab parallel) vs one process", _losses(a), _losses(b), range(1, STEPS + 1)) <= 1e-5
+    pc._assert_same_losses("TP=2 (vocab parallel) vs one process", pc._losses(a), pc._losses(b), range(1, STEPS + 1))
 
     w_tp, w_one = _weights(os.path.join(a, "model")), _weights(os.path.join(b, "model"))
     assert sorted(w_tp) == sorted(w_one) and "lm_head.weight" not in w_tp  # tied: the head is the embedding
@@ -122,7 +93,7 @@ def test_tp2_vocab_parallel_tied_head_equals_one_process_and_resumes_at_tp1(tmp_
     assert parts == [((128, 64), (0, 0)), ((128, 64), (128, 0))]  # two vocabulary-row shards of the [256, 64] tensor
     run = train_once(cfg, "--tensor_parallel_degree", "1", "--output_dir", c, "--resume_from_checkpoint", ckpt)
     assert run.returncode == 0, run.output
-    assert _worst_rel("TP=2 (vocab parallel) -> TP=1", _losses(c), _losses(a), range(5, STEPS + 1)) <= 1e-5
+    pc._assert_same_losses("TP=2 (vocab parallel) -> TP=1", pc._losses(c), pc._losses(a), range(5, STEPS + 1))
 
 
 def test_vocabulary_not_divisible_by_the_degree_is_refused_in_one_line(tmp_path):
