@@ -107,6 +107,10 @@ def build_config(model_args, data_args, training_args, tp: int):
                     from ..parallel.vocab import check_vocab_split
 
                     check_vocab_split(config.vocab_size, tp)
+                    if getattr(config, "use_fused_head_and_loss_fn", False):
+                        raise TrainError("use_fused_head_and_loss_fn with the vocabulary-parallel LM head is not "
+                                         "supported (PaddleFormers' fused head and loss reads fleet's mp layers); set "
+                                         "use_fused_head_and_loss_fn false, or vocab_parallel false")
                 if getattr(training_args, "sequence_parallel", False):
                     check_sequence_parallel_run(training_args, data_args.max_seq_len, tp)
             else:
