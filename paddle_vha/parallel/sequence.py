@@ -123,7 +123,10 @@ def _fleet_group_is(group) -> bool:
     """Whether `group` is fleet's model-parallel group (the one fleet's sequence-parallel ops communicate over)."""
     from paddle.distributed import fleet
 
-    hcg = getattr(fleet.fleet, "_hcg", None)
+    try:
+        hcg = fleet.get_hybrid_communicate_group()  # None (or an error) before fleet.init
+    except Exception:  # noqa: BLE001 - no hybrid topology: the plan's own collectives
+        return False
     if hcg is None:
         return False
     mp = hcg.get_model_parallel_group()
@@ -136,7 +139,8 @@ def _apply(op, x, group):
 
         if op in (_Scatter, _ReduceScatter):  # one line, before fleet's assertion
             check_sequence_split(x.shape[SEQ_AXIS], group_size(group))
-        y = getattr(spu, _FLEET[op]).apply(paddle.transpose(x, [1, 0, 2]))  # [b, s, h] -> [s, b, h] and back
+        # [b, s, h] -> [s, b, h] and back; contiguous: Paddle's collectives refuse a strided tensor
+        y = getattr(spu, _FLEET[op]).apply(paddle.transpose(x, [1, 0, 2]).contiguous())
         return paddle.transpose(y, [1, 0, 2])
     return op.apply(x, group)
 
