@@ -356,8 +356,10 @@ def test_vha_refuses_tp_without_the_plan():
     with pytest.raises(VHAConfigError, match="build_tensor_parallel_model"):
         Qwen3VHAForCausalLM(cfg)
     cfg.check_runtime_support(tensor_parallel_plan=True)  # the entry point's check passes
-    cfg.sequence_parallel = True
-    with pytest.raises(VHAConfigError, match="sequence_parallel"):
+    cfg.sequence_parallel = True  # applied by the plan (paddle_vha/parallel/sequence.py) under TP only
+    cfg.check_runtime_support(tensor_parallel_plan=True)
+    cfg.tensor_model_parallel_size = 1
+    with pytest.raises(VHAConfigError, match="sequence-parallel only under tensor parallelism"):
         cfg.check_runtime_support(tensor_parallel_plan=True)
 
 

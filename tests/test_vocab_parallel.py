@@ -104,3 +104,15 @@ def test_vocabulary_not_divisible_by_the_degree_is_refused_in_one_line(tmp_path)
     assert run.returncode == 2 and len(err) == 1, run.output
     assert "vocab_size=257 is not divisible by the tensor-parallel size t=2" in err[0]
     assert not out.exists()
+
+
+def test_fused_head_and_loss_with_the_split_head_is_refused_in_one_line(tmp_path):
+    """PaddleFormers' fused head + loss reads fleet's mp layers (it failed in calc_lm_head_logits: 'NoneType' object
+    has no attribute 'is_distributed'); with the vocabulary-parallel head it is refused before anything is built."""
+    out = tmp_path / "out"
+    run = train_once(_config(tmp_path), "--use_fused_head_and_loss_fn", "true", "--dry_run", "--output_dir", out)
+    err = [line for line in run.output.splitlines() if line.startswith("error:")]
+    print(err)
+    assert run.returncode == 2 and len(err) == 1, run.output
+    assert "use_fused_head_and_loss_fn with the vocabulary-parallel LM head is not supported" in err[0]
+    assert not out.exists()

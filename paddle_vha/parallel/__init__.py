@@ -10,6 +10,8 @@ collectives.py  PyLayers on plain dist.all_reduce / all_gather (gloo on CPU, NCC
 vocab.py        vocabulary parallelism: embedding / LM head split by vocabulary row, parallel cross-entropy (fleet's
                 ops on GPU, the same math on plain collectives on CPU)
 weights.py      weights per rank under the plan, counted from the config
+sequence.py     sequence parallelism: between the TP regions each rank holds s/t tokens (fleet's sequence ops on GPU, a
+                CPU stand-in where gloo has no reduce-scatter)
 
 The sharded save and its merge into the single-device checkpoint format are in paddle_vha/parallel/tp_shards.py.
 """

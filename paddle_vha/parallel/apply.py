@@ -22,7 +22,7 @@ collectives.py on plain dist.all_reduce / all_gather (gloo and NCCL alike).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -41,6 +41,7 @@ from .collectives import (
     reduce_from_tp,
 )
 from ..spec.sharding import LayerPlan, TensorShard, TPPlanError
+from .sequence import all_gather_seq, install_sequence_hooks, reduce_scatter_seq, sp_grad_sum_rule
 from .vocab import apply_vocab_plan, check_vocab_split, vocab_params
 
 __all__ = [
@@ -70,6 +71,8 @@ class TPState:
     group: object
     shards: Dict[str, TensorShard]
     vocab_parallel: bool = False
+    sequence_parallel: bool = False
+    sequence_summed: Tuple[str, ...] = ()  # whole weights used on the rank's tokens only: gradients summed (SP)
     aliases: Dict[str, str] = field(default_factory=dict)
 
     def shard(self, name: str) -> TensorShard:
@@ -105,14 +108,16 @@ def layer_plans(config, t: int, rank: int):
 # --- the parallel sublayers ------------------------------------------------------------------------------------------
 
 class RowParallelLinear(nn.Layer):
-    """A Linear whose weight holds this rank's input rows: all-reduce of the partial products, then the bias."""
+    """A Linear whose weight holds this rank's input rows: all-reduce of the partial products, then the bias. With
+    `sequence_parallel` a reduce-scatter along the sequence instead (this rank's tokens of the sum)."""
 
-    def __init__(self, linear: nn.Linear, group):
+    def __init__(self, linear: nn.Linear, group, sequence_parallel: bool = False):
         super().__init__()
         self.weight, self.bias, self._tp_group = linear.weight, linear.bias, group
+        self._tp_reduce = reduce_scatter_seq if sequence_parallel else reduce_from_tp
 
     def forward(self, x):
-        out = reduce_from_tp(F.linear(x, self.weight), self._tp_group)
+        out = self._tp_reduce(F.linear(x, self.weight), self._tp_group)
         return out if self.bias is None else out + self.bias
 
 
@@ -128,15 +133,17 @@ class ColumnSliceLinear(nn.Layer):
         return F.linear(x, self.weight[:, a:b], None if self.bias is None else self.bias[a:b])
 
 
-def _enter_region_hook(group):
+def _enter_region_hook(group, sequence_parallel: bool = False):
     """Forward pre-hook: the layer's input (`hidden_states` / its first argument) enters the TP region. Every rank reads
-    the whole x (identity forward); the gradient of x is the sum of the ranks' parts (all-reduce backward)."""
+    the whole x (identity forward); the gradient of x is the sum of the ranks' parts (all-reduce backward). With
+    sequence_parallel the input is this rank's tokens: all-gathered (backward: reduce-scatter)."""
+    enter = all_gather_seq if sequence_parallel else copy_to_tp
 
     def hook(layer, args, kwargs):
         if "hidden_states" in kwargs:
-            kwargs = dict(kwargs, hidden_states=copy_to_tp(kwargs["hidden_states"], group))
+            kwargs = dict(kwargs, hidden_states=enter(kwargs["hidden_states"], group))
         else:
-            args = (copy_to_tp(args[0], group),) + tuple(args[1:])
+            args = (enter(args[0], group),) + tuple(args[1:])
         return args, kwargs
 
     return hook
@@ -195,14 +202,16 @@ def _layer_of(name: str, layers):
     return None
 
 
-def parallelize_model(model, group=None, sync_from_first_rank: bool = True, vocab_parallel: bool = False) -> TPState:
+def parallelize_model(model, group=None, sync_from_first_rank: bool = True, vocab_parallel: bool = False,
+                      sequence_parallel: bool = False) -> TPState:
     """Shard a built causal LM (or backbone) of a family with a tensor-parallel plan over `group` in place.
 
     Build the model at tensor_model_parallel_size=1 on every rank first. With sync_from_first_rank (default) the
     whole model is broadcast from the group's first rank before slicing, so every rank starts from the same
     weights whatever its seed. Create the optimizer afterwards (the sharded parameters are new tensors).
     vocab_parallel: split the embedding and LM head by vocabulary row as well (paddle_vha/parallel/vocab.py; the
-    vocabulary must divide by t); otherwise they stay whole on every rank.
+    vocabulary must divide by t); otherwise they stay whole on every rank. sequence_parallel: between the TP regions
+    each rank holds s/t tokens of every sequence (paddle_vha/parallel/sequence.py; a causal LM, s divisible by t).
     """
     if tp_state(model) is not None:
         raise RuntimeError("model is already tensor-parallel")
@@ -220,17 +229,44 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True, voca
     t, rank = group_size(group), group_rank(group)
     plans = layer_plans(config, t, rank)
     _refuse_master_grad_hooks(model)
-    vocab_parallel = vocab_parallel and t > 1
+    vocab_parallel, sequence_parallel = vocab_parallel and t > 1, sequence_parallel and t > 1
+    if sequence_parallel and not (hasattr(model, "model") and hasattr(model.model, "norm")):
+        raise RuntimeError("sequence_parallel needs a causal LM with its backbone (model.model, its final norm)")
     vocab, tied = _vocab_setup(model, config, t) if vocab_parallel else ({}, False)
     if t > 1 and sync_from_first_rank:
         _sync_from_first_rank(model, group)
+    sp_vocab = set(vocab_params(model)) if sequence_parallel else None
+    shards, sp_summed = _shard_parameters(model, layers, plans, vocab, group, sp_vocab)
+    if t > 1:
+        for _, i, layer in layers:
+            _apply_layer_plan(layer, plans[i], group, sequence_parallel)
+    if sequence_parallel:
+        install_sequence_hooks(layers[0][2], model.model.norm, group)
+    aliases = apply_vocab_plan(model, group, tied) if vocab_parallel else {}
+    state = TPState(t=t, rank=rank, group=group, shards=shards, vocab_parallel=vocab_parallel, aliases=aliases,
+                    sequence_parallel=sequence_parallel, sequence_summed=sp_summed)
+    model._vha_tp_state = state
+    return state
 
+
+def _shard_parameters(model, layers, plans, vocab, group, sp_vocab):
+    """Every parameter's shard by name: split ones replaced by this rank's slice, whole ones with partial gradients
+    given the summing hook. sp_vocab: with sequence parallelism, the embedding's and head's names (else None).
+    Returns ({name: shard}, the names whose gradients are summed because of sequence parallelism)."""
+    t, rank = group_size(group), group_rank(group)
     shards: Dict[str, TensorShard] = {}
+    sp_summed = []
     for name, p in dict(model.named_parameters()).items():
         where = _layer_of(name, layers)
         rule = plans[where[0]].params.get(where[1]) if where else vocab.get(name)
         if where and rule is None:  # every tensor of a decoder layer is declared with its shard (the family's spec.py)
-            raise RuntimeError(f"{name}: the {fam.label} tensor-parallel plan has no rule for this parameter")
+            raise RuntimeError(f"{name}: the {family_of(model.config).label} tensor-parallel plan has no rule for "
+                               "this parameter")
+        if sp_vocab is not None:
+            sp_rule = sp_grad_sum_rule(name, where, rule, plans[where[0]] if where else None, sp_vocab)
+            if sp_rule != rule:
+                sp_summed.append(name)
+            rule = sp_rule
         if rule is None or t == 1:
             continue
         shards[name] = rule
@@ -245,14 +281,7 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True, voca
             local = paddle.slice(p, [rule.axis], [rank * n // t], [(rank + 1) * n // t]).clone()
         owner, attr = _owner(model, name)
         _replace_param(owner, attr, local, distributed=True)
-
-    if t > 1:
-        for _, i, layer in layers:
-            _apply_layer_plan(layer, plans[i], group)
-    aliases = apply_vocab_plan(model, group, tied) if vocab_parallel else {}
-    state = TPState(t=t, rank=rank, group=group, shards=shards, vocab_parallel=vocab_parallel, aliases=aliases)
-    model._vha_tp_state = state
-    return state
+    return shards, tuple(sp_summed)
 
 
 def _vocab_setup(model, config, t: int):
@@ -273,14 +302,14 @@ def _refuse_master_grad_hooks(model) -> None:
                            "move into main_grad")
 
 
-def _apply_layer_plan(layer, plan: LayerPlan, group) -> None:
+def _apply_layer_plan(layer, plan: LayerPlan, group, sequence_parallel: bool = False) -> None:
     """Everything of one LayerPlan but the parameter slicing (done by name for the whole model)."""
     for path, cols in plan.column_slices.items():
         owner, attr = _owner(layer, path)
         setattr(owner, attr, ColumnSliceLinear(getattr(owner, attr), cols))
     for path in plan.row_parallel:
         owner, attr = _owner(layer, path)
-        setattr(owner, attr, RowParallelLinear(getattr(owner, attr), group))
+        setattr(owner, attr, RowParallelLinear(getattr(owner, attr), group, sequence_parallel))
     for path, attrs in plan.attributes.items():
         sub = _sublayer(layer, path)
         for key, value in attrs.items():
@@ -290,12 +319,13 @@ def _apply_layer_plan(layer, plan: LayerPlan, group) -> None:
         fn = COLLECTIVES[name]
         setattr(owner, attr, lambda x, _fn=fn: _fn(x, group))
     for path in plan.enter_region:
-        _sublayer(layer, path).register_forward_pre_hook(_enter_region_hook(group), with_kwargs=True)
+        _sublayer(layer, path).register_forward_pre_hook(_enter_region_hook(group, sequence_parallel),
+                                                         with_kwargs=True)
 
 
 def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_rank: bool = True,
                                 weights_from: Optional[str] = None, vocab_parallel: bool = False,
-                                tensor_parallel_output: bool = False):
+                                tensor_parallel_output: bool = False, sequence_parallel: Optional[bool] = None):
     """The entry point for trainers: build `model_cls(config)` single-device, then shard it over `group`.
 
     `config.tensor_model_parallel_size` may say t (as PaddleFormers' Trainer sets it); the model is built with a
@@ -304,6 +334,8 @@ def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_r
     weights every rank loads before slicing (paddle_vha.checkpoint.load: no PaddleFormers loader inside the ranks).
     vocab_parallel: the embedding and LM head split by vocabulary row too; tensor_parallel_output (with it): the
     head returns this rank's logits and the criterion computes the parallel cross-entropy (else whole logits).
+    sequence_parallel (None: `config.sequence_parallel`, as PaddleFormers' Trainer sets it): applied by the plan
+    (paddle_vha/parallel/sequence.py); the model itself is built without it.
     """
     import copy
 
@@ -311,15 +343,18 @@ def build_tensor_parallel_model(model_cls, config, group=None, sync_from_first_r
     want = getattr(config, "tensor_model_parallel_size", 1)
     if want not in (1, t):
         raise RuntimeError(f"config.tensor_model_parallel_size={want} but the tensor-parallel group has {t} ranks")
-    config.check_runtime_support(tensor_parallel_plan=True)  # sequence parallel, fused qkv: still refused
+    config.check_runtime_support(tensor_parallel_plan=True)  # fused qkv: still refused
+    if sequence_parallel is None:
+        sequence_parallel = bool(getattr(config, "sequence_parallel", False))
     cfg = copy.deepcopy(config)
-    cfg.tensor_model_parallel_size = 1
+    cfg.tensor_model_parallel_size, cfg.sequence_parallel = 1, False  # the plan shards, not PaddleFormers' layers
     # whole logits and the ordinary cross-entropy unless the vocabulary-parallel head keeps its rank's logits
     cfg.tensor_parallel_output = bool(vocab_parallel and tensor_parallel_output and t > 1)
     model = model_cls(cfg)
     if weights_from is not None:
         load_checkpoint_into(model, weights_from)
-    parallelize_model(model, group, sync_from_first_rank=sync_from_first_rank, vocab_parallel=vocab_parallel)
+    parallelize_model(model, group, sync_from_first_rank=sync_from_first_rank, vocab_parallel=vocab_parallel,
+                      sequence_parallel=sequence_parallel)
     return model
 
 

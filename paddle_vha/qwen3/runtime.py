@@ -5,7 +5,7 @@ class and why fused QKV and fleet's tensor-parallel layers do not fit it; `check
 
 * fuse_attention_qkv=True (the fused [q|k|v] layout is the stock one);
 * tensor_model_parallel_size > 1 outside paddle_vha.parallel (fleet's mp layers split stock heads only);
-* sequence_parallel=True.
+* sequence_parallel=True outside paddle_vha.parallel (its plan applies it, docs/tensor_parallel.md).
 """
 from __future__ import annotations
 
@@ -35,5 +35,6 @@ class RuntimeSupport:
                 f"through paddle_vha.parallel{self.tensor_parallel_reason}: build with "
                 f"paddle_vha.parallel.build_tensor_parallel_model({self.causal_lm_name}, config, group), see "
                 "docs/tensor_parallel.md")
-        if self.sequence_parallel:
-            raise error(f"sequence_parallel=True is not supported by {label}")
+        if self.sequence_parallel and not (tensor_parallel_plan and self.tensor_model_parallel_size > 1):
+            raise error(f"sequence_parallel=True: {label} is sequence-parallel only under tensor parallelism "
+                        "(tensor_parallel_degree > 1) through paddle_vha.parallel, see docs/tensor_parallel.md")

@@ -107,6 +107,12 @@ def build_config(model_args, data_args, training_args, tp: int):
                     from ..parallel.vocab import check_vocab_split
 
                     check_vocab_split(config.vocab_size, tp)
+                    if getattr(config, "use_fused_head_and_loss_fn", False):
+                        raise TrainError("use_fused_head_and_loss_fn with the vocabulary-parallel LM head is not "
+                                         "supported (PaddleFormers' fused head and loss reads fleet's mp layers); set "
+                                         "use_fused_head_and_loss_fn false, or vocab_parallel false")
+                if getattr(training_args, "sequence_parallel", False):
+                    check_sequence_parallel_run(training_args, data_args.max_seq_len, tp)
             else:
                 check()
         except ValueError as e:  # VHAConfigError, MEAConfigError, TPPlanError
@@ -116,6 +122,20 @@ def build_config(model_args, data_args, training_args, tp: int):
         raise TrainError(f"tensor_model_parallel_size={tp} needs at least {tp} processes: launch with "
                          f"python -m paddle.distributed.launch --nproc_per_node N tools/train.py ...")
     return config, model_cls
+
+
+def check_sequence_parallel_run(training_args, seq_len: int, tp: int) -> None:
+    """TPPlanError (one line) for a sequence-parallel run the plan cannot give (paddle_vha/parallel/sequence.py)."""
+    from ..parallel.sequence import check_sequence_split
+    from ..spec.sharding import TPPlanError
+
+    if training_args.pipeline_model_parallel_size > 1:
+        raise TPPlanError("sequence_parallel with pipeline_model_parallel_size > 1 is not built (the pipe stages "
+                          "pass whole sequences); set sequence_parallel false")
+    if getattr(training_args, "teacher", None):
+        raise TPPlanError("sequence_parallel with a teacher is not built (the hidden-state distillation term reads "
+                          "whole sequences); set sequence_parallel false")
+    check_sequence_split(seq_len, tp)
 
 
 def vocab_parallel_here(training_args) -> bool:
@@ -463,11 +483,23 @@ def _build_plan_parallel_model(model_cls, config, model_args, training_args):
     # cross-entropy (PaddleFormers' tensor_parallel_output) unless a teacher's KL needs the whole logits
     tp_output = bool(getattr(config, "tensor_parallel_output", True)) and not getattr(training_args, "teacher", None)
     try:  # single-device layers (loaded from model_name_or_path, if given), sharded by the plan
-        return build_tensor_parallel_model(model_cls, config, group, weights_from=model_args.model_name_or_path,
-                                           vocab_parallel=vocab_parallel_here(training_args),
-                                           tensor_parallel_output=tp_output)
+        model = build_tensor_parallel_model(model_cls, config, group, weights_from=model_args.model_name_or_path,
+                                            vocab_parallel=vocab_parallel_here(training_args),
+                                            tensor_parallel_output=tp_output,
+                                            sequence_parallel=bool(getattr(training_args, "sequence_parallel", False)))
     except CheckpointError as e:
         raise TrainError(str(e)) from None
+    print(_plan_line(model._vha_tp_state))
+    return model
+
+
+def _plan_line(state) -> str:
+    """What the plan applied on this rank (its log): degree, vocabulary split, sequence parallelism."""
+    sp = (f"sequence-parallel ({len(state.sequence_summed)} weights used on this rank's tokens only get their "
+          f"gradients summed: {', '.join(state.sequence_summed[:3])}, ...)" if state.sequence_parallel else
+          "no sequence parallelism")
+    return (f"tensor parallel: rank {state.rank} of {state.t}; vocabulary "
+            f"{'split by row' if state.vocab_parallel else 'whole'}; {sp}")
 
 
 def train_model(trainer, log: TrainLog, model, resume) -> None:

@@ -45,7 +45,10 @@ def premix(q_phys: paddle.Tensor, premix_weight: paddle.Tensor) -> paddle.Tensor
     """(B, S, H_p, r) x (H_kv, r, d) -> (B, S, H_v, d), virtual head j = g*H_p + i is Q_i @ W_premix[g]."""
     h_kv, r, d = premix_weight.shape
     h_p = q_phys.shape[2]
-    w = premix_weight.transpose([1, 0, 2]).reshape([r, h_kv * d])  # (r, H_kv*d): all groups in one GEMM
+    # (r, H_kv*d): all groups in one GEMM. A concat of the groups, not transpose([1, 0, 2]).reshape: the transpose's
+    # backward leaves Premix a strided (non-contiguous) gradient, which Paddle's collectives refuse ("The tensor must
+    # be contiguous": the sharding optimizer's gradient reduce, docs/training.md)
+    w = paddle.concat([premix_weight[g] for g in range(h_kv)], axis=1)
     q = paddle.matmul(q_phys, w)  # (B, S, H_p, H_kv*d)
     q = q.reshape([0, 0, h_p, h_kv, d]).transpose([0, 1, 3, 2, 4])  # (B, S, H_kv, H_p, d)
     return q.flatten(2, 3)  # (B, S, H_v, d), group-major
