@@ -150,7 +150,7 @@ def paper_variants(name: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
     ]
     vha = named_shape(key, "vha", 2, label="VHA (trained)", **overrides)
     out += [vha, fold_vha(vha, label="VHA (folded)")]
-    skv = named_shape(key, "vha", 2, shared_kv=True, label="VHA shared-KV (trained)", **overrides)
+    skv = vha.cost.with_shared_kv(vha.replace(label="VHA shared-KV (trained)"))
     out += [skv, fold_vha(skv, label="VHA shared-KV (folded)")]
     nop = named_shape(key, "vha_nopremix", 2, label="VHA premix-off (trained)", **overrides)
     out += [nop, fold_vha(nop, label="VHA premix-off (folded)")]

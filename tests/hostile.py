@@ -1,5 +1,5 @@
-"""Helpers of the hostile-input tests (tests/test_hardening_*.py): damage a checkpoint, run a tool's command line
-in-process, and check that it refused with one line and left its inputs byte-identical."""
+"""Helpers of the hostile-input tests (tests/test_*_bad_input.py, tests/test_output_folders.py): damage a checkpoint,
+run a tool's command line in-process, and check that it refused with one line and left its inputs byte-identical."""
 from __future__ import annotations
 
 import hashlib

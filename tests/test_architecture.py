@@ -204,6 +204,34 @@ def test_model_type_strings_live_in_the_registry_and_family_folders():
     assert not outside, f"model_type literals outside the registry and family folders: {outside}"
 
 
+# A variant's tensor names are spelled where its spec declares them and where its attention math uses them; every
+# other module derives them from the spec. The two float64 references that check import_fleet and the MoE transforms
+# keep their own spellings on purpose: derived from the specs, they would depend on what they check.
+INDEPENDENT_REFERENCES = {"transform/fleet_reference.py", "moe/reference.py"}
+SPELLED_ONLY_IN = {
+    "shared_kv_proj": {"vha/spec.py", "vha/attention.py", "shared_kv/spec.py", "shared_kv/attention.py",
+                       *INDEPENDENT_REFERENCES},
+    "vha_postmix_U": {"vha/spec.py", "vha/attention.py", *INDEPENDENT_REFERENCES},
+    "hlc": {"mea/spec.py", "mea/functional.py", "mea/attention.py"},  # MEA's head linear combination
+}
+
+
+def test_variant_tensor_names_are_spelled_in_their_spec_and_math_only():
+    import re
+
+    found = {name: set() for name in SPELLED_ONLY_IN}
+    for path in _modules().values():
+        text = open(path, encoding="utf-8").read()
+        for name in SPELLED_ONLY_IN:
+            if re.search(rf"\b{name}\b", text):
+                found[name].add(os.path.relpath(path, PKG).replace(os.sep, "/"))
+    for name, files in found.items():
+        print(f"{name}: {len(files)} package files: {sorted(files)}")
+    assert all(found.values())  # the scan sees the names where they are declared
+    extra = {name: sorted(files - SPELLED_ONLY_IN[name]) for name, files in found.items() if files - SPELLED_ONLY_IN[name]}
+    assert not extra, f"tensor names spelled outside their variant's spec and attention math: {extra}"
+
+
 def test_registry_entries_agree_with_their_classes():
     from paddle_vha.checkpoint.contract import CheckpointError
     from paddle_vha.families import FAMILIES, family, family_of, UnknownFamily

@@ -139,7 +139,7 @@ def test_refused_up_front_when_memory_is_short(shaped, tmp_path, capsys, monkeyp
 def test_merge_keeps_side_files_and_refuses_when_memory_is_short(tmp_path, capsys, monkeypatch):
     """merge_tp_checkpoint copies the save's tokenizer / generation files, and refuses up front (one line, nothing
     written) when MemAvailable is below 3 x its largest tensor + 200 MB."""
-    from test_hardening_outputs import fake_shards
+    from test_output_folders import fake_shards
 
     from paddle_vha.cli.merge_tp_checkpoint import main
     from paddle_vha.parallel.tp_shards import merge_need

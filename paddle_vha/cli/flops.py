@@ -28,8 +28,10 @@ from paddle_vha.accounting import (
 )
 from paddle_vha.cli import command, report_models
 
-PARTS = ("q_proj", "q_a_proj", "q_b_proj", "premix", "k_proj", "v_proj", "shared_kv_proj", "kv_a_proj", "kv_b_proj", "hlc",
-         "attention", "postmix", "gate_proj", "o_proj", "mlp", "lm_head")
+# --breakdown's columns around the K/V side (whose names come from the models: breakdown_columns)
+QUERY_PARTS = ("q_proj", "q_a_proj", "q_b_proj", "premix")
+LATER_PARTS = ("attention", "postmix", "gate_proj", "o_proj", "mlp", "lm_head")
+SUMS = ("attention_block", "total")
 
 
 def parse_args(argv=None):
@@ -62,9 +64,23 @@ def gf(x: float, width: int = 8, digits: int = 2) -> str:
     return f"{x:>{width}.{digits}f}"
 
 
-def rows_for(spec: str, args):
+def models_for(spec: str, args):
     over = {} if args.intermediate_size is None else {"intermediate_size": args.intermediate_size}
-    models = resolve_models(spec, mea_kv_heads=args.mea_kv_heads, **over)
+    return resolve_models(spec, mea_kv_heads=args.mea_kv_heads, **over)
+
+
+def breakdown_columns(models, rows) -> list:
+    """--breakdown's columns: the query side; what makes the cached keys and values (the models' K/V projections as
+    their families' specs name them, then the other kinds' own parts: MLA's latent, MEA's head composition); then
+    attention and what follows it."""
+    present = dict.fromkeys(k for r in rows for k in r["training_parts"])
+    kv = dict.fromkeys(n for m in models for n in m.kv_projections if n in present)
+    kv.update(dict.fromkeys(k for k in present if k not in QUERY_PARTS + LATER_PARTS + SUMS))
+    return [c for c in QUERY_PARTS if c in present] + list(kv) + [c for c in LATER_PARTS if c in present]
+
+
+def rows_for(spec: str, args):
+    models = models_for(spec, args)
     kw = dict(seq_len=args.seq_len, causal=args.causal, lm_head=not args.no_lm_head)
     ref = next((m for m in models if m.label == "GQA-8"), models[0])
     ref_fwd = forward_flops_per_token(ref, **kw)
@@ -125,7 +141,7 @@ def print_tables(spec, rows, args):
         print("note: MLA counted un-absorbed, DeepSeek-V2 style: latent 512, RoPE key 64, nope/value widths = head_dim, "
               "no query LoRA (assumptions; the paper does not state them).")
     if args.breakdown:
-        cols = [c for c in PARTS if any(c in r["training_parts"] for r in rows)]
+        cols = breakdown_columns(models_for(spec, args), rows)
         print(f"\ntraining GFLOPs per token by part ({spec})")
         hdr = f"{'variant':<{w}} " + " ".join(f"{c:>9}" for c in cols) + f" {'total':>9}"
         print(hdr)

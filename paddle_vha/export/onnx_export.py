@@ -53,7 +53,7 @@ COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeni
               "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
               "chat_template.json", "tokenizer.model")
 OPSETS = range(14, 22)  # Qwen3's causal mask needs Trilu (14); paddle2onnx 2.1.0 converts up to 21
-_run_paddle2onnx = run_paddle2onnx  # the converter's child process (tests/test_hardening_export.py)
+_run_paddle2onnx = run_paddle2onnx  # the converter's child process (tests/test_export_bad_input.py)
 
 
 def _check_options(opset: int, cache_io: str) -> None:

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..spec.cost import Arch, ArchError, AttentionCost
 from .layers import count_mea_layers
+from .spec import HLC_PART
 
 __all__ = ["MEA", "arch_fields"]
 
@@ -35,7 +36,7 @@ class MEACost(AttentionCost):
 
     def weights(self, a: Arch) -> Dict[str, int]:
         parts = super().weights(a)
-        parts["hlc"] = 2 * a.num_kv_heads * a.mea_kv_heads  # mea_k_lc, mea_v_lc: [n_p, n_v]
+        parts[HLC_PART] = 2 * a.num_kv_heads * a.mea_kv_heads  # mea_k_lc, mea_v_lc: [n_p, n_v]
         return parts
 
     def biases_and_norms(self, a: Arch, parts: Dict[str, int]) -> Dict[str, int]:
@@ -48,7 +49,7 @@ class MEACost(AttentionCost):
         return f"{a.num_kv_heads} KV heads (-> {a.mea_kv_heads} virtual)"
 
     def part_flops(self, a: Arch, name: str, n: int) -> float:
-        if name == "hlc":  # K and V: n_v virtual heads from n_p physical ones
+        if name == HLC_PART:  # K and V: n_v virtual heads from n_p physical ones
             return 2 * 2 * a.num_kv_heads * a.mea_kv_heads * a.head_dim
         return super().part_flops(a, name, n)
 

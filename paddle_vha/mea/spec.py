@@ -14,7 +14,7 @@ from ..qwen3.spec import QWEN3_LAYER, TOP, stock_sizes, top_sizes
 from ..spec.params import SUMMED, ModelSpec, Param, TensorShard, linear, split_kv
 from .layers import is_mea_layer
 
-__all__ = ["tensor_shapes", "MEA_LAYER", "MEA_STOCK_LAYER", "QWEN3_MEA", "mea_sizes"]
+__all__ = ["tensor_shapes", "MEA_LAYER", "MEA_STOCK_LAYER", "QWEN3_MEA", "mea_sizes", "HLC_PART"]
 
 
 def mea_sizes(cfg, layer_idx: int):
@@ -37,6 +37,8 @@ def _ones(s, cfg):
     from paddle import nn
     return nn.initializer.Constant(1.0)
 
+
+HLC_PART = "hlc"  # the cost model's part for mea_k_lc and mea_v_lc, the head linear combination (mea/cost.py)
 
 _kv = lambda s: s.kv_heads * s.head_dim  # noqa: E731
 _lc = lambda s: (s.kv_heads, s.virtual)  # noqa: E731

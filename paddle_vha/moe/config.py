@@ -41,6 +41,11 @@ class MoEFields:
     def has_shared_expert(self) -> bool:
         return self.moe_shared_expert_intermediate_size is not None
 
+    def experts_line(self) -> str:
+        """The routed experts in words (the plans of fold and import_fleet start their MoE line with it)."""
+        return (f"routed experts: {self.num_experts} per MoE layer, top-{self.num_experts_per_tok}, width "
+                f"{self.moe_intermediate_size}, norm_topk_prob {self.norm_topk_prob}")
+
 
 class Qwen3MoeConfig(MoEFields, Qwen3Config):
     r"""Stock Qwen3-MoE (Hugging Face's `qwen3_moe`): Qwen3Config's fields plus the MoE fields above; what a

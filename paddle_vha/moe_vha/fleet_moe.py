@@ -19,9 +19,16 @@ Tensors (after the layer prefix; Paddle [in, out] layout unless --layout hf):
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
-__all__ = ["is_moe_config", "translate_moe", "SHARED_RENAMES", "UPSTREAM_MOE_KEYS"]
+from ..moe.config import MoEFields
+from ..vha.config import Qwen3VHAConfig
+from .config import Qwen3MoeVHAConfig
+
+__all__ = ["is_moe_config", "translate_moe", "read_config", "plan_header", "IMPORTED", "SHARED_RENAMES",
+           "UPSTREAM_MOE_KEYS"]
+
+IMPORTED = (Qwen3VHAConfig, Qwen3MoeVHAConfig)  # what an upstream checkpoint imports as: dense, or with routed experts
 
 UPSTREAM_MOE_KEYS = ("n_routed_experts", "num_experts")
 # upstream routing fields -> the value Qwen3-MoE's router has (None = absent is fine too), and why
@@ -59,3 +66,20 @@ def translate_moe(raw: dict) -> dict:
     if first:
         out["mlp_only_layers"] = sorted(set(raw.get("mlp_only_layers") or []) | set(range(first)))
     return out
+
+
+def read_config(raw: dict) -> Tuple[type, dict]:
+    """(the config class an upstream config.json imports as, its fields in our names): Qwen3-MoE-VHA when it has
+    routed experts (upstream's MoE names translated; ValueError, one line, for routing Qwen3-MoE has no form for),
+    else Qwen3-VHA with the fields as they are."""
+    if is_moe_config(raw):
+        return Qwen3MoeVHAConfig, translate_moe(raw)
+    return Qwen3VHAConfig, raw
+
+
+def plan_header(cfg) -> List[str]:
+    """The import plan's line on the routed experts and the MoE layers; none for a dense import."""
+    if not isinstance(cfg, MoEFields):
+        return []
+    shared = f", shared expert {cfg.moe_shared_expert_intermediate_size}" if cfg.has_shared_expert else ""
+    return [f"{cfg.experts_line()}, MoE layers {cfg.moe_layer_indices}{shared}"]

@@ -25,9 +25,7 @@ class MoEVHAFold(VHAFold):
         return self.into  # stock Qwen3-MoE whatever the attention options (the refusals say which have no form)
 
     def extra_header(self, cfg) -> List[str]:
-        return [f"routed experts: {cfg.num_experts} per MoE layer, top-{cfg.num_experts_per_tok}, width "
-                f"{cfg.moe_intermediate_size}, norm_topk_prob {cfg.norm_topk_prob}; MoE layers "
-                f"{cfg.moe_layer_indices}: router and experts copied"]
+        return [f"{cfg.experts_line()}; MoE layers {cfg.moe_layer_indices}: router and experts copied"]
 
 
 MOE_VHA_FOLD = MoEVHAFold(Qwen3MoeConfig.model_type)

@@ -35,9 +35,9 @@ class Qwen3SinksConfig(WindowSinks, RuntimeSupport, Qwen3Config):
     r"""Configuration of Qwen3 whose sliding-window layers hold a learned sink logit per query head.
 
     Everything Qwen3Config accepts (`sliding_window`, `layer_types`), plus:
-        window_attention_sinks (bool): the window layers' `self_attn.sinks` [num_attention_heads]; head h's softmax
-            denominator gains exp(s_h) (docs/method.md, "Attention sinks"). Default True (the family's point); a
-            config without window layers has no sink.
+        window_attention_sinks (bool): a sink logit s_h per query head on the window layers (its tensor: spec.py);
+            head h's softmax denominator gains exp(s_h) (docs/method.md, "Attention sinks"). Default True (the
+            family's point); a config without window layers has no sink.
     """
 
     model_type = "qwen3_sinks"

@@ -44,9 +44,10 @@ class Arch:
     vha_q_head_dim: Optional[int] = None
     vha_postmix_rank: int = 0
     vha_gated: bool = False
-    # Shared KV (VHA's vha_shared_kv, and the stock-shaped model it folds into): one projection is both keys and
-    # values, so the cache holds one tensor per layer.
-    shared_kv: bool = False
+    # The Linears that emit the cached heads, as the family's spec names them (the K/V parts of the weights): keys and
+    # values, or one projection that is both (VHA's vha_shared_kv and the stock-shaped model it folds into: the cache
+    # then holds one tensor per layer).
+    kv_projections: Tuple[str, ...] = ("k_proj", "v_proj")
     # MLA (kind "mla"), DeepSeek-V2 parameterisation: latent c_kv plus a decoupled RoPE key.
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
@@ -75,6 +76,9 @@ class Arch:
 
     def __post_init__(self):
         cost = AttentionCost.of(self)  # ArchError for an unknown kind
+        if not (isinstance(self.kv_projections, tuple) and len(self.kv_projections) in (1, 2)):
+            raise ArchError(f"{self.label}: kv_projections must name one (K = V) or two (K, V) projections, got "
+                            f"{self.kv_projections!r}")
         for name in ("hidden_size", "num_layers", "head_dim", "num_heads", "vocab_size"):
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
@@ -107,6 +111,11 @@ class Arch:
     def full_layers(self) -> int:
         """Layers that attend to (and cache) the whole context."""
         return self.num_layers - self.num_window_layers
+
+    @property
+    def shared_kv(self) -> bool:
+        """Whether one projection is both keys and values (the cache holds one tensor per layer)."""
+        return len(self.kv_projections) == 1
 
     @property
     def q_head_dim(self) -> int:
@@ -180,16 +189,13 @@ class AttentionCost:
     # one layer
     def kv_bytes(self, a: Arch, bytes_per_elem: float) -> float:
         """Cache bytes one token adds to one layer: K and V (or the one shared K = V) of every KV head."""
-        return (1 if a.shared_kv else 2) * a.num_kv_heads * a.head_dim * bytes_per_elem
+        return len(a.kv_projections) * a.num_kv_heads * a.head_dim * bytes_per_elem
 
     def weights(self, a: Arch) -> Dict[str, int]:
         """Matmul weights of one attention layer by part (biases and norms excluded)."""
         h, d, kv = a.hidden_size, a.head_dim, a.num_kv_heads
         parts = {"q_proj": h * self.physical_heads(a) * a.q_head_dim}
-        if a.shared_kv:
-            parts["shared_kv_proj"] = h * kv * d
-        else:
-            parts.update(k_proj=h * kv * d, v_proj=h * kv * d)
+        parts.update({name: h * kv * d for name in a.kv_projections})  # K and V, or the one K = V projection
         parts["o_proj"] = a.num_heads * d * h
         return parts
 
@@ -198,7 +204,7 @@ class AttentionCost:
         h, d = a.hidden_size, a.head_dim
         if a.attention_bias:
             parts["q_proj"] += self.physical_heads(a) * a.q_head_dim
-            for name in ("shared_kv_proj",) if a.shared_kv else ("k_proj", "v_proj"):
+            for name in a.kv_projections:
                 parts[name] += a.num_kv_heads * d
             parts["o_proj"] += h
         parts["qk_norm"] = 2 * d
@@ -219,6 +225,11 @@ class AttentionCost:
     def cache_description(self, a: Arch) -> str:
         """What one layer caches, in words (tools/kv_calc.py)."""
         return f"{a.num_kv_heads} shared K=V heads" if a.shared_kv else f"{a.num_kv_heads} KV heads"
+
+    def with_shared_kv(self, a: Arch) -> Arch:
+        """`a` with one projection that is both keys and values, named as the kind's spec names it (ArchError where
+        the kind has no such form)."""
+        raise ArchError(f"{a.label}: attention kind {a.kind!r} has no shared-KV form here")
 
     def served_as(self, a: Arch, label: Optional[str] = None) -> Optional[Arch]:
         """The architecture a checkpoint of this kind is served as, when that is another one (VHA: folded); None when

@@ -25,7 +25,6 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..accounting import arch_from_config, kv_bytes_per_token
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError
 from ..qwen3.source import open_stock_qwen3
@@ -80,15 +79,12 @@ class CompressPlan(TransformPlan):
     def describe(self) -> Description:
         c = self.cfg
         H_kv, n_p, L, d = c.mea_kv_heads, c.num_key_value_heads, c.num_hidden_layers, c.head_dim
-        elem = st.DTYPES[self.out_code].itemsize
-        before = kv_bytes_per_token(arch_from_config(self.in_config), elem, all_layers=True)
-        after = kv_bytes_per_token(arch_from_config(self.out_config), elem, all_layers=True)
         return Description(f"compress {self.in_dir} -> {self.out_dir}", [
             f"Qwen3: {L} layers, {c.num_attention_heads} query heads, {H_kv} KV heads, head_dim {d}, "
             f"hidden {c.hidden_size}",
             f"MEA layers ({len(self.layers)} of {L}): {_ranges(self.layers)}; KV heads there {H_kv} -> {n_p} physical "
             f"(HLC rebuilds {H_kv} virtual); k_norm {c.mea_k_norm_position}",
-            kv_cache_line(st.dtype_name(self.out_code), before, after),
+            kv_cache_line(self),
             output_line(self),
         ], notes=self.notes)
 

@@ -32,7 +32,6 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from ..accounting import arch_from_config, kv_bytes_per_token
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError
 from ..qwen3.source import open_stock_qwen3
@@ -40,6 +39,7 @@ from ..transform import Description, Entry, TransformPlan, check_dtype, output_c
 from ..transform.describe import kv_cache_line, output_line
 from ..transform.plan import open_output
 from ..vha.config import Qwen3VHAConfig
+from ..vha.spec import POSTMIX_TENSORS, PREMIX_TENSORS
 from ..vha.spec import tensor_shapes as vha_tensor_shapes
 from . import regroup as rg
 
@@ -49,9 +49,9 @@ __all__ = ["ConvertError", "ConvertPlan", "METHODS", "PREMIX", "factor_queries",
 
 METHODS = ("mean", "svd", "calibrated")
 PREMIX = ("on", "off")  # --premix: off keeps the stock query heads (the research fork's kv_postmix_only)
+(_PREMIX_W,), (_POSTMIX_U, _POSTMIX_V) = PREMIX_TENSORS, POSTMIX_TENSORS  # their names: the VHA spec's
 # what convert_state computes in every attention layer; every other tensor is copied
-CONVERTED = ("q_proj.weight", "vha_premix_weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "vha_postmix_U",
-             "vha_postmix_V")
+CONVERTED = ("q_proj.weight", _PREMIX_W, "k_proj.weight", "v_proj.weight", "o_proj.weight", _POSTMIX_U, _POSTMIX_V)
 
 
 class ConvertError(CheckpointError):
@@ -152,9 +152,6 @@ class ConvertPlan(TransformPlan):
 
     def describe(self) -> Description:
         c, s = self.cfg, self.src_cfg
-        elem = st.DTYPES[self.out_code].itemsize
-        before = kv_bytes_per_token(arch_from_config(self.in_config), elem, all_layers=True)
-        after = kv_bytes_per_token(arch_from_config(self.out_config), elem, all_layers=True)
         h_p = c.num_attention_heads // c.num_key_value_heads
         queries = (f"{h_p} physical heads (width {c.vha_q_head_dim}) x {c.num_key_value_heads} Premix groups"
                    if c.vha_premix else "the query heads kept, no Premix (--premix off)")
@@ -163,7 +160,7 @@ class ConvertPlan(TransformPlan):
             f"KV heads, head_dim {s.head_dim}, hidden {s.hidden_size}",
             f"Qwen3-VHA: {c.num_attention_heads} virtual heads = {queries} over {c.num_key_value_heads} KV heads; "
             f"Postmix rank {c.vha_postmix_rank} (starts as the identity)",
-            kv_cache_line(st.dtype_name(self.out_code), before, after),
+            kv_cache_line(self),
             output_line(self),
         ], notes=self.notes)
 
@@ -254,10 +251,10 @@ def convert_layer(plan: ConvertPlan, i: int, method: str, moment: Optional[np.nd
         wo = absorb_value_maps(wo, maps, h_v, n_old, d)
     rank = c.vha_postmix_rank
     plan.errors[i] = (eq, ek, ev)
-    out = {p + "q_proj.weight": wq, p + "vha_premix_weight": premix, p + "k_proj.weight": wk,
+    out = {p + "q_proj.weight": wq, p + _PREMIX_W: premix, p + "k_proj.weight": wk,
            p + "v_proj.weight": wv, p + "o_proj.weight": wo,
-           p + "vha_postmix_U": rng.normal(0.0, c.vha_postmix_u_init_std, (h_v, rank)),
-           p + "vha_postmix_V": np.zeros((h_v, rank))}
+           p + _POSTMIX_U: rng.normal(0.0, c.vha_postmix_u_init_std, (h_v, rank)),  # (H_v, R)
+           p + _POSTMIX_V: np.zeros((h_v, rank))}  # (H_v, R): M = I + V U^T starts as the identity
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -73,10 +73,17 @@ def skipped_lines(plan) -> List[str]:
     return [f"not copied (folders): {', '.join(plan.skipped)}"] if plan.skipped else []
 
 
-def kv_cache_line(dtype: str, before: int, after: int) -> str:
-    """KV cache bytes per token of the input and of the output, all layers."""
-    return (f"KV cache per token ({dtype}): {fmt_bytes(before, fixed=True)} -> {fmt_bytes(after, fixed=True)} "
-            f"({after / before:.1%})")
+def kv_cache_line(plan) -> str:
+    """KV cache bytes per token of a plan's input and of its output, all layers, at the output dtype (the transforms
+    that change the attention: convert_to_vha, compress_kv)."""
+    from ..accounting import arch_from_config, kv_bytes_per_token
+    from ..checkpoint import safetensors_io as st
+
+    elem = st.DTYPES[plan.out_code].itemsize
+    before = kv_bytes_per_token(arch_from_config(plan.in_config), elem, all_layers=True)
+    after = kv_bytes_per_token(arch_from_config(plan.out_config), elem, all_layers=True)
+    return (f"KV cache per token ({st.dtype_name(plan.out_code)}): {fmt_bytes(before, fixed=True)} -> "
+            f"{fmt_bytes(after, fixed=True)} ({after / before:.1%})")
 
 
 def output_line(plan) -> str:

@@ -38,7 +38,6 @@ from ..evaluate import compare_logits
 from ..families import family
 from ..moe.config import MoEConfigError
 from ..moe_vha import fleet_moe
-from ..moe_vha.config import Qwen3MoeVHAConfig
 from ..qwen3.contract import check_config_fields
 from ..transform import Description, Entry, Table, TransformPlan, check_dtype, layer_pattern, output_code, write_plan
 from ..transform.describe import files_line, group, skipped_lines
@@ -91,10 +90,7 @@ class ImportPlan(TransformPlan):
         read_as = 'PaddleFleet SelfAttentionVHA' if self.dialect == 'paddlefleet' else 'research fork (attn_type vha)'
         header = [
             f"read as: {read_as} config, {self.layout} layout",
-            *([f"routed experts: {cfg.num_experts} per MoE layer, top-{cfg.num_experts_per_tok}, width "
-               f"{cfg.moe_intermediate_size}, norm_topk_prob {cfg.norm_topk_prob}, MoE layers {cfg.moe_layer_indices}"
-               + (f", shared expert {cfg.moe_shared_expert_intermediate_size}" if cfg.has_shared_expert else "")]
-              if isinstance(cfg, Qwen3MoeVHAConfig) else []),
+            *fleet_moe.plan_header(cfg),  # the routed experts of a Qwen3-MoE-VHA import
             f"Qwen3-VHA: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, H_v {full.num_heads} virtual / H_p "
             f"{full.num_physical_heads} physical query heads (r {full.q_head_dim}), H_kv {full.num_kv_heads}, d "
             f"{full.head_dim}, Postmix rank {full.postmix_rank}"
@@ -158,18 +154,16 @@ def _qkv_rows(cfg, layer: int, layout: str) -> Tuple[np.ndarray, np.ndarray, np.
 
 def _config_of(folder: CheckpointFolder) -> Tuple[Qwen3VHAConfig, str, dict]:
     raw = folder.config
-    ours = (Qwen3VHAConfig.model_type, Qwen3MoeVHAConfig.model_type)
+    ours = tuple(c.model_type for c in fleet_moe.IMPORTED)
     if raw.get("model_type") in ours and not any(k in raw for k in UPSTREAM_KEYS):
         raise FleetImportError(f"{folder.path}: already a {family(raw['model_type']).label} checkpoint of this project "
                                f"(model_type {raw['model_type']}); nothing to import")
     if raw.get("use_vha_attention") is None and raw.get("attn_type") is None:
         raise FleetImportError(f"{folder.path}: config.json has neither use_vha_attention (PaddleFleet) nor attn_type "
                                "'vha' (the research fork): not an upstream VHA config")
-    moe = fleet_moe.is_moe_config(raw)  # routed experts: Qwen3-MoE-VHA
     try:
         check_config_fields(raw)
-        fields = fleet_moe.translate_moe(raw) if moe else raw
-        cls = Qwen3MoeVHAConfig if moe else Qwen3VHAConfig
+        cls, fields = fleet_moe.read_config(raw)  # Qwen3-MoE-VHA with routed experts, else Qwen3-VHA
         cfg = cls(**{k: v for k, v in fields.items() if k not in ("transformers_version", "model_type")})
     except (VHAConfigError, MoEConfigError, ValueError, TypeError) as e:
         raise FleetImportError(f"{folder.path}/config.json: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
@@ -187,16 +181,16 @@ def _config_of(folder: CheckpointFolder) -> Tuple[Qwen3VHAConfig, str, dict]:
     return cfg, dialect, out
 
 
-def _split_qkv(ref: st.TensorRef, cfg, layer: int, kind: str, qkv_layout: str, tr: bool, code: str) -> List[Entry]:
-    """q_proj, k_proj, v_proj (weight or bias, `kind`) of layer `layer` from its fused qkv_proj."""
+def _split_qkv(ref: st.TensorRef, cfg, layer: int, leaf: str, qkv_layout: str, tr: bool, code: str) -> List[Entry]:
+    """q_proj, k_proj, v_proj (leaf weight or bias) of layer `layer` from its fused qkv_proj."""
     rows = _qkv_rows(cfg, layer, qkv_layout)
-    axis = (1 if tr else 0) if kind == "weight" else 0
+    axis = (1 if tr else 0) if leaf == "weight" else 0
     total = sum(len(x) for x in rows)
     if ref.shape[axis] != total:
         raise FleetImportError(f"{ref.name}: shape {list(ref.shape)} has {ref.shape[axis]} output features, "
                                f"expected {total} (Q, K, V of layer {layer})")
-    return [Entry(f"model.layers.{layer}.self_attn.{proj}.{kind}",
-                  (len(idx), ref.shape[1 - axis]) if kind == "weight" else (len(idx),), code, "split", (ref.name,),
+    return [Entry(f"model.layers.{layer}.self_attn.{proj}.{leaf}",
+                  (len(idx), ref.shape[1 - axis]) if leaf == "weight" else (len(idx),), code, "split", (ref.name,),
                   (axis, idx)) for proj, idx in zip(("q_proj", "k_proj", "v_proj"), rows)]
 
 

@@ -106,7 +106,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
             other head counts, head width or RoPE base on window layers. Trainable; such a model has no stock-Qwen3
             form, so fold refuses it, naming the layer.
         window_attention_sinks (bool): a learned sink logit s_h per (virtual) head of every window layer
-            (`self_attn.sinks` [H_v], docs/method.md "Attention sinks"): the softmax denominator gains exp(s_h), the
+            (its tensor: spec.py; docs/method.md "Attention sinks"): the softmax denominator gains exp(s_h), the
             output no value. Upstream's add_swa_attention_sink_bias (default true on a windowed PaddleFleet config).
             Folds into Qwen3 with sinks (model_type qwen3_sinks), which stock Qwen3 runtimes cannot serve. Default
             False.

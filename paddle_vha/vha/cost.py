@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from ..spec.cost import Arch, ArchError, AttentionCost
+from .spec import projections_for
 
 __all__ = ["VHA", "VHA_NO_PREMIX", "fold_vha", "arch_fields", "window_sizes", "DEFAULT_POSTMIX_RANK"]
 
@@ -44,6 +45,9 @@ class VHACost(AttentionCost):
 
     def named_fields(self, shape: dict) -> dict:
         return dict(vha_postmix_rank=shape["postmix_rank"])  # the paper's Postmix rank at that shape
+
+    def with_shared_kv(self, a: Arch) -> Arch:
+        return a.replace(kv_projections=projections_for(True))  # vha_shared_kv: the spec's one K = V projection
 
     def fold(self, a: Arch, label: Optional[str] = None) -> Arch:
         return fold_vha(a, label)
@@ -99,7 +103,7 @@ def arch_fields(cfg: dict, common: dict) -> dict:
     return dict(kind="vha" if cfg.get("vha_premix", True) else "vha_nopremix", num_kv_heads=cfg.get("num_key_value_heads") or common["num_heads"],
                 vha_q_head_dim=cfg.get("vha_q_head_dim") or common["head_dim"],
                 vha_postmix_rank=cfg.get("vha_postmix_rank", DEFAULT_POSTMIX_RANK), vha_gated=bool(cfg.get("vha_gated_attention", False)),
-                shared_kv=bool(cfg.get("vha_shared_kv", False)), window_sizes=window_sizes(cfg))
+                kv_projections=projections_for(bool(cfg.get("vha_shared_kv", False))), window_sizes=window_sizes(cfg))
 
 
 _WINDOW_SIZES = (("vha_window_num_attention_heads", "num_heads"), ("vha_window_num_key_value_heads", "num_kv_heads"),

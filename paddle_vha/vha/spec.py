@@ -25,7 +25,8 @@ from ..sinks.spec import sinks_param
 from ..spec.params import COLUMN, ROW, SUMMED, ModelSpec, Param, TensorShard, linear, split_kv
 from .fold_rules import POSTMIX, PREMIX
 
-__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "kv_projections", "init_premix"]
+__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "kv_projections", "projections_for",
+           "absorbed_by", "PREMIX_TENSORS", "POSTMIX_TENSORS", "init_premix"]
 
 
 def vha_sizes(cfg, layer_idx: int) -> SimpleNamespace:
@@ -105,5 +106,21 @@ tensor_shapes = QWEN3_VHA.tensor_shapes  # the on-disk contract: name -> HF-layo
 
 
 def kv_projections(cfg) -> tuple:
-    """The Linears (relative to self_attn) that emit the cached heads: k_proj and v_proj, or the shared projection."""
-    return ("shared_kv_proj",) if cfg.vha_shared_kv else ("k_proj", "v_proj")
+    """The Linears (relative to self_attn) that emit the cached heads of config `cfg`'s layers."""
+    return projections_for(bool(cfg.vha_shared_kv))
+
+
+def projections_for(shared_kv: bool) -> tuple:
+    """The Linears (relative to self_attn) that emit the cached heads: k_proj and v_proj, or the shared projection
+    (what the cost model names a layer's K/V parts by: paddle_vha/vha/cost.py)."""
+    return ("shared_kv_proj",) if shared_kv else ("k_proj", "v_proj")
+
+
+def absorbed_by(rule) -> tuple:
+    """The tensors (relative to self_attn) the layer declares as absorbed by fold rule `rule`, in spec order (what
+    convert_to_vha writes for them: paddle_vha/transform/convert_to_vha.py)."""
+    return tuple(p.name[len("self_attn."):] for p in VHA_LAYER.params if p.fold is rule)
+
+
+PREMIX_TENSORS = absorbed_by(PREMIX)  # the Premix weight [H_kv, r, d]
+POSTMIX_TENSORS = absorbed_by(POSTMIX)  # Postmix U, V [H_v, R], in that order
