@@ -153,7 +153,10 @@ def test_merge_keeps_side_files_and_refuses_when_memory_is_short(tmp_path, capsy
         main([shards, str(tmp_path / "short")])
     err = capsys.readouterr().err.strip()
     print(err)
-    assert e.value.code == 2 and "\n" not in err and "needs about" in err and not os.path.exists(tmp_path / "short")
+    # run alone, the first PaddleFormers import logs its own warnings to stderr first; ours is the one error line
+    ours = [line for line in err.splitlines() if line.startswith("error:")]
+    assert e.value.code == 2 and len(ours) == 1 and err.endswith(ours[0]) and "needs about" in ours[0]
+    assert not os.path.exists(tmp_path / "short")
     monkeypatch.setattr(memory, "mem_available", lambda: merge_need(shards))
     assert main([shards, str(tmp_path / "merged")]) == 0
     for f in ("tokenizer.json", "generation_config.json", "chat_template.jinja"):
