@@ -2,9 +2,15 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-import paddle
-import pytest
+# One MKL / OpenMP thread in every process of the suite (both xdist workers, the tools and side-env scripts they run,
+# the ranks of tests/tp/launch.py): the two workers already keep the 2 cores busy, and a second BLAS thread per
+# process only spins (measured in the commit that set this). Set either variable to override.
+for _var in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:

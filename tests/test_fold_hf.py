@@ -22,43 +22,46 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HF_SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     import numpy as np, torch
     from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
     from transformers.cache_utils import DynamicCache
 
-    ckpt, ids_path, out_path, dtype = sys.argv[1:5]
-    torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch_dtype, attn_implementation="sdpa")
-    assert type(model) is Qwen3ForCausalLM, type(model)
-    model.eval()
-    ids = torch.from_numpy(np.load(ids_path))
-    with torch.no_grad():
-        full = model(ids).logits
-        # cached decode: a prompt, then one token at a time, positions passed explicitly
-        cache, steps, B, S = DynamicCache(config=model.config), [], ids.shape[0], ids.shape[1]
-        for a, b in [(0, S - 3), (S - 3, S - 2), (S - 2, S - 1), (S - 1, S)]:
-            pos = torch.arange(a, b).expand(B, b - a)
-            out = model(ids[:, a:b], position_ids=pos, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            steps.append(out.logits)
-    np.savez(out_path, full=full.double().numpy(), cached=torch.cat(steps, 1).double().numpy(),
-             heads=np.array([model.config.num_attention_heads, model.config.num_key_value_heads]),
-             kept=np.array([layer.keys.shape[2] for layer in cache.layers]),
-             layer_types=np.array(model.config.layer_types))
+    ckpt, ids_path, out_dir, dtypes = sys.argv[1:5]
+    for dtype in dtypes.split(","):  # every dtype from one process: importing torch + transformers is ~11 s of CPU
+        torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
+        model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch_dtype, attn_implementation="sdpa")
+        assert type(model) is Qwen3ForCausalLM, type(model)
+        model.eval()
+        ids = torch.from_numpy(np.load(ids_path))
+        with torch.no_grad():
+            full = model(ids).logits
+            # cached decode: a prompt, then one token at a time, positions passed explicitly
+            cache, steps, B, S = DynamicCache(config=model.config), [], ids.shape[0], ids.shape[1]
+            for a, b in [(0, S - 3), (S - 3, S - 2), (S - 2, S - 1), (S - 1, S)]:
+                pos = torch.arange(a, b).expand(B, b - a)
+                out = model(ids[:, a:b], position_ids=pos, past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                steps.append(out.logits)
+        np.savez(os.path.join(out_dir, f"hf_out_{dtype}.npz"), full=full.double().numpy(),
+                 cached=torch.cat(steps, 1).double().numpy(),
+                 heads=np.array([model.config.num_attention_heads, model.config.num_key_value_heads]),
+                 kept=np.array([layer.keys.shape[2] for layer in cache.layers]),
+                 layer_types=np.array(model.config.layer_types))
     """
 )
 
 
-def run_hf(hf_python, ckpt, ids, tmp_path, dtype):
+def run_hf(hf_python, ckpt, ids, tmp_path, dtypes):
+    """Hugging Face's outputs on ckpt in each of dtypes, from one side-env process: {dtype: npz}."""
     np.save(tmp_path / "ids.npy", ids)
     (tmp_path / "hf_run.py").write_text(HF_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     res = subprocess.run([hf_python, str(tmp_path / "hf_run.py"), str(ckpt), str(tmp_path / "ids.npy"),
-                          str(tmp_path / "hf_out.npz"), dtype], capture_output=True, text=True, timeout=600,
+                          str(tmp_path), ",".join(dtypes)], capture_output=True, text=True, timeout=600,
                          cwd=str(tmp_path), env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    return np.load(tmp_path / "hf_out.npz")
+    return {dtype: np.load(tmp_path / f"hf_out_{dtype}.npz") for dtype in dtypes}
 
 
 @pytest.mark.slow
@@ -91,14 +94,13 @@ def test_hf_transformers_loads_fold_and_matches(tmp_path, hf_python, variant):
     vha.eval()
     ref32 = to_numpy(vha(paddle.to_tensor(ids), return_dict=True).logits)
 
-    hf64 = run_hf(hf_python, tmp_path / "gqa", ids, tmp_path, "float64")
+    hf64, hf32 = run_hf(hf_python, tmp_path / "gqa", ids, tmp_path, ("float64", "float32")).values()
     assert list(hf64["heads"]) == [cfg.num_attention_heads, cfg.num_key_value_heads]
     if variant.startswith("windows"):
         assert list(hf64["layer_types"]) == ["sliding_attention", "full_attention", "sliding_attention"]
         assert list(hf64["kept"])[1] == 11 and max(hf64["kept"][[0, 2]]) < 11, hf64["kept"]  # HF trims the windows
     e_full = rel_err(hf64["full"], ref64, f"{variant}: HF torch float64 (folded) vs VHA float64 oracle")
     e_cached = rel_err(hf64["cached"], ref64, f"{variant}: HF cached decode float64 vs VHA float64 oracle")
-    hf32 = run_hf(hf_python, tmp_path / "gqa", ids, tmp_path, "float32")
     e32 = rel_err(hf32["full"], ref32, f"{variant}: HF torch float32 (folded) vs Paddle VHA float32")
     if variant == "bf16":  # folded weights rounded once to bf16: storage error, not fold error
         assert e_full < 5e-2 and e_cached < 5e-2 and e32 < 5e-2

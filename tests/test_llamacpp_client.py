@@ -96,11 +96,12 @@ CONVERT = """
 """
 
 RUN = """
-    import json, sys
+    import json, os, sys
     import numpy as np
     import gguf
     from llama_cpp import Llama
     path, prompts, new, forced_path = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    logits_dir = sys.argv[5]  # each run's logits as .npy (36 x 151,936 as JSON numbers was ~113 MB a format)
     forced = json.load(open(forced_path))
     meta = gguf.GGUFReader(path)
     pre = bytes(meta.fields["tokenizer.ggml.pre"].parts[-1]).decode()
@@ -118,7 +119,9 @@ RUN = """
         llm.reset()
         llm.eval(seq)  # the prompt and PaddleFormers' greedy tokens: llama.cpp's logits at each position
         logits = np.asarray(llm.scores[len(ids) - 1:len(seq) - 1], np.float64)
-        out.append(dict(ids=[int(i) for i in ids], greedy=greedy, logits=logits.tolist()))
+        saved = os.path.join(logits_dir, os.path.basename(path) + f".{len(out)}.npy")
+        np.save(saved, logits)
+        out.append(dict(ids=[int(i) for i in ids], greedy=greedy, logits=saved))
     print(json.dumps(dict(pre=pre, types=types, runs=out)))
 """
 
@@ -151,13 +154,14 @@ def test_llamacpp_serves_the_folded_checkpoint(tmp_path, llama_env):
         want_logits.append(logits[len(ids) - 1:len(seq) - 1])
     (tmp_path / "forced.json").write_text(json.dumps(forced))
     for fmt, (min_agree, max_kl) in BOUNDS.items():
-        got = side(python, tmp_path, RUN, made[fmt]["path"], json.dumps(PROMPTS), NEW, tmp_path / "forced.json")
+        got = side(python, tmp_path, RUN, made[fmt]["path"], json.dumps(PROMPTS), NEW, tmp_path / "forced.json",
+                   tmp_path / "gguf")
         assert got["pre"] == "qwen2", got["pre"]  # the converter recognised the tokenizer
         agree, kls = [], []
         for text, seq, ref, run in zip(PROMPTS, forced, want_logits, got["runs"]):
             n = len(run["ids"])
             assert run["ids"] == seq[:n], f"llama.cpp's tokenizer: {run['ids']} != {seq[:n]} for {text!r}"
-            lg = np.asarray(run["logits"])
+            lg = np.load(run["logits"])
             p_ref, p_got = log_softmax(ref), log_softmax(lg)
             kls.append(float((np.exp(p_ref) * (p_ref - p_got)).sum(-1).mean()))
             agree.append(float((lg.argmax(-1) == ref.argmax(-1)).mean()))

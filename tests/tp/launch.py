@@ -58,10 +58,18 @@ def _rank_logs(log_dir) -> str:
                    for p in sorted(glob.glob(os.path.join(str(log_dir), "workerlog.*"))))
 
 
-def run_cmd(cmd, timeout: int = 300, log_dir=None) -> Run:
-    """cmd in its own session from the checkout's root (the checkout on PYTHONPATH); killed with its tree after
-    `timeout` seconds (returncode -9, the output starting with TIMEOUT). The output: the tails of stdout and stderr."""
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+# One BLAS / OpenMP thread per rank: N ranks x paddle_vha.cli.quiet()'s default (one MKL thread per core) next to the
+# suite's other worker oversubscribe the 2 cores, and the tiny models' GEMMs spend the extra threads spinning
+# (measured: 2 ranks of tests/tp/tp_worker.py, 3 cases, CPU user+sys 22.2 / 22.9 s -> 14.5 / 17.8 s). Set either in
+# the environment to override.
+RANK_THREADS = {"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def run_cmd(cmd, timeout: int = 300, log_dir=None, extra_env=None) -> Run:
+    """cmd in its own session from the checkout's root (the checkout on PYTHONPATH, extra_env's variables where the
+    environment does not set them); killed with its tree after `timeout` seconds (returncode -9, the output starting
+    with TIMEOUT). The output: the tails of stdout and stderr."""
+    env = {**(extra_env or {}), **os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     head = ""
@@ -80,7 +88,7 @@ def run_cmd(cmd, timeout: int = 300, log_dir=None) -> Run:
 def launch(script, *args, nproc: int = 2, log_dir, timeout: int = 300) -> Run:
     """`script *args` under paddle.distributed.launch on nproc CPU ranks, the ranks' logs in log_dir."""
     return run_cmd([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir",
-                    log_dir, script, *args], timeout, log_dir)
+                    log_dir, script, *args], timeout, log_dir, RANK_THREADS)
 
 
 def launch_train(log_dir, *args, nproc: int = 2, timeout: int = 300, shimmed: bool = False) -> Run:
