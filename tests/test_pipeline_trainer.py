@@ -77,6 +77,17 @@ def _assert_same_model(label: str, got_dir: str, ref_dir: str) -> None:
     assert all(got[k].shape == ref[k].shape for k in ref) and worst[0] <= TOL, worst
 
 
+def _plan_lines(log_dir) -> list:
+    """The plan's line of every rank ("tensor parallel: rank k of t; vocabulary split by row; ..."), from its log."""
+    import glob
+
+    lines = []
+    for path in sorted(glob.glob(os.path.join(str(log_dir), "workerlog.*"))):
+        with open(path, errors="replace") as f:
+            lines += [f"{os.path.basename(path)}: {line.strip()}" for line in f if "tensor parallel: rank" in line]
+    return lines
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """The starting checkpoint, the run's config, and the reference run in one process (checkpoint-2, model/)."""
@@ -128,17 +139,20 @@ def test_trainer_pp2_equals_one_process_saves_and_resumes(one_process, tmp_path)
 @pytest.mark.multirank
 def test_trainer_pp2_tp2_equals_one_process(one_process, tmp_path):
     """PP = 2 x TP = 2 on 4 gloo ranks (each stage built whole, then sharded by the family's plan over fleet's
-    model-parallel group): the one-process run's losses and validation loss, and the model/ of the same run at TP = 2
-    without PP. (Against the one-process model/ the weights differ by up to ~3e-4 of the largest after 4 AdamW steps,
-    as at TP = 2 alone: the all-reduce sums the partial products in another order, and AdamW's normalised step turns
-    last-bit gradient differences into ~lr-sized ones; the losses still agree to 4e-7.)"""
+    model-parallel group; the first stage's embedding and the last stage's head and cross-entropy split by vocabulary
+    row, the default): the one-process run's losses and validation loss, and the model/ (saved whole) of the same run
+    at TP = 2 without PP. (Against the one-process model/ the weights differ by up to ~3e-4 of the largest after 4 AdamW
+    steps, as at TP = 2 alone: the all-reduce sums the partial products in another order, and AdamW's normalised step
+    turns last-bit gradient differences into ~lr-sized ones; the losses still agree to 4e-7.)"""
     cfg, one = one_process
     out, tp2 = str(tmp_path / "pp2tp2"), str(tmp_path / "tp2")
     _launch(4, tmp_path / "log", cfg, *PP, "--tensor_parallel_degree", "2", "--output_dir", out)
+    plans = _plan_lines(tmp_path / "log")
+    print("\n".join(plans))
+    assert len(plans) == 4 and all("vocabulary split by row" in line for line in plans), plans
     got, ref = _losses(out), _losses(one)
     dl = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"losses (4 steps, then validation) PP = 2 x TP = 2 {got}\n       one process {ref}\nmax rel {dl:.1e}")
     assert len(ref) == len(got) > TRAIN_ARGS["max_steps"] and dl <= TOL
-    _launch(2, tmp_path / "t" / "log", cfg, "--tensor_parallel_degree", "2", "--vocab_parallel", "false",
-            "--output_dir", tp2)  # pipeline stages keep the embedding and head whole
+    _launch(2, tmp_path / "t" / "log", cfg, "--tensor_parallel_degree", "2", "--output_dir", tp2)
     _assert_same_model("PP = 2 x TP = 2 vs TP = 2", out, tp2)

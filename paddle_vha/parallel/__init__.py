@@ -9,6 +9,8 @@ apply.py        applies the family's plan (from the registry) to a built model i
 collectives.py  PyLayers on plain dist.all_reduce / all_gather (gloo on CPU, NCCL on GPU, same code)
 vocab.py        vocabulary parallelism: embedding / LM head split by vocabulary row, parallel cross-entropy (fleet's
                 ops on GPU, the same math on plain collectives on CPU)
+pipe_vocab.py   vocabulary parallelism inside pipeline stages (PP x TP): the first stage's embedding, the last
+                stage's LM head and cross-entropy, with vocab.py's parts
 weights.py      weights per rank under the plan, counted from the config
 sequence.py     sequence parallelism: between the TP regions each rank holds s/t tokens (fleet's sequence ops on GPU, a
                 CPU stand-in where gloo has no reduce-scatter)

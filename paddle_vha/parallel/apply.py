@@ -42,6 +42,7 @@ from .collectives import (
 )
 from ..spec.sharding import LayerPlan, TensorShard, TPPlanError
 from .sequence import all_gather_seq, install_sequence_hooks, reduce_scatter_seq, sp_grad_sum_rule
+from .pipe_vocab import apply_pipe_vocab_plan, is_pipe_stage, pipe_vocab_params
 from .vocab import apply_vocab_plan, check_vocab_split, vocab_params
 
 __all__ = [
@@ -242,7 +243,7 @@ def parallelize_model(model, group=None, sync_from_first_rank: bool = True, voca
             _apply_layer_plan(layer, plans[i], group, sequence_parallel)
     if sequence_parallel:
         install_sequence_hooks(layers[0][2], model.model.norm, group)
-    aliases = apply_vocab_plan(model, group, tied) if vocab_parallel else {}
+    aliases = _apply_vocab(model, group, tied) if vocab_parallel else {}
     state = TPState(t=t, rank=rank, group=group, shards=shards, vocab_parallel=vocab_parallel, aliases=aliases,
                     sequence_parallel=sequence_parallel, sequence_summed=sp_summed)
     model._vha_tp_state = state
@@ -287,9 +288,19 @@ def _shard_parameters(model, layers, plans, vocab, group, sp_vocab):
 def _vocab_setup(model, config, t: int):
     """({name: shard} of the vocabulary parameters, whether the LM head is tied to the embedding)."""
     check_vocab_split(config.vocab_size, t)
+    if is_pipe_stage(model):  # one pipeline stage: its own embedding and / or head (pipe_vocab.py)
+        return pipe_vocab_params(model), False
     head = getattr(model, "lm_head", None)
     embedding = (model.model if hasattr(model, "model") else model).embed_tokens.weight
     return vocab_params(model), head is not None and head.weight is embedding
+
+
+def _apply_vocab(model, group, tied: bool) -> Dict[str, str]:
+    """The vocabulary-parallel layers installed (vocab.py; a pipeline stage's: pipe_vocab.py); the tied aliases."""
+    if is_pipe_stage(model):
+        apply_pipe_vocab_plan(model, group, bool(getattr(model.config, "tensor_parallel_output", True)))
+        return {}
+    return apply_vocab_plan(model, group, tied)
 
 
 def _refuse_master_grad_hooks(model) -> None:

@@ -86,8 +86,9 @@ class VHATrainingArguments(TrainingArguments):
     distill_schedule: str = field(default="constant", metadata={
         "help": "with teacher: the KD weights over steps: constant, or linear (decaying to 0 at max_steps)"})
     vocab_parallel: bool = field(default=True, metadata={
-        "help": "tensor parallelism without pipeline parallelism: split the embedding and LM head by vocabulary row, "
-                "with the parallel cross-entropy (docs/tensor_parallel.md); false keeps them whole on every rank"})
+        "help": "tensor parallelism: split the embedding and LM head by vocabulary row, with the parallel "
+                "cross-entropy (under PP x TP the first stage's embedding and the last stage's head; refused with "
+                "a tied head under PP; docs/tensor_parallel.md); false keeps them whole on every rank"})
 
 
 class _Parser(PdArgumentParser):

@@ -104,13 +104,7 @@ def build_config(model_args, data_args, training_args, tp: int):
                 check(tensor_parallel_plan=True)  # sharded by paddle_vha.parallel, not by fleet's layers
                 check_plan(config, tp)
                 if vocab_parallel_here(training_args):  # vocabulary-parallel embedding and head
-                    from ..parallel.vocab import check_vocab_split
-
-                    check_vocab_split(config.vocab_size, tp)
-                    if getattr(config, "use_fused_head_and_loss_fn", False):
-                        raise TrainError("use_fused_head_and_loss_fn with the vocabulary-parallel LM head is not "
-                                         "supported (PaddleFormers' fused head and loss reads fleet's mp layers); set "
-                                         "use_fused_head_and_loss_fn false, or vocab_parallel false")
+                    check_vocab_parallel_run(config, training_args, tp)
                 if getattr(training_args, "sequence_parallel", False):
                     check_sequence_parallel_run(training_args, data_args.max_seq_len, tp)
             else:
@@ -122,6 +116,21 @@ def build_config(model_args, data_args, training_args, tp: int):
         raise TrainError(f"tensor_model_parallel_size={tp} needs at least {tp} processes: launch with "
                          f"python -m paddle.distributed.launch --nproc_per_node N tools/train.py ...")
     return config, model_cls
+
+
+def check_vocab_parallel_run(config, training_args, tp: int) -> None:
+    """TPPlanError / TrainError (one line) for a vocabulary-parallel run the plan cannot give."""
+    from ..parallel.vocab import check_vocab_split
+
+    check_vocab_split(config.vocab_size, tp)
+    if training_args.pipeline_model_parallel_size > 1 and getattr(config, "tie_word_embeddings", False):
+        raise TrainError("vocab_parallel with pipeline_model_parallel_size > 1 and a tied LM head "
+                         "(tie_word_embeddings) is not supported (not tested: docs/training.md); use tools/train.py "
+                         "--vocab_parallel false")
+    if getattr(config, "use_fused_head_and_loss_fn", False):
+        raise TrainError("use_fused_head_and_loss_fn with the vocabulary-parallel LM head is not supported "
+                         "(PaddleFormers' fused head and loss reads fleet's mp layers); set use_fused_head_and_loss_fn "
+                         "false, or vocab_parallel false")
 
 
 def check_sequence_parallel_run(training_args, seq_len: int, tp: int) -> None:
@@ -139,8 +148,9 @@ def check_sequence_parallel_run(training_args, seq_len: int, tp: int) -> None:
 
 
 def vocab_parallel_here(training_args) -> bool:
-    """The plan splits the embedding and LM head by vocabulary row (`vocab_parallel`, not with pipeline stages)."""
-    return bool(getattr(training_args, "vocab_parallel", True)) and training_args.pipeline_model_parallel_size <= 1
+    """The plan splits the embedding and LM head by vocabulary row (`vocab_parallel`; under PP x TP the first
+    stage's embedding and the last stage's head, paddle_vha/parallel/pipe_vocab.py)."""
+    return bool(getattr(training_args, "vocab_parallel", True))
 
 
 def uses_plan_tensor_parallel(model_args, tp: int) -> bool:
@@ -466,7 +476,10 @@ def _shard_stage(model, training_args) -> None:
 
     if training_args.device == "cpu":  # as in _build_plan_parallel_model: every mp rank reads the same batches
         fleet.fleet._user_defined_strategy.hybrid_configs["mp_configs"].need_broadcast_data = False
-    parallelize_model(model, fleet.get_hybrid_communicate_group().get_model_parallel_group())
+    # with vocab_parallel the head keeps its rank's logits for the parallel cross-entropy (tensor_parallel_output)
+    state = parallelize_model(model, fleet.get_hybrid_communicate_group().get_model_parallel_group(),
+                              vocab_parallel=vocab_parallel_here(training_args))
+    print(_plan_line(state))
 
 
 def _build_plan_parallel_model(model_cls, config, model_args, training_args):
