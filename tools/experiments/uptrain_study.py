@@ -22,7 +22,10 @@ it; the curve of validation loss against uptraining tokens (converted starts) an
 and the crossover, the tokens each arm needs to come within 2% of the base's validation loss (tools/experiments/
 uptrain_report.py). Writes OUT/uptrain.json, OUT/uptrain.png and OUT/uptrain.md.
 
-    python tools/uptrain_study.py                                    # the default: about 40 minutes on 2 CPU cores
+    python tools/uptrain_study.py                     # the default (hidden 128, 1000 + 7 x 2 x 200 steps per seed): hours
+    python tools/uptrain_study.py --hidden 64 --batch-size 8 --base-steps 200 --uptrain-steps 30 --evals 6 \\
+        --scratch-evals 10 --val-batches 6 --study-refine-steps 60 --study-refine-tokens 2048 --calib-tokens 4096
+                                                      # docs/study/uptrain.md: ~16 min of CPU, 511 MB peak RSS
     python tools/uptrain_study.py --seeds 0 --base-steps 200 --uptrain-steps 40      # a quick look
     python tools/uptrain_study.py --hidden 512 --layers 8 --head-dim 64 --base-steps 20000 --uptrain-steps 2000 \\
         --batch-size 32 --seq-len 512                                # scaled up (a GPU: the model runs on Paddle's device)
