@@ -142,14 +142,16 @@ def plot(runs, base_val, tokens_per_step, path, title):
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(8, 5))
+    starts = list(dict.fromkeys(r["start"] for r in runs))  # one colour per start: its CE and KD arms share it
+    colour = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(starts)}
     for a in arms_in(runs):
         rs = [r for r in runs if arm(r) == a]
         per = [points(r, tokens_per_step) for r in rs]
         x = np.array([t for t, _ in per[0]], float)
         vals = np.array([[v for _, v in p] for p in per], float)
         m, sd = vals.mean(0), vals.std(0)
-        style = dict(ls=":" if rs[0]["reference"] else ("-" if rs[0]["loss"] == "kd" else "--"), lw=1.5, marker="o",
-                     ms=2.5, color="k" if rs[0]["reference"] and "GQA" in a else None)
+        style = dict(ls=":" if rs[0]["reference"] else ("-" if rs[0]["loss"] == "kd" else "--"), lw=1.5, marker="o",  # KD solid, CE dashed
+                     ms=2.5, color=colour[rs[0]["start"]])
         ax.plot(x, m, label=a + (" (training tokens)" if rs[0]["reference"] else ""), **style)
         ax.fill_between(x, m - sd, m + sd, alpha=0.12)
     ax.axhline(base_val, color="k", ls="--", lw=1, label="GQA-8 base")
