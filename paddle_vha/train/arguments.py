@@ -83,6 +83,9 @@ class VHATrainingArguments(TrainingArguments):
     distill_hidden_weight: float = field(default=0.0, metadata={
         "help": "with teacher: weight of the decoder-layer output MSE (equal widths; equal depths or a teacher a "
                 "multiple as deep)"})
+    distill_attn_weight: float = field(default=0.0, metadata={
+        "help": "with teacher: weight of the attention-block output MSE (each layer's o_proj output; the same width "
+                "and layer map as distill_hidden_weight)"})
     distill_schedule: str = field(default="constant", metadata={
         "help": "with teacher: the KD weights over steps: constant, or linear (decaying to 0 at max_steps)"})
     vocab_parallel: bool = field(default=True, metadata={

@@ -1,12 +1,14 @@
 """The distillation loss of tools/train.py --teacher: its terms, their mix and the weight schedule (paddle tensors).
 
 For student logits z_s, teacher logits z_t over V classes at the same N positions (the same tokens were fed to both),
-temperature T, and decoder-layer outputs h_s[l], h_t[m(l)] of width h:
+temperature T, decoder-layer outputs h_s[l], h_t[m(l)] of width h, and attention-block outputs a_s[l], a_t[m(l)]
+(each layer's o_proj output, before the residual add):
 
     kl     = T^2 * mean over positions of  KL(p_t || p_s),  p = softmax(z / T)       (forward KL: teacher -> student)
            = T^2 * mean_n  sum_v p_t[n, v] * (log p_t[n, v] - log p_s[n, v])
     hidden = mean over the mapped layers l of  mean over positions and features of (h_s[l] - h_t[m(l)])^2
-    loss   = w_ce * ce  +  w_kl(step) * kl  +  w_hidden(step) * hidden
+    attn   = the same mean squared difference of a_s[l] and a_t[m(l)]
+    loss   = w_ce * ce  +  w_kl(step) * kl  +  w_hidden(step) * hidden  +  w_attn(step) * attn
 
 The T^2 factor (Hinton et al., 2015) keeps the gradient's size independent of T. `ce` is the student's own
 cross-entropy against the labels (the model's loss, as without a teacher). Positions whose label is the ignore index
@@ -33,12 +35,13 @@ class DistillSettings:
     temperature: float = 1.0
     hidden_weight: float = 0.0
     schedule: str = "constant"
+    attn_weight: float = 0.0
 
     def check(self) -> None:
         """ValueError (one line) for settings the mix cannot mean."""
         import math
 
-        for name in ("ce_weight", "kl_weight", "hidden_weight"):
+        for name in ("ce_weight", "kl_weight", "hidden_weight", "attn_weight"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"distill_{name} must be a finite number >= 0, got {v}")
@@ -46,8 +49,14 @@ class DistillSettings:
             raise ValueError(f"distill_temperature must be a finite number > 0, got {self.temperature}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"distill_schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
-        if not (self.ce_weight or self.kl_weight or self.hidden_weight):
-            raise ValueError("distill_ce_weight, distill_kl_weight and distill_hidden_weight are all 0: nothing to train")
+        if not (self.ce_weight or self.kl_weight or self.hidden_weight or self.attn_weight):
+            raise ValueError("distill_ce_weight, distill_kl_weight, distill_hidden_weight and distill_attn_weight are "
+                             "all 0: nothing to train")
+
+    @property
+    def needs_layers(self) -> bool:
+        """Whether a term compares per-layer activations (equal widths and a layer map needed)."""
+        return bool(self.hidden_weight or self.attn_weight)
 
 
 def kd_weight(weight: float, schedule: str, step: int, max_steps: int) -> float:
@@ -96,7 +105,8 @@ def _log_softmax(z):
 
 
 def hidden_term(student_hidden: Sequence, teacher_hidden: Sequence, mapping: Sequence[int], labels=None):
-    """Mean over the mapped layers of the mean squared difference of the decoder-layer outputs ([B, S, h] each)."""
+    """Mean over the mapped layers of the mean squared difference of per-layer activations ([B, S, h] each): the
+    decoder-layer outputs (the hidden term) or the attention-block outputs (the attn term)."""
     terms = []
     for l, m in enumerate(mapping):
         diff = student_hidden[l].astype("float32") - teacher_hidden[m].astype("float32")
@@ -111,11 +121,11 @@ def _masked_mean(per_pos, mask):
     return (per_pos * mask).sum() / mask.sum().clip(min=1.0)
 
 
-def mix(ce, kl, hidden, w_ce: float, w_kl: float, w_hidden: float):
-    """w_ce ce + w_kl kl + w_hidden hidden, leaving out the terms whose weight is 0 (kl / hidden may then be None)."""
+def mix(ce, kl, hidden, w_ce: float, w_kl: float, w_hidden: float, attn=None, w_attn: float = 0.0):
+    """w_ce ce + w_kl kl + w_hidden hidden + w_attn attn, leaving out the terms whose weight is 0 (which may then be
+    None)."""
     total = ce * w_ce
-    if w_kl:
-        total = total + kl * w_kl
-    if w_hidden:
-        total = total + hidden * w_hidden
+    for term, w in ((kl, w_kl), (hidden, w_hidden), (attn, w_attn)):
+        if w:
+            total = total + term * w
     return total

@@ -2,7 +2,9 @@
 
 Real training goes through PaddleFormers' Trainer (trainer.py, tools/train.py). This loop exists for runs of a few
 hundred steps where the Trainer's set-up would dominate: AdamW, warm-up + cosine schedule, global-norm
-clipping, next-byte cross-entropy, and a fixed validation set.
+clipping, next-byte cross-entropy, and a fixed validation set. With a `distiller` (paddle_vha/train/distiller.py: a
+frozen teacher and DistillSettings) the training loss is the Trainer's distillation mix instead (the same code);
+validation stays the plain cross-entropy.
 """
 from __future__ import annotations
 
@@ -53,13 +55,36 @@ class TrainResult:
 
 def _xent(model, x, y, check_finite: bool = False):
     import paddle
-    import paddle.nn.functional as F
 
-    logits = model(paddle.to_tensor(x), return_dict=True).logits  # (B, S, V)
-    loss = F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(y).reshape([-1]))
+    loss, logits = _xent_logits(model, paddle.to_tensor(x), y)
     if check_finite:  # Paddle's CPU cross-entropy returns ln(V), not NaN, for NaN / Inf logits: look at the logits
         return loss, bool(paddle.isfinite(logits).all())
     return loss
+
+
+def _xent_logits(model, ids, y):
+    import paddle
+    import paddle.nn.functional as F
+
+    logits = model(ids, return_dict=True).logits  # (B, S, V)
+    return F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(y).reshape([-1])), logits
+
+
+def _train_loss(model, x, y, distiller, step: int, steps: int):
+    """(loss to minimise, its cross-entropy part as a float, finite?) for one batch; the KD mix with a distiller."""
+    import paddle
+
+    if distiller is None:
+        loss, finite = _xent(model, x, y, check_finite=True)
+        return loss, float(loss), finite
+    ids = paddle.to_tensor(x)
+
+    def run_student():
+        ce, logits = _xent_logits(model, ids, y)
+        return ce, logits, logits
+
+    r = distiller.step(run_student, ids, None, step, steps)  # every position counts (no ignored labels here)
+    return r.loss, float(r.ce), bool(paddle.isfinite(r.outputs).all()) and math.isfinite(float(r.loss))
 
 
 def evaluate_lm(model, corpus, s: TrainSettings) -> float:
@@ -74,8 +99,10 @@ def evaluate_lm(model, corpus, s: TrainSettings) -> float:
     return float(np.mean(val))
 
 
-def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None) -> TrainResult:
-    """Train `model` (a causal LM returning .logits) on `corpus` (paddle_vha.train.corpus.ByteCorpus) in place."""
+def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None, distiller=None) -> TrainResult:
+    """Train `model` (a causal LM returning .logits) on `corpus` (paddle_vha.train.corpus.ByteCorpus) in place;
+    with `distiller` (a Distiller built on this model) the loss is its mix. TrainResult.losses are the
+    cross-entropy either way."""
     import paddle
     from tqdm import tqdm
 
@@ -94,8 +121,8 @@ def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None) -> 
     bar = tqdm(range(s.steps), desc=s.label, disable=not s.progress, leave=False, file=sys.stderr)
     for step in bar:
         x, y = corpus.batch(rng, s.batch_size, s.seq_len)
-        loss, finite = _xent(model, x, y, check_finite=True)
-        if not (finite and math.isfinite(float(loss))):  # diverged: stop here, never report a number for it
+        loss, ce, finite = _train_loss(model, x, y, distiller, step, s.steps)
+        if not (finite and math.isfinite(ce)):  # diverged: stop here, never report a number for it
             losses.append(float("nan"))
             bar.close()
             model.eval()
@@ -105,7 +132,7 @@ def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None) -> 
         opt.step()
         opt.clear_grad()
         sched.step()
-        losses.append(float(loss))
+        losses.append(ce)
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if s.eval_every and (step + 1) % s.eval_every == 0 and step + 1 < s.steps:
             curve.append((step + 1, evaluate_lm(model, corpus, s)))

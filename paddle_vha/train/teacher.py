@@ -92,7 +92,7 @@ def distill_plan(training_args, student_config):
     a = training_args
     settings = DistillSettings(ce_weight=a.distill_ce_weight, kl_weight=a.distill_kl_weight,
                                temperature=a.distill_temperature, hidden_weight=a.distill_hidden_weight,
-                               schedule=a.distill_schedule)
+                               schedule=a.distill_schedule, attn_weight=a.distill_attn_weight)
     try:
         settings.check()
     except ValueError as e:
@@ -100,8 +100,8 @@ def distill_plan(training_args, student_config):
     if a.pipeline_model_parallel_size > 1:
         raise TrainError("teacher with pipeline_model_parallel_size > 1 is not supported (the pipeline schedule "
                          "computes its own loss); use tensor or data parallelism")
-    if settings.hidden_weight and a.recompute_granularity:
-        raise TrainError("distill_hidden_weight > 0 with recompute_granularity: recomputed decoder layers do not "
-                         "expose their outputs to the loss; turn recompute off or set distill_hidden_weight 0")
-    fam, cfg = teacher_config(path, student_config, need_hidden=bool(settings.hidden_weight))
+    if settings.needs_layers and a.recompute_granularity:
+        raise TrainError("distill_hidden_weight or distill_attn_weight > 0 with recompute_granularity: recomputed "
+                         "decoder layers do not expose their outputs to the loss; turn recompute off or set them 0")
+    fam, cfg = teacher_config(path, student_config, need_hidden=settings.needs_layers)
     return fam, cfg, settings

@@ -332,6 +332,8 @@ def _distill_line(path: str, fam, cfg, settings) -> str:
     mix = f"{s.ce_weight:g} ce + {s.kl_weight:g} T^2 KL(teacher || student) at T={s.temperature:g}"
     if s.hidden_weight:
         mix += f" + {s.hidden_weight:g} hidden-state MSE"
+    if s.attn_weight:
+        mix += f" + {s.attn_weight:g} attention-output MSE"
     return (f"distill: teacher {path} ({fam.label}, {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query / "
             f"{cfg.num_key_value_heads} KV heads; frozen, float32, replicated on every rank); loss {mix}; KD weights "
             f"{s.schedule}")

@@ -2,23 +2,30 @@
 
 A GQA-8 base (16 query heads over 8 KV heads; a scaled-down Qwen3 on the embedded byte-level corpus) is trained once
 with a cosine schedule that ends flat, and cached. Each start below has 2 KV heads (a quarter of the base's cache) and
-is uptrained with the same tokens (per seed: the same batches, in the same order, for every start):
+is uptrained with the same tokens (per seed: the same batches, in the same order, for every start and loss):
     GQA-2 mean-pool     stock Qwen3, each 4 KV heads averaged into one (the GQA paper's uptraining recipe)
     MEA                 tools/compress_kv.py --kv-heads 2 (SVD of the KV heads; HLC rebuilds 8 virtual ones)
-    VHA mean|svd|calibrated   tools/convert_to_vha.py --kv-heads 2 --method ...
-    VHA premix-off      tools/convert_to_vha.py --kv-heads 2 --premix off (the research fork's kv_postmix_only: the
-                        16 query heads kept, no Premix, Postmix added; K/V merged as svd does)
-  and, only when named in --starts (not in the default set):
+    VHA svd|calibrated  tools/convert_to_vha.py --kv-heads 2 --method ...
     VHA refined         svd, then --refine-steps (--study-refine-steps) layer-wise refinement against the base
     VHA regrouped       svd with --regroup key-similarity (the keys' cosine similarity on calibration tokens)
-and two references trained from scratch with the base's tokens (--reference-tokens total: plus the uptraining's), what
-the small-cache model reaches without a base: GQA-2 scratch and VHA scratch.
+    VHA premix-off      tools/convert_to_vha.py --kv-heads 2 --premix off (the research fork's kv_postmix_only: the
+                        16 query heads kept, no Premix, Postmix added; K/V merged as svd does)
+  (VHA mean, the plain average, only when named in --starts), each with each of --losses:
+    ce                  next-byte cross-entropy
+    kd                  the distillation mix of tools/train.py --teacher (paddle_vha/train/distiller.py, the same
+                        code) against the frozen base: --kd-ce CE + --kd-kl T^2 KL + --kd-hidden / --kd-attn MSE
+and two references trained from scratch with cross-entropy and the base's tokens (--reference-tokens total: plus the
+uptraining's), what the small-cache model reaches without a base: GQA-2 scratch and VHA scratch.
 
-Reports, per start and seed: validation loss and KL(base || model) before uptraining (step 0) and after it, and the
-validation curve against uptraining tokens. Writes OUT/uptrain.json, OUT/uptrain.png and OUT/uptrain.md (the table and
-a plain sentence: which start recovers most, with the seed spread).
+Reports, per arm (start x loss) and seed: validation loss and KL(base || model) before uptraining (step 0) and after
+it; the curve of validation loss against uptraining tokens (converted starts) and training tokens (from scratch);
+and the crossover, the tokens each arm needs to come within 2% of the base's validation loss (tools/experiments/
+uptrain_report.py). Writes OUT/uptrain.json, OUT/uptrain.png and OUT/uptrain.md.
 
-    python tools/uptrain_study.py                                    # the default: about 40 minutes on 2 CPU cores
+    python tools/uptrain_study.py                     # the default (hidden 128, 1000 + 7 x 2 x 200 steps per seed): hours
+    python tools/uptrain_study.py --hidden 64 --batch-size 8 --base-steps 200 --uptrain-steps 30 --evals 6 \\
+        --scratch-evals 10 --val-batches 6 --study-refine-steps 60 --study-refine-tokens 2048 --calib-tokens 4096
+                                                      # docs/study/uptrain.md: ~16 min of CPU, 511 MB peak RSS
     python tools/uptrain_study.py --seeds 0 --base-steps 200 --uptrain-steps 40      # a quick look
     python tools/uptrain_study.py --hidden 512 --layers 8 --head-dim 64 --base-steps 20000 --uptrain-steps 2000 \\
         --batch-size 32 --seq-len 512                                # scaled up (a GPU: the model runs on Paddle's device)
@@ -43,8 +50,10 @@ from .report import write_atomic, write_json
 from .toy import toy_fields, check_toy_args
 
 PREMIX_OFF = "VHA premix-off"
-STARTS = ["GQA-2 mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated", PREMIX_OFF]
-EXTRA_STARTS = ["VHA refined", "VHA regrouped"]  # selectable with --starts, not in the default set
+STARTS = ["GQA-2 mean-pool", "MEA", "VHA svd", "VHA calibrated", "VHA refined", "VHA regrouped", PREMIX_OFF]
+EXTRA_STARTS = ["VHA mean"]  # selectable with --starts, not in the default set
+REFINED_OR_REGROUPED = ("VHA refined", "VHA regrouped")
+LOSSES = ["ce", "kd"]
 REFERENCES = ["GQA-2 scratch", "VHA scratch"]
 HEADS, BASE_KV, KV = 16, 8, 2
 
@@ -66,6 +75,15 @@ def parse_args(argv=None):
     p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens of the calibrated conversion")
     p.add_argument("--val-batches", type=int, default=16)
     p.add_argument("--evals", type=int, default=5, help="validation points per uptraining run (default 5)")
+    p.add_argument("--scratch-evals", type=int, default=10, help="validation points per from-scratch run (default 10)")
+    p.add_argument("--losses", nargs="+", default=LOSSES, choices=LOSSES,
+                   help="uptraining losses: ce (cross-entropy) and kd (the distillation mix against the base)")
+    p.add_argument("--kd-ce", type=float, default=1.0, help="KD: weight of the cross-entropy (default 1)")
+    p.add_argument("--kd-kl", type=float, default=1.0, help="KD: weight of T^2 KL(base || student) (default 1)")
+    p.add_argument("--kd-temperature", type=float, default=1.0, help="KD: temperature T (default 1)")
+    p.add_argument("--kd-hidden", type=float, default=0.0, help="KD: weight of the decoder-layer output MSE")
+    p.add_argument("--kd-attn", type=float, default=0.0, help="KD: weight of the attention-output MSE")
+    p.add_argument("--kd-schedule", choices=["constant", "linear"], default="constant", help="KD weights over steps")
     p.add_argument("--corpus-mb", type=float, default=8.0)
     p.add_argument("--starts", nargs="+", default=STARTS + REFERENCES, choices=STARTS + EXTRA_STARTS + REFERENCES,
                    metavar="NAME", help="subset of: " + ", ".join(STARTS + EXTRA_STARTS + REFERENCES))
@@ -77,8 +95,11 @@ def parse_args(argv=None):
     p.add_argument("--retrain-base", action="store_true")
     p.add_argument("--out", default="docs/study", help="folder for uptrain.json, uptrain.png, uptrain.md")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the runs an interrupted study with the same settings logged under --cache")
     args = p.parse_args(argv)
-    if min(args.base_steps, args.uptrain_steps, args.batch_size, args.evals, args.val_batches) < 1 or args.seq_len < 2:
+    if min(args.base_steps, args.uptrain_steps, args.batch_size, args.evals, args.scratch_evals,
+           args.val_batches) < 1 or args.seq_len < 2:
         p.error("steps, --batch-size, --evals, --val-batches must be >= 1 and --seq-len >= 2")
     if args.hidden < 8 or args.head_dim < 2 or args.head_dim % 2:
         p.error("--hidden must be >= 8 and --head-dim even")
@@ -215,7 +236,7 @@ def start_model(name, args, base_dir, seed, scratch_dir, moments):
         plan = mea.plan_compress(base_dir, out, KV)
         mea.compress_checkpoint(plan, progress=False)
         return load(Qwen3MEAForCausalLM, out)
-    if name in EXTRA_STARTS:
+    if name in REFINED_OR_REGROUPED:
         return refined_or_regrouped(name, args, base_dir, seed, out, moments)
     if name.startswith("VHA ") and not name.endswith("scratch"):
         method, premix = ("svd", "off") if name == PREMIX_OFF else (name.split()[1], "on")
@@ -246,99 +267,6 @@ def loss_and_kl(model, windows, base_logits):
     return float(np.mean(losses)), float(np.mean(kls))
 
 
-def mean_std(xs):
-    import numpy as np
-
-    xs = np.asarray(xs, float)
-    return float(xs.mean()), (float(xs.std(ddof=1)) if len(xs) > 1 else float("nan"))
-
-
-def summarize(runs, names):
-    out = {}
-    for n in names:
-        rs = [r for r in runs if r["start"] == n]
-        if not rs:
-            continue
-        out[n] = {k: mean_std([r[k] for r in rs]) for k in ("val0", "kl0", "val", "kl")}
-        out[n]["per_seed_val"] = [r["val"] for r in rs]
-    return out
-
-
-def sentence(stats, base_val, seeds):
-    starts = [n for n in STARTS + EXTRA_STARTS if n in stats]
-    if not starts:
-        return ""
-    ranked = sorted(starts, key=lambda n: stats[n]["val"][0])
-    best = ranked[0]
-    m, sd = stats[best]["val"]
-    text = (f"After equal uptraining, {best} recovers most: validation loss {m:.4f} ± {sd:.4f} (std over {len(seeds)} "
-            f"seeds) against the GQA-8 base's {base_val:.4f}")
-    if len(ranked) > 1:
-        m2, sd2 = stats[ranked[1]]["val"]
-        se = math.sqrt((sd ** 2 + sd2 ** 2) / len(seeds)) if len(seeds) > 1 else float("nan")
-        gap = m2 - m
-        beyond = se == se and gap > 2 * se
-        text += (f"; the runner-up, {ranked[1]}, is {gap:.4f} behind ({'beyond' if beyond else 'within'} twice the "
-                 f"standard error of the difference, {se:.4f})")
-    worst = ranked[-1]
-    text += f"; {worst} recovers least ({stats[worst]['val'][0]:.4f} ± {stats[worst]['val'][1]:.4f})."
-    refs = [n for n in REFERENCES if n in stats]
-    if refs:
-        text += " Trained from scratch with the same total tokens: " + ", ".join(
-            f"{n} {stats[n]['val'][0]:.4f} ± {stats[n]['val'][1]:.4f}" for n in refs) + "."
-    return text
-
-
-def table(stats, names) -> str:
-    rows = ["| start | val loss step 0 | KL step 0 | val loss after | KL after |",
-            "| --- | ---: | ---: | ---: | ---: |"]
-    for n in names:
-        if n not in stats:
-            continue
-        s = stats[n]
-        f = lambda k, p=4: f"{s[k][0]:.{p}f} ± {s[k][1]:.{p}f}"  # noqa: E731
-        if n in REFERENCES:
-            rows.append(f"| {n} (from scratch) | — | — | {f('val')} | {f('kl')} |")
-        else:
-            rows.append(f"| {n} | {f('val0')} | {f('kl0')} | {f('val')} | {f('kl')} |")
-    return "\n".join(rows)
-
-
-def plot(runs, names, base_val, tokens_per_step, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for n in names:
-        rs = [r for r in runs if r["start"] == n]
-        if not rs or n in REFERENCES:
-            continue
-        steps = [0] + [s for s, _ in rs[0]["curve"]]
-        vals = np.array([[r["val0"]] + [v for _, v in r["curve"]] for r in rs])
-        m, sd = vals.mean(0), vals.std(0)
-        x = np.array(steps) * tokens_per_step
-        ax.plot(x, m, label=n, lw=1.6, marker="o", ms=3)
-        ax.fill_between(x, m - sd, m + sd, alpha=0.15)
-    ax.axhline(base_val, color="k", ls="--", lw=1, label="GQA-8 base")
-    for n, ls in zip(REFERENCES, (":", "-.")):
-        rs = [r["val"] for r in runs if r["start"] == n]
-        if rs:
-            ax.axhline(float(np.mean(rs)), color="gray", ls=ls, lw=1, label=f"{n} (from scratch)")
-    ax.set_yscale("log")
-    ax.set_xlabel("uptraining tokens (bytes)")
-    ax.set_ylabel("validation loss (nats / byte, log scale)")
-    ax.set_title(f"GQA-8 -> 2 KV heads, uptrained alike; mean ± std over {len({r['seed'] for r in runs})} seeds")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-
 def base_reference(base_dir, windows):
     """The base's float64 logits on the validation windows (what KL is measured against) and its validation loss."""
     import paddle
@@ -351,58 +279,121 @@ def base_reference(base_dir, windows):
     return base_logits, base_val
 
 
-def run_starts(args, corpus, base_dir, windows, base_logits, moments) -> list:
-    """Every start (and reference) for every seed, uptrained alike in a scratch folder removed afterwards."""
+def uptrain_one(args, name, loss, seed, model, corpus, teacher, windows, base_logits) -> dict:
+    """One arm for one seed: uptrain (or train from scratch) `model` and measure it before and after."""
+    from paddle_vha.train.distiller import Distiller
     from paddle_vha.train.loop import train_lm
 
+    reference = name in REFERENCES
+    if reference:
+        steps = args.base_steps + (args.uptrain_steps if args.reference_tokens == "total" else 0)
+        lr, val0, kl0, evals = args.lr, float("nan"), float("nan"), args.scratch_evals
+    else:
+        steps, lr, evals = args.uptrain_steps, args.uptrain_lr, args.evals
+        val0, kl0 = loss_and_kl(model, windows, base_logits)
+    s = settings(args, steps, lr, 1000 + seed, f"{name} {loss} seed {seed}")
+    s.eval_every = max(1, steps // evals)
+    distiller = Distiller(model, teacher, kd_settings(args)) if loss == "kd" else None
+    try:
+        res = train_lm(model, corpus, s, distiller=distiller)
+    finally:
+        if distiller is not None:
+            distiller.close()
+    val, kl = loss_and_kl(model, windows, base_logits)
+    print(f"{name:<16} {loss} seed {seed}: val {val0:.4f} -> {val:.4f}, KL {kl0:.4f} -> {kl:.4f} "
+          f"({res.seconds:.0f} s)", file=sys.stderr, flush=True)
+    return dict(start=name, loss=loss, reference=reference, seed=seed, val0=val0, kl0=kl0, val=val, kl=kl,
+                curve=res.val_curve, steps=steps, lr=lr, seconds=res.seconds,
+                params=int(sum(p.size for p in model.parameters())))
+
+
+def kd_settings(args):
+    from paddle_vha.train.distill import DistillSettings
+
+    d = DistillSettings(ce_weight=args.kd_ce, kl_weight=args.kd_kl, temperature=args.kd_temperature,
+                        hidden_weight=args.kd_hidden, attn_weight=args.kd_attn, schedule=args.kd_schedule)
+    d.check()
+    return d
+
+
+def run_starts(args, corpus, base_dir, windows, base_logits, moments) -> list:
+    """Every start (and reference) for every seed and loss, uptrained alike in a scratch folder removed afterwards.
+    A start is converted once per seed; its KD arm starts from a fresh copy of the same converted weights."""
+    import copy
+
+    from paddleformers.transformers import Qwen3ForCausalLM
+
+    from paddle_vha.train.teacher import freeze
+
+    teacher = freeze(load(Qwen3ForCausalLM, base_dir)) if "kd" in args.losses else None
+    log_path = runs_log(args)
+    done = {}
+    if args.resume and os.path.isfile(log_path):
+        with open(log_path) as f:
+            done = {(r["start"], r["loss"], r["seed"]): r for r in map(json.loads, f)}
+        print(f"resume: {len(done)} runs logged in {log_path}", file=sys.stderr)
     runs = []
     scratch_dir = tempfile.mkdtemp(prefix="uptrain-study-")
     try:
         for seed in args.seeds:
             for name in args.starts:
-                model = start_model(name, args, base_dir, seed, scratch_dir, moments)
-                if name in REFERENCES:
-                    steps = args.base_steps + (args.uptrain_steps if args.reference_tokens == "total" else 0)
-                    lr, val0, kl0 = args.lr, float("nan"), float("nan")
-                else:
-                    steps, lr = args.uptrain_steps, args.uptrain_lr
-                    val0, kl0 = loss_and_kl(model, windows, base_logits)
-                res = train_lm(model, corpus, settings(args, steps, lr, 1000 + seed, f"{name} seed {seed}"))
-                val, kl = loss_and_kl(model, windows, base_logits)
-                runs.append(dict(start=name, seed=seed, val0=val0, kl0=kl0, val=val, kl=kl, curve=res.val_curve,
-                                 steps=steps, lr=lr, seconds=res.seconds,
-                                 params=int(sum(p.size for p in model.parameters()))))
-                print(f"{name:<16} seed {seed}: val {val0:.4f} -> {val:.4f}, KL {kl0:.4f} -> {kl:.4f} "
-                      f"({res.seconds:.0f} s)", file=sys.stderr, flush=True)
-                del model
+                losses = ["ce"] if name in REFERENCES else args.losses
+                todo = [l for l in losses if (name, l, seed) not in done]
+                runs += [done[(name, l, seed)] for l in losses if (name, l, seed) in done]
+                start = start_model(name, args, base_dir, seed, scratch_dir, moments) if todo else None
+                for i, loss in enumerate(todo):
+                    model = start if i == len(todo) - 1 else copy.deepcopy(start)
+                    runs.append(uptrain_one(args, name, loss, seed, model, corpus, teacher, windows, base_logits))
+                    with open(log_path, "a") as f:
+                        f.write(json.dumps(runs[-1]) + "\n")
+                    del model
+                del start
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
     return runs
 
 
+def runs_log(args) -> str:
+    """The JSON-lines log of finished runs under --cache, keyed by every setting that shapes a run (--resume)."""
+    shaping = {k: v for k, v in vars(args).items()
+               if k not in ("seeds", "starts", "losses", "out", "cache", "no_progress", "resume", "retrain_base")}
+    key = hashlib.sha256(json.dumps(dict(shaping, base=base_key(args)), sort_keys=True).encode()).hexdigest()[:12]
+    return os.path.join(args.cache, f"runs-{key}.jsonl")
+
+
 def write_report(args, runs, base_dir, base_info, base_val, t0: float) -> None:
-    """uptrain.json, uptrain.png and uptrain.md from the runs, and the same table and sentence on stdout."""
-    tokens_per_step = args.batch_size * args.seq_len
-    names = [n for n in STARTS + EXTRA_STARTS + REFERENCES if n in args.starts]
-    stats = summarize(runs, names)
-    said = sentence(stats, base_val, args.seeds)
-    wall = time.time() - t0
+    """uptrain.json, uptrain.png and uptrain.md from the runs, and the same tables and sentence on stdout."""
+    from . import uptrain_report as rep
+
+    tpstep = args.batch_size * args.seq_len
+    stats, cross = rep.summarize(runs), rep.crossover(runs, base_val, tpstep)
+    said = rep.sentence(stats, REFERENCES, base_val, len(args.seeds))
+    wall, base_tokens = time.time() - t0, args.base_steps * tpstep
+    kd = kd_settings(args)
     head = (f"{len(args.seeds)} seeds; base GQA-8 ({HEADS} query heads / {BASE_KV} KV heads, hidden {args.hidden}, "
-            f"{args.layers} layers, head_dim {args.head_dim}) trained {args.base_steps} steps x {tokens_per_step} bytes "
+            f"{args.layers} layers, head_dim {args.head_dim}) trained {args.base_steps} steps x {tpstep} bytes "
             f"(val loss {base_val:.4f}; it fell {base_info['last_quarter_relative_drop']:.1%} over its last quarter); "
-            f"starts with {KV} KV heads uptrained {args.uptrain_steps} steps x {tokens_per_step} bytes at peak LR "
-            f"{args.uptrain_lr:g}; references from scratch "
-            f"{args.base_steps + (args.uptrain_steps if args.reference_tokens == 'total' else 0)} steps at {args.lr:g}; "
-            f"{wall:.0f} s")
+            f"starts with {KV} KV heads uptrained {args.uptrain_steps} steps x {tpstep} bytes at peak LR "
+            f"{args.uptrain_lr:g} with {' and '.join(l.upper() for l in args.losses)} (KD: {kd.ce_weight:g} CE + "
+            f"{kd.kl_weight:g} T^2 KL at T={kd.temperature:g} + {kd.hidden_weight:g} hidden MSE + {kd.attn_weight:g} "
+            f"attention-output MSE, {kd.schedule}, teacher the base); references from scratch (CE) "
+            f"{args.base_steps + (args.uptrain_steps if args.reference_tokens == 'total' else 0)} steps at "
+            f"{args.lr:g}; {wall:.0f} s")
     payload = dict(settings=vars(args), base=dict(base_info, val_loss_eval=base_val, folder=base_dir), runs=runs,
-                   stats=stats, sentence=said, wall_seconds=wall, tokens_per_step=tokens_per_step)
+                   stats=stats, crossover=cross, sentence=said, wall_seconds=wall, tokens_per_step=tpstep)
     write_json(os.path.join(args.out, "uptrain.json"), payload)
-    plot(runs, names, base_val, tokens_per_step, os.path.join(args.out, "uptrain.png"))
-    md = (f"# Uptraining study: GQA-8 -> 2 KV heads (written by tools/uptrain_study.py)\n\n{head}.\n\n"
-          f"{table(stats, names)}\n\nValidation loss in nats/byte on the fixed held-out windows; KL(base || model) "
-          f"in nats per position; mean ± std over seeds.\n\n{said}\n\n![curves](uptrain.png)\n")
+    rep.plot(runs, base_val, tpstep, os.path.join(args.out, "uptrain.png"),
+             f"GQA-8 -> {KV} KV heads: validation loss vs tokens; mean ± std over {len(args.seeds)} seeds")
+    tables = (f"{rep.table(stats, REFERENCES)}\n\nValidation loss in nats/byte on the fixed held-out windows; "
+              f"KL(base || model) in nats per position; mean ± std over seeds.\n\n{said}\n\n"
+              f"### Crossover: tokens to within {rep.WITHIN:.0%} of the base's loss ({(1 + rep.WITHIN) * base_val:.4f})"
+              f"\n\nUptraining tokens for a converted start, training tokens for a from-scratch reference; linearly "
+              f"interpolated between evaluations; mean ± std over the seeds that reach it.\n\n"
+              f"{rep.crossover_table(cross, base_tokens)}\n\n### The curve\n\n{rep.curve_table(runs, tpstep)}\n\n"
+              f"![curves](uptrain.png)\n")
+    md = f"# Uptraining study: GQA-8 -> {KV} KV heads (written by tools/uptrain_study.py)\n\n{head}.\n\n{tables}"
     write_atomic(os.path.join(args.out, "uptrain.md"), md)
-    print("\n" + head + "\n\n" + table(stats, names) + "\n\n" + said)
+    print("\n" + head + "\n\n" + tables)
     print(f"\nwrote {args.out}/uptrain.json, uptrain.png, uptrain.md")
 
 
