@@ -326,8 +326,7 @@ def test_distillation_tp2_equals_one_process(tmp_path):
 @pytest.mark.multirank
 def test_distillation_dp2_equals_one_process(tmp_path):
     """Two data-parallel ranks (batch 4 each) with a teacher log the same loss and terms as one process with batch 8:
-    step 1 (the same weights) to 1e-5, later steps within the drift AdamW makes of a gradient summed in another order
-    (test_parallel_checkpoints). Data parallelism on the CPU needs recompute_granularity full (PaddleFormers then
+    every step to 1e-5 relative (measured: <= 1e-7). Data parallelism on the CPU needs recompute_granularity full (PaddleFormers then
     all-reduces the gradients itself), and recompute leaves out the per-layer terms: CE + logit KL here."""
     teacher = _teacher(tmp_path / "teacher")
     cfg = os.path.join(CONFIGS, "tiny-vha-tp2.json")
@@ -343,7 +342,7 @@ def test_distillation_dp2_equals_one_process(tmp_path):
     assert [r["step"] for r in l1] == [r["step"] for r in l2] == list(range(1, 7))
     rel = [max(abs(a[k] - b[k]) / abs(a[k]) for k in ("loss", "ce", "kd_kl")) for a, b in zip(l1, l2)]
     print("DP=2 vs one process, per step max rel |diff| over loss, ce, kd_kl:", [f"{x:.1e}" for x in rel])
-    assert rel[0] <= 1e-5 and max(rel) < 1e-3
+    assert max(rel) <= 1e-5
     assert l2[-1]["kd_kl"] < l2[0]["kd_kl"]  # it learned from the teacher
 
 

@@ -156,3 +156,33 @@ def test_trainer_pp2_tp2_equals_one_process(one_process, tmp_path):
     assert len(ref) == len(got) > TRAIN_ARGS["max_steps"] and dl <= TOL
     _launch(2, tmp_path / "t" / "log", cfg, "--tensor_parallel_degree", "2", "--output_dir", tp2)
     _assert_same_model("PP = 2 x TP = 2 vs TP = 2", out, tp2)
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_trainer_pp2_tied_head_with_clipping_equals_one_process(tmp_path):
+    """A tied LM head under PP = 2 (the embedding on the first stage, its copy as the head on the last; fleet sums the
+    two copies' gradients) with gradient clipping on: the clip's global norm must count the shared weight once
+    (paddle_vha/modeling/pipe.py, count_shared_weights_once). The same losses as one process at every step and the
+    same model/ (tie_word_embeddings: the head is the embedding, saved once). max_grad_norm 0.05 so that every step
+    clips: a norm that counts the tied gradient twice changes every step's scale."""
+    import paddle
+
+    from paddle_vha.families import family
+
+    fam = family("qwen3_vha")
+    paddle.seed(5)
+    fam.model_class(fam.config_class(**{**TRAIN_MODEL, "tie_word_embeddings": True})).save_pretrained(
+        str(tmp_path / "init"))
+    with open(tmp_path / "cfg.json", "w") as f:
+        json.dump({**TRAIN_ARGS, "max_grad_norm": 0.05, "save_strategy": "no", "do_eval": False,
+                   "model_name_or_path": str(tmp_path / "init")}, f)
+    cfg = str(tmp_path / "cfg.json")
+    one, pp2 = str(tmp_path / "one"), str(tmp_path / "pp2")
+    ok(train_once(cfg, "--output_dir", one, timeout=420))
+    _launch(2, tmp_path / "log", cfg, *PP, "--output_dir", pp2)
+    got, ref = _losses(pp2), _losses(one)
+    dl = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+    print(f"tied, clipped: losses PP = 2 {got}\n       one process {ref}\nmax rel {dl:.1e}")
+    assert len(ref) == len(got) == TRAIN_ARGS["max_steps"] and dl <= TOL
+    _assert_same_model("PP = 2, tied", pp2, one)

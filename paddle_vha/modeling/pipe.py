@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from .checkpointing import declare_tp_shards
 
-__all__ = ["build_pipe", "causal_mask", "load_stage_weights"]
+__all__ = ["build_pipe", "causal_mask", "count_shared_weights_once", "load_stage_weights"]
 
 
 def causal_mask(layer, hidden_states) -> Optional[Any]:
@@ -91,6 +91,7 @@ def build_pipe(parent: type, variant, decoder_layer: type, causal_lm: type) -> t
             object.__setattr__(self, "_stage_config", None)  # before nn.Layer's own __init__ has run
             parent.__init__(self, config, **kwargs)
             self.config.tensor_model_parallel_size = 1  # the parent recorded fleet's degree; the layers are whole
+            count_shared_weights_once(self)  # deviation: fleet's marking of the tied weight's later copies fails
 
         def add_sequential_layer(self, layer_desc, name_prefix=""):
             # Deviation: every stage layer is built single-device, as the plain model under the family's TP plan
@@ -123,6 +124,18 @@ def build_pipe(parent: type, variant, decoder_layer: type, causal_lm: type) -> t
     Pipe.__name__ = Pipe.__qualname__ = variant.prefix + "ForCausalLMPipe"
     Pipe.__module__ = variant.module
     return Pipe
+
+
+def count_shared_weights_once(pipe) -> None:
+    """Marks every stage's copy of a weight shared across stages (the tied embedding / LM head) but the first rank's
+    with `is_firstly_shared = False`, so that fleet's hybrid gradient clipping counts it once in the global norm (the
+    copies hold the same summed gradient). fleet's PipelineLayer means to do this, but it compares each parameter's
+    name ("embedding_0.w_0") with the shared attribute's ("weight"), which never match (Paddle 3.3.1): with a tied
+    head and gradient clipping, PP = 2 was 2.3e-4 off one process from step 2 (tests/test_pipeline_trainer.py)."""
+    rank = getattr(pipe, "global_rank", None)
+    for comm in (getattr(pipe, "shared_comm", None) or {}).values():
+        for attr in comm["weight_attr"]:
+            getattr(comm["layer"], attr).is_firstly_shared = rank == min(comm["ranks"])
 
 
 def load_stage_weights(pipe, folder) -> None:
