@@ -297,7 +297,7 @@ def timings(args, ckpt, exports, log):
     elif have_hf and not args.no_hf:
         log("timing HF transformers (torch) fp32")
         rows.append(("HF torch fp32", exports["fp32"], run_json(hf_python, HF, [ckpt, *shape], log=log)))
-    if not have_hf:
+    elif not have_hf:
         log(f"onnxruntime-genai and HF transformers: not timed ({hf_python} missing: bash tools/hf_env.sh)")
     return rows + llama_rows(args, ckpt, shape, log)
 
