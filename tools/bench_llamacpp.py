@@ -1,7 +1,8 @@
 """llama.cpp's rows of tools/bench_serve_cpu.py: the same checkpoint converted to GGUF by llama.cpp's own converter
 (F32 / F16 / Q8_0), Q4_0 by llama.cpp's quantizer (llama_model_quantize, from the F32 file), each timed through
-llama-cpp-python (batch 1: its high-level Llama object decodes one sequence) in the side environment of
-tools/llama_env.sh.
+llama-cpp-python in the side environment of tools/llama_env.sh: batch 1 through its high-level Llama object, a larger
+batch through its low-level batch API (LLAMA_BATCH: one sequence id per row, the prompt prefilled once and its cache
+copied to the other rows).
 
 The converter recognises a tokenizer by hashing the ids it gives a fixed text, so it reads the checkpoint through
 WORK/llama-src: links to the checkpoint's config and weights beside Qwen's real tokenizer, rebuilt from llama.cpp's
@@ -44,6 +45,62 @@ for _ in range(new - 1):
     nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
 print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1), weight_bytes=weights,
                       kv_bytes_per_value=2, tensor_types=kinds)))
+"""
+
+# batch > 1: llama-cpp-python's low-level API (llama_batch_init / llama_decode, one sequence id per row). Each row
+# has its own KV stream (kv_unified off), so a step reads batch distinct caches as the other runtimes do. The prompt
+# is prefilled for sequence 0 only (in chunks of n_batch) and its cache copied to the other rows with
+# llama_memory_seq_cp (between streams: a data copy), to keep a long-context prefill affordable; the decode steps then
+# run all rows at once.
+LLAMA_BATCH = """
+import ctypes, json, sys, time
+import numpy as np, gguf, llama_cpp as L
+path, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
+reader = gguf.GGUFReader(path)
+names = {t.name: int(t.n_bytes) for t in reader.tensors}
+weights = sum(names.values()) - (names["token_embd.weight"] if "output.weight" in names else 0)
+kinds = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
+del reader
+L.llama_backend_init()
+model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+cp = L.llama_context_default_params()
+per_seq = -(-(prompt + new + 8) // 256) * 256
+cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = batch * per_seq, 512, 512, batch
+cp.n_threads = cp.n_threads_batch = threads
+cp.kv_unified = False
+ctx = L.llama_init_from_model(model, cp)
+vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+b = L.llama_batch_init(512, 0, batch)
+
+def decode(tokens, pos, seqs, want):
+    b.n_tokens = len(tokens)
+    for i, (t, p, s) in enumerate(zip(tokens, pos, seqs)):
+        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = int(t), int(p), 1, int(want[i])
+        b.seq_id[i][0] = int(s)
+    rc = L.llama_decode(ctx, b)
+    if rc:
+        raise SystemExit(f"llama_decode: {rc}")
+    n = int(sum(want))
+    return np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(n * vocab,)).reshape(n, vocab)
+
+ids = np.random.default_rng(0).integers(0, 151643, size=prompt)
+t = time.perf_counter()
+for s in range(0, prompt, 512):
+    chunk = ids[s: s + 512]
+    last = decode(chunk, range(s, s + len(chunk)), [0] * len(chunk), [i == len(chunk) - 1 for i in range(len(chunk))])
+nxt = np.full(batch, int(np.argmax(last[-1])))
+mem = L.llama_get_memory(ctx)
+for s in range(1, batch):
+    L.llama_memory_seq_cp(mem, 0, s, -1, -1)
+decode(nxt, [prompt] * batch, range(batch), [True] * batch)  # the first step also carries out the copies
+L.llama_synchronize(ctx)
+prefill = time.perf_counter() - t
+t = time.perf_counter()
+for k in range(1, new - 1):
+    nxt = decode(nxt, [prompt + k] * batch, range(batch), [True] * batch).argmax(-1)
+step = (time.perf_counter() - t) / (new - 2)
+print(json.dumps(dict(prefill=prefill, step=step, weight_bytes=weights, kv_bytes_per_value=2, tensor_types=kinds,
+                      note="prefill: sequence 0, its cache copied to the other rows")))
 """
 
 CONVERT = """
@@ -116,7 +173,7 @@ def prepare_gguf(work: str, ckpt: str, formats, env, log) -> dict:
 
 def time_llama(env, path: str, shape, threads: int, log):
     """llama.cpp's result dict (prefill, step, weight_bytes, ...) for one GGUF file, or None."""
-    r = _side(env[0], LLAMA, [path, *shape, threads])
+    r = _side(env[0], LLAMA if shape[0] == 1 else LLAMA_BATCH, [path, *shape, threads])
     if r.returncode != 0:
         log(f"  failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
         return None

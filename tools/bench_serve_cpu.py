@@ -17,8 +17,15 @@ mean context, read once) over this machine's copy bandwidth measured in the same
 read + written). Memory: a full-size export holds about 1.7x the float32 weights (Qwen3-0.6B: 4.6 GB; 1.7B: 12.2 GB;
 paddle_vha/export/memory.py), refused up front; run full sizes under the shared lock (flock
 /work/locks/fullsize.lock ...). HF needs the side environment (tools/hf_env.sh); without it that row is skipped.
-llama.cpp (tools/bench_llamacpp.py) needs tools/llama_env.sh's .venv-llama, and runs at batch 1 only (llama-cpp-python's
-Llama object decodes one sequence); its floor counts its KV cache at 2 bytes a value (llama.cpp's default f16 cache).
+llama.cpp (tools/bench_llamacpp.py) needs tools/llama_env.sh's .venv-llama; its floor counts its KV cache at 2 bytes
+a value (llama.cpp's default f16 cache).
+
+Batch > 1 (e.g. --batch 8 --prompt 4096 --cache buffer --new 16): our session and llama.cpp prefill row 0 only (in
+chunks of 512) and copy its cache to the other rows (llama.cpp: llama_memory_seq_cp between per-row KV streams), so a
+long-context prefill stays affordable on 2 cores; the decode steps then run every row. onnxruntime-genai and HF are
+not timed there (their APIs prefill every row). The KV cache must fit: batch x layers x 2 x KV heads x head_dim x
+(prompt + new) x 4 bytes (x 2 for the concat flavour, whose step writes a new present) + the float32 weights, refused
+up front otherwise (Qwen3-0.6B, batch 8: 7.8 GB at 4K + 16 new in the buffer flavour; 30.3 GB at 16K).
 All runtimes use the same threads (one per core this process may run on).
 """
 from __future__ import annotations
@@ -66,6 +73,37 @@ t = time.perf_counter()
 for _ in range(new - 1):
     gen.generate_next_token()
 print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1))))
+"""
+
+# batch > 1: as llama.cpp's rows (tools/bench_llamacpp.py), row 0's prompt prefilled (in chunks of 512) and its cache
+# copied to the other rows; then greedy steps of all rows at once through the session's own step().
+OURS_BATCH = """
+import json, sys, time
+import numpy as np
+from paddle_vha.serve.ort_session import OrtDecoder
+from paddle_vha.serve.session import CacheBuffers
+folder, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
+sess = OrtDecoder.from_dir(folder, threads)
+ids = np.random.default_rng(0).integers(0, 151643, size=(1, prompt))
+sess.step(ids[:, :8], sess.prefill(ids[:, :8])[1])  # warm-up
+t = time.perf_counter()
+cache = sess.empty_cache(1, CacheBuffers.capacity_for(prompt + new) if sess.cache_io == "buffer" else 0)
+for s in range(0, prompt, 512):
+    logits, cache = sess.run(ids[:, s: s + 512], cache, np.ones((1, min(prompt, s + 512)), np.int64))
+if sess.cache_io == "buffer":  # (1, H, capacity, d) -> (batch, H, capacity, d), row 0 copied
+    cache = CacheBuffers([np.repeat(b, batch, axis=0) for b in cache.buffers], cache.length)
+else:
+    cache = [np.repeat(c, batch, axis=0) for c in cache]
+nxt = np.repeat(logits[:, -1].argmax(-1), batch)[:, None]
+mask = np.ones((batch, prompt + 1), np.int64)
+logits, cache = sess.step(nxt, cache, mask)
+prefill = time.perf_counter() - t
+t = time.perf_counter()
+for k in range(1, new - 1):
+    mask = np.ones((batch, prompt + k + 1), np.int64)
+    logits, cache = sess.step(logits[:, -1].argmax(-1)[:, None], cache, mask)
+print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 2),
+                      note="prefill: row 0, its cache copied to the other rows")))
 """
 
 HF = """
@@ -144,6 +182,31 @@ def check_memory_first(args) -> None:
                  .values()]
         total, largest = sum(sizes), max(sizes)
     check_memory(total, args.checkpoint or f"a {args.shape} checkpoint", largest, quantized=True)
+    check_cache_memory(args, total)
+
+
+def check_cache_memory(args, float_bytes: int) -> None:
+    """ExportError (one line) when a timed session would not fit: its float32 KV cache (batch x layers x 2 x KV heads
+    x head_dim x (prompt + new) x 4 bytes; twice that for the concat flavour, whose step writes a new present) plus the
+    float32 weights, over MemAvailable. llama.cpp's f16 cache needs half the buffer flavour's."""
+    from paddle_vha.export.errors import ExportError
+    from paddle_vha.export.memory import available_bytes
+
+    if args.checkpoint:
+        cfg = json.load(open(os.path.join(args.checkpoint, "config.json")))
+    else:
+        from fixtures.qwen3_shaped import qwen3_config  # tools/ is the script's folder
+
+        cfg = qwen3_config(args.shape, args.layers)
+    kv = kv_bytes(cfg, args.batch, args.prompt + args.new)
+    need = kv * (2 if args.cache == "concat" else 1) + float_bytes
+    free = available_bytes()
+    if free is not None and need > free:
+        raise ExportError(f"batch {args.batch} x {args.prompt + args.new} positions: the session needs about "
+                          f"{need / 1e9:.1f} GB ({kv / 1e9:.1f} GB of float32 KV cache"
+                          f"{' x 2 for the concat flavour' if args.cache == 'concat' else ''} + "
+                          f"{float_bytes / 1e9:.1f} GB of float32 weights); this machine has {free / 1e9:.1f} GB "
+                          "available (MemAvailable)")
 
 
 def prepare(args, log):
@@ -157,15 +220,17 @@ def prepare(args, log):
 
         log(f"writing a {args.shape} checkpoint ({args.layers or 'all'} layers, random bf16) to {ckpt}")
         make_checkpoint(ckpt, args.shape, layers=args.layers)
-    exports = {"fp32": os.path.join(args.work, "fp32")}
+    tail = "-buffer" if args.cache == "buffer" else ""
+    exports = {"fp32": os.path.join(args.work, "fp32" + tail)}
     if not os.path.isfile(os.path.join(exports["fp32"], "export_info.json")):
         t = time.time()
-        export_onnx(ckpt, exports["fp32"], decode_steps=2, log=lambda m: log("  " + m), force=True)
+        export_onnx(ckpt, exports["fp32"], decode_steps=2, log=lambda m: log("  " + m), force=True,
+                    cache_io=args.cache)
         log(f"fp32 export: {time.time() - t:.0f} s")
     for fmt in args.formats:
         if fmt == "fp32":
             continue
-        out = exports[fmt] = os.path.join(args.work, fmt)
+        out = exports[fmt] = os.path.join(args.work, fmt + tail)
         if os.path.isfile(os.path.join(out, "export_info.json")):
             continue
         tmp = out + ".tmp"
@@ -219,14 +284,20 @@ def timings(args, ckpt, exports, log):
                 continue
             log(f"timing our session, {fmt}{malloc}")
             rows.append((f"ours {fmt}{malloc}", folder,
-                         run_json(sys.executable, OURS, [folder, *shape, THREADS], extra, log)))
+                         run_json(sys.executable, OURS if args.batch == 1 else OURS_BATCH, [folder, *shape, THREADS],
+                                  extra, log)))
+        if args.batch > 1 or args.cache == "buffer":
+            continue  # genai: below
         if have_hf and not args.no_genai and fmt in args.genai_formats:
             log(f"timing onnxruntime-genai, {fmt}")
             rows.append((f"genai {fmt}", folder, run_json(hf_python, GENAI, [folder, *shape], log=log)))
-    if have_hf and not args.no_hf:
+    if args.batch > 1 or args.cache == "buffer":
+        log("onnxruntime-genai and HF transformers: not timed (at batch > 1 their APIs prefill every row: "
+            f"{args.batch} x {args.prompt} tokens; the buffer flavour is ours only)")
+    elif have_hf and not args.no_hf:
         log("timing HF transformers (torch) fp32")
         rows.append(("HF torch fp32", exports["fp32"], run_json(hf_python, HF, [ckpt, *shape], log=log)))
-    if not have_hf:
+    elif not have_hf:
         log(f"onnxruntime-genai and HF transformers: not timed ({hf_python} missing: bash tools/hf_env.sh)")
     return rows + llama_rows(args, ckpt, shape, log)
 
@@ -238,9 +309,6 @@ def llama_rows(args, ckpt, shape, log):
     env = bench_llamacpp.llama_env()
     if env is None:
         log("llama.cpp: not timed (.venv-llama missing: bash tools/llama_env.sh, ~20+ min the first time)")
-        return []
-    if args.batch != 1:
-        log("llama.cpp: not timed at batch > 1 (llama-cpp-python's Llama object decodes one sequence)")
         return []
     rows = []
     for fmt, path in bench_llamacpp.prepare_gguf(args.work, ckpt, args.llama_formats, env, log).items():
@@ -258,7 +326,9 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=None, help="decoder layers of the written checkpoint (default all)")
     p.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
     p.add_argument("--genai-formats", nargs="+", default=["fp32", "int4"], choices=["fp32", "int8", "int4"])
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=int, default=1, help="rows; > 1: row 0 prefilled, its cache copied to the others")
+    p.add_argument("--cache", default="concat", choices=["concat", "buffer"],
+                   help="our export's cache flavour (buffer: in place, ours only; WORK/fp32-buffer, ...)")
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--llama-formats", nargs="*", default=list(bench_llamacpp.FORMATS),

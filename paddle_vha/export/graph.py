@@ -1,10 +1,11 @@
 """The graph paddle2onnx writes, cleaned up and checked: outputs named by the KV-cache convention, the Identity copies
 and dead nodes dropped, weights as initializers (so they can live in external data and onnxruntime can pre-pack
-them), dynamic axes named; then onnx.checker's full check (given the path, which it needs past 2 GB), standard ops
+them), element-wise chains in the forms onnxruntime fuses, dynamic axes named; then onnx.checker's full check (given the path, which it needs past 2 GB), standard ops
 only, cache inputs of the serving plan's heads and widths."""
 from __future__ import annotations
 
 from .errors import ExportError
+from .simplify import simplify_graph
 
 __all__ = ["finalize_graph", "check_graph", "STANDARD_DOMAINS"]
 
@@ -38,7 +39,8 @@ def _prune(graph) -> None:
 
 
 def finalize_graph(model, plan):
-    """Name outputs as the KV-cache convention says, drop Identity copies, name the dynamic axes."""
+    """Name outputs as the KV-cache convention says, drop Identity copies, rewrite paddle2onnx's element-wise chains
+    into the forms onnxruntime fuses (paddle_vha/export/simplify.py), name the dynamic axes."""
     graph = model.graph
     _, outs = plan.io_names
     if len(graph.output) != len(outs):
@@ -52,6 +54,7 @@ def finalize_graph(model, plan):
     del graph.node[:]
     graph.node.extend(nodes)
     _resolve_names(graph, alias, rename)
+    simplify_graph(model)
     _prune(graph)
     _name_dynamic_axes(graph, plan.cache_io)
     return model
