@@ -38,7 +38,7 @@ def _prune(graph) -> None:
     graph.initializer.extend(used)
 
 
-def finalize_graph(model, plan):
+def finalize_graph(model, plan, params=frozenset()):
     """Name outputs as the KV-cache convention says, drop Identity copies, rewrite paddle2onnx's element-wise chains
     into the forms onnxruntime fuses (paddle_vha/export/simplify.py), name the dynamic axes."""
     graph = model.graph
@@ -54,7 +54,7 @@ def finalize_graph(model, plan):
     del graph.node[:]
     graph.node.extend(nodes)
     _resolve_names(graph, alias, rename)
-    simplify_graph(model)
+    simplify_graph(model, params)  # params: stand-ins until attach_weights, never constants
     _prune(graph)
     _name_dynamic_axes(graph, plan.cache_io)
     return model

@@ -182,7 +182,7 @@ def _write_graphs(plan: ServingPlan, tensors, tmp: str, opset: int, external_dat
     _save_decoder(plan, tensors, prefix)
     raw_onnx = os.path.join(tmp, "raw.onnx")
     entries = convert_without_weights(prefix, raw_onnx, opset)
-    model = finalize_graph(onnx.load(raw_onnx), plan)
+    model = finalize_graph(onnx.load(raw_onnx), plan, {e.name for e in entries})
     os.remove(raw_onnx)
     read = {t.name for t in model.graph.initializer}
     param_bytes = sum(e.nbytes for e in entries if e.name in read)

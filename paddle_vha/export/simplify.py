@@ -23,12 +23,16 @@ import numpy as np
 __all__ = ["simplify_graph"]
 
 
-def _scalar_constants(graph) -> dict:
-    """{initializer name: its float value} for float32 initializers holding exactly one value."""
+def _scalar_constants(graph, params) -> dict:
+    """{initializer name: its float value} for float32 initializers holding exactly one value that are no model
+    parameter: the rewrite runs while every parameter is still a one-value stand-in (its index: weights.py), so a
+    parameter whose stand-in is 0.0 or 1.0 would read as an identity constant."""
     from onnx import TensorProto, numpy_helper
 
     out = {}
     for t in graph.initializer:
+        if t.name in params:
+            continue
         if t.data_type == TensorProto.FLOAT and int(np.prod(t.dims)) == 1 and len(t.dims) <= 1:
             out[t.name] = float(numpy_helper.to_array(t).reshape(-1)[0])
     return out
@@ -125,10 +129,11 @@ def _rewrite_nodes(graph, consts: dict) -> dict:
     return counts
 
 
-def simplify_graph(model) -> dict:
-    """Apply the module's rewrites to `model`'s graph in place; returns how many nodes each rewrite touched."""
+def simplify_graph(model, params=frozenset()) -> dict:
+    """Apply the module's rewrites to `model`'s graph in place; returns how many nodes each rewrite touched.
+    `params`: the names of the initializers that are model parameters (never taken for constants)."""
     graph = model.graph
-    consts = _scalar_constants(graph)
+    consts = _scalar_constants(graph, set(params))
     keep = {o.name for o in graph.output}
     dropped = _drop_identities(graph, consts, _ranks(graph, model.opset_import), keep)
     counts = _rewrite_nodes(graph, consts)
