@@ -65,3 +65,26 @@ def test_rewrites_are_exact_and_let_onnxruntime_fuse_the_norm(tmp_path):
     assert s.shape == s_ref.shape == (1,) and s[0] == 3.0  # the 0-d Mul kept: its output shape is [1]
     assert ops_ref["SimplifiedLayerNormalization"] == 0 and ops_ref["Reciprocal"] == 1
     assert ops["SimplifiedLayerNormalization"] == 1 and ops["Reciprocal"] == 0 and ops["Neg"] == 1
+
+
+def test_a_parameter_is_never_taken_for_a_constant():
+    """The export rewrites the graph while every parameter is a one-value stand-in holding its index (0.0, 1.0, ...):
+    a parameter named in `params` whose stand-in is 1.0 under a Mul or 0.0 under an Add stays; the same one-value
+    initializers not named as parameters are dropped as identities."""
+    c = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32), name)  # noqa: E731
+
+    def graph():
+        nodes = [helper.make_node("Mul", ["x", "p1"], ["y0"]), helper.make_node("Add", ["y0", "p0"], ["y1"]),
+                 helper.make_node("Mul", ["y1", "y1"], ["y"])]
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, H])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, H])],
+                              [c("p1", [1.0]), c("p0", [0.0])])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+    kept, dropped = graph(), graph()
+    counts_kept = simplify_graph(kept, params={"p0", "p1"})
+    counts_dropped = simplify_graph(dropped)
+    ops = lambda m: [n.op_type for n in m.graph.node]  # noqa: E731
+    print("params named:", counts_kept, ops(kept), "| not named:", counts_dropped, ops(dropped))
+    assert ops(kept) == ["Mul", "Add", "Pow"] and counts_kept["identity_scale_removed"] == 0
+    assert ops(dropped) == ["Pow"] and counts_dropped["identity_scale_removed"] == 2
