@@ -178,8 +178,8 @@ def check_memory_first(args) -> None:
     else:
         from fixtures.qwen3_shaped import qwen3_config, tensor_shapes  # tools/ is the script's folder
 
-        sizes = [4 * int(__import__("numpy").prod(s)) for s in tensor_shapes(qwen3_config(args.shape, args.layers))
-                 .values()]
+        cfg = qwen3_config(args.shape, args.layers, kv_heads=args.kv_heads)
+        sizes = [4 * int(__import__("numpy").prod(s)) for s in tensor_shapes(cfg).values()]
         total, largest = sum(sizes), max(sizes)
     check_memory(total, args.checkpoint or f"a {args.shape} checkpoint", largest, quantized=True)
     check_cache_memory(args, total)
@@ -197,7 +197,7 @@ def check_cache_memory(args, float_bytes: int) -> None:
     else:
         from fixtures.qwen3_shaped import qwen3_config  # tools/ is the script's folder
 
-        cfg = qwen3_config(args.shape, args.layers)
+        cfg = qwen3_config(args.shape, args.layers, kv_heads=args.kv_heads)
     kv = kv_bytes(cfg, args.batch, args.prompt + args.new)
     need = kv * (2 if args.cache == "concat" else 1) + float_bytes
     free = available_bytes()
@@ -218,8 +218,9 @@ def prepare(args, log):
     if not os.path.isdir(ckpt):
         from fixtures.qwen3_shaped import make_checkpoint  # tools/ is the script's folder, first on the path
 
-        log(f"writing a {args.shape} checkpoint ({args.layers or 'all'} layers, random bf16) to {ckpt}")
-        make_checkpoint(ckpt, args.shape, layers=args.layers)
+        log(f"writing a {args.shape} checkpoint ({args.layers or 'all'} layers, {args.kv_heads} KV heads, random bf16) "
+            f"to {ckpt}")
+        make_checkpoint(ckpt, args.shape, layers=args.layers, kv_heads=args.kv_heads)
     tail = "-buffer" if args.cache == "buffer" else ""
     exports = {"fp32": os.path.join(args.work, "fp32" + tail)}
     if not os.path.isfile(os.path.join(exports["fp32"], "export_info.json")):
@@ -324,6 +325,8 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", help="a folded / stock Qwen3 checkpoint to serve (default: written at --shape)")
     p.add_argument("--shape", default="0.6b", choices=["0.6b", "1.7b"])
     p.add_argument("--layers", type=int, default=None, help="decoder layers of the written checkpoint (default all)")
+    p.add_argument("--kv-heads", type=int, default=2, help="KV heads of the written checkpoint (default 2: the "
+                   "shape a Qwen3-VHA folds into, GQA-2, a quarter of stock Qwen3's 8 heads' cache)")
     p.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
     p.add_argument("--genai-formats", nargs="+", default=["fp32", "int4"], choices=["fp32", "int8", "int4"])
     p.add_argument("--batch", type=int, default=1, help="rows; > 1: row 0 prefilled, its cache copied to the others")
