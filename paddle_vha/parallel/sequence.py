@@ -72,48 +72,21 @@ def _reduce_scatter(x, group):
     return _own(out, group)
 
 
-class _Scatter(PyLayer):
-    @staticmethod
-    def forward(ctx, x, group):
+def _collective(name: str, forward, backward) -> type:
+    """A PyLayer running forward(x, group) and, for the gradient, backward(dy, group)."""
+
+    def fwd(ctx, x, group):
         ctx.group = group
-        return _own(x, group)
+        return forward(x, group)
 
-    @staticmethod
-    def backward(ctx, dy):
-        return _all_gather(dy, ctx.group)
-
-
-class _Gather(PyLayer):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather(x, group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _own(dy, ctx.group)
+    return type(name, (PyLayer,), {"forward": staticmethod(fwd),
+                                   "backward": staticmethod(lambda ctx, dy: backward(dy, ctx.group))})
 
 
-class _AllGather(PyLayer):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather(x, group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _reduce_scatter(dy, ctx.group)
-
-
-class _ReduceScatter(PyLayer):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter(x, group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _all_gather(dy, ctx.group)
+_Scatter = _collective("_Scatter", _own, _all_gather)
+_Gather = _collective("_Gather", _all_gather, _own)
+_AllGather = _collective("_AllGather", _all_gather, _reduce_scatter)
+_ReduceScatter = _collective("_ReduceScatter", _reduce_scatter, _all_gather)
 
 
 _FLEET = {_Scatter: "ScatterOp", _Gather: "GatherOp", _AllGather: "AllGatherOp", _ReduceScatter: "ReduceScatterOp"}
