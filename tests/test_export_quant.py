@@ -23,6 +23,9 @@ from paddle_vha.serve.ort_session import OrtDecoder
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = 2
 LINEARS = 7 * LAYERS + 1  # q, k, v, o, gate, up, down per layer, and the LM head
+# what the quantized graph multiplies them by: q|k|v and gate|up merged (export/merge_matmuls.py), o, down, the head
+QUANTIZED = 4 * LAYERS + 1
+FUSED = dict(rotary_embedding=2 * LAYERS, skip_simplified_layer_norm=2 * LAYERS)  # q and k; the two residual adds
 
 
 def make_checkpoint(path, tied=True):
@@ -86,13 +89,15 @@ def test_quantized_export_keeps_norms_and_quantizes_every_linear(ckpts, tmp_path
     assert q["format"] == weights and q["bits"] == int(weights[3:]) and q["block_size"] == 32
     assert q["lm_head"] == weights and q["accuracy_level"] == 4
     assert q["tied_head_untied"] is (tie == "tied")
-    assert q["quantized_matmuls"] == LINEARS and q["float_matmuls"] == 0, q
+    assert q["quantized_matmuls"] == QUANTIZED and q["float_matmuls"] == 0, q
+    assert q["merged_matmul_groups"] == 2 * LAYERS and q["fused"] == FUSED, q
     assert os.path.isfile(out / "model.onnx.data") is external and info["external_data"] == (
         "model.onnx.data" if external else None)
     assert "MatMulNBits" in info["ops"] and info["cache_io"] == cache
     model = onnx.load(str(out / "model.onnx"))
     contrib = {(n.domain, n.op_type) for n in model.graph.node if n.domain not in ("", "ai.onnx")}
-    assert contrib == {("com.microsoft", "MatMulNBits")}
+    assert contrib == {("com.microsoft", op) for op in ("MatMulNBits", "RotaryEmbedding",
+                                                         "SkipSimplifiedLayerNormalization")}, contrib
     # q_norm / k_norm: present in the quantized graph, float32, the checkpoint's values, read by a Mul
     want = norm_weights(ckpts / tie)
     got = list(_norm_initializers(model).values())
@@ -128,7 +133,7 @@ def test_a_corrupted_scale_fails_the_export(ckpts, tmp_path, monkeypatch):
 
     def broken(path, *a, **k):
         info = real(path, *a, **k)
-        print("corrupted", _corrupt_scale(path, 4.0, which=3))
+        print("corrupted", _corrupt_scale(path, 4.0, which=1))  # layer 0: q|k|v merged, then o_proj
         return info
 
     monkeypatch.setattr(onnx_export, "quantize_graph", broken)
@@ -159,7 +164,7 @@ def test_norms_are_used_and_a_wrong_scale_is_outside_the_bound(ckpts, tmp_path):
     print("q/k norms = 1:", dropped.line("int4"))
     with pytest.raises(ExportError, match="quality check failed"):
         check_quality(dropped, "int4")
-    _corrupt_scale(path, 4.0, which=LINEARS - 1)  # the LM head's
+    _corrupt_scale(path, 4.0, which=-1)  # the LM head's
     wrong = measure_quality(ref, OrtDecoder.from_dir(str(out)), ids, text)
     print("LM head scale x4:", wrong.line("int4"))
     with pytest.raises(ExportError, match="quality check failed"):
@@ -193,7 +198,8 @@ def test_int4_at_qwen3_0_6b_widths(tmp_path):
     shaped(str(ckpt), "0.6b", layers=2)
     lines, info = _export(ckpt, out, "int4", cache_io="buffer", external_data=True)
     q = info["weights"]
-    assert q["quantized_matmuls"] == LINEARS and q["tied_head_untied"] and q["lm_head"] == "int4", q
+    assert q["quantized_matmuls"] == QUANTIZED and q["tied_head_untied"] and q["lm_head"] == "int4", q
+    assert q["fused"] == FUSED and q["max_positions"] == 40960, q
     assert "checkpoint's tokenizer" in q["quality"]["text"] and q["quality"]["mean_kl"] <= BOUNDS["int4"][0]
     assert os.path.getsize(out / "model.onnx.data") > 100e6 and info["cache_io"] == "buffer"
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)

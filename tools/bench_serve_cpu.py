@@ -83,18 +83,31 @@ import numpy as np
 from paddle_vha.serve.ort_session import OrtDecoder
 from paddle_vha.serve.session import CacheBuffers
 folder, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
+context = sys.argv[6]
 sess = OrtDecoder.from_dir(folder, threads)
-ids = np.random.default_rng(0).integers(0, 151643, size=(1, prompt))
+rng = np.random.default_rng(0)
+ids = rng.integers(0, 151643, size=(1, prompt))
 sess.step(ids[:, :8], sess.prefill(ids[:, :8])[1])  # warm-up
 t = time.perf_counter()
-cache = sess.empty_cache(1, CacheBuffers.capacity_for(prompt + new) if sess.cache_io == "buffer" else 0)
-for s in range(0, prompt, 512):
-    logits, cache = sess.run(ids[:, s: s + 512], cache, np.ones((1, min(prompt, s + 512)), np.int64))
-if sess.cache_io == "buffer":  # (1, H, capacity, d) -> (batch, H, capacity, d), row 0 copied
-    cache = CacheBuffers([np.repeat(b, batch, axis=0) for b in cache.buffers], cache.length)
-else:
-    cache = [np.repeat(c, batch, axis=0) for c in cache]
-nxt = np.repeat(logits[:, -1].argmax(-1), batch)[:, None]
+if context == "random":  # every row's context: random values where a prefill would write keys and values
+    shapes = [(batch, h, prompt, w) for h, w in sess.cache_shapes]
+    if sess.cache_io == "buffer":
+        cache = sess.empty_cache(batch, CacheBuffers.capacity_for(prompt + new))
+        for buf in cache.buffers:
+            buf[:, :, :prompt] = rng.standard_normal(buf[:, :, :prompt].shape, np.float32)
+        cache = CacheBuffers(cache.buffers, prompt)
+    else:
+        cache = [rng.standard_normal(s, np.float32) for s in shapes]
+    nxt = rng.integers(0, 151643, size=(batch, 1))
+else:  # row 0's prompt prefilled in chunks of 512, its cache copied to the other rows
+    cache = sess.empty_cache(1, CacheBuffers.capacity_for(prompt + new) if sess.cache_io == "buffer" else 0)
+    for s in range(0, prompt, 512):
+        logits, cache = sess.run(ids[:, s: s + 512], cache, np.ones((1, min(prompt, s + 512)), np.int64))
+    if sess.cache_io == "buffer":  # (1, H, capacity, d) -> (batch, H, capacity, d), row 0 copied
+        cache = CacheBuffers([np.repeat(b, batch, axis=0) for b in cache.buffers], cache.length)
+    else:
+        cache = [np.repeat(c, batch, axis=0) for c in cache]
+    nxt = np.repeat(logits[:, -1].argmax(-1), batch)[:, None]
 mask = np.ones((batch, prompt + 1), np.int64)
 logits, cache = sess.step(nxt, cache, mask)
 prefill = time.perf_counter() - t
@@ -102,28 +115,39 @@ t = time.perf_counter()
 for k in range(1, new - 1):
     mask = np.ones((batch, prompt + k + 1), np.int64)
     logits, cache = sess.step(logits[:, -1].argmax(-1)[:, None], cache, mask)
-print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 2),
-                      note="prefill: row 0, its cache copied to the other rows")))
+note = ("context: random values (no prefill timed)" if context == "random"
+        else "prefill: row 0, its cache copied to the other rows")
+print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 2), note=note)))
 """
 
 HF = """
-import json, sys, time
+import json, os, sys, time
 import numpy as np, torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 folder, batch, prompt, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+context = sys.argv[5]
+torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
 model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-ids = torch.tensor(np.random.default_rng(0).integers(0, 151643, size=(batch, prompt)))
+cfg = model.config
+rng = np.random.default_rng(0)
 with torch.no_grad():
     t = time.perf_counter()
-    out = model(ids, use_cache=True)
-    past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    if context == "random":  # every row's context: random keys and values, as the other runtimes' rows
+        shape = (batch, cfg.num_key_value_heads, prompt, cfg.head_dim)
+        past = DynamicCache([(torch.from_numpy(rng.standard_normal(shape, np.float32)),
+                              torch.from_numpy(rng.standard_normal(shape, np.float32)))
+                             for _ in range(cfg.num_hidden_layers)])
+        nxt = torch.tensor(rng.integers(0, 151643, size=(batch, 1)))
+    else:
+        out = model(torch.tensor(rng.integers(0, 151643, size=(batch, prompt))), use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
     prefill = time.perf_counter() - t
     t = time.perf_counter()
     for _ in range(new - 1):
         out = model(nxt, past_key_values=past, use_cache=True)
         past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1))))
+print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1),
+                      note="context: random values (no prefill timed)" if context == "random" else "")))
 """
 
 
@@ -210,10 +234,9 @@ def check_cache_memory(args, float_bytes: int) -> None:
 
 
 def prepare(args, log):
-    """(checkpoint folder, {format: export folder}) in WORK, writing what is missing."""
-    from paddle_vha.export.onnx_export import export_onnx
-    from paddle_vha.export.quantize import quantize_graph
-
+    """(checkpoint folder, {format: our export folder}, {format: onnxruntime-genai's export folder}) in WORK, writing
+    what is missing. Ours are in --cache's flavour; genai reads the concat flavour (the one with a genai_config.json),
+    written too when genai is timed."""
     ckpt = args.checkpoint or os.path.join(args.work, "checkpoint")
     if not os.path.isdir(ckpt):
         from fixtures.qwen3_shaped import make_checkpoint  # tools/ is the script's folder, first on the path
@@ -221,32 +244,58 @@ def prepare(args, log):
         log(f"writing a {args.shape} checkpoint ({args.layers or 'all'} layers, {args.kv_heads} KV heads, random bf16) "
             f"to {ckpt}")
         make_checkpoint(ckpt, args.shape, layers=args.layers, kv_heads=args.kv_heads)
-    tail = "-buffer" if args.cache == "buffer" else ""
-    exports = {"fp32": os.path.join(args.work, "fp32" + tail)}
-    if not os.path.isfile(os.path.join(exports["fp32"], "export_info.json")):
+    ours = {fmt: export_folder(args, ckpt, args.cache, fmt, log) for fmt in args.formats}
+    genai = {}
+    if genai_timed(args):
+        genai = {fmt: export_folder(args, ckpt, "concat", fmt, log) for fmt in args.genai_formats}
+    return ckpt, ours, genai
+
+
+def genai_timed(args) -> bool:
+    hf_python = os.path.join(os.environ.get("HF_VENV", os.path.join(ROOT, ".venv-hf")), "bin", "python")
+    return not args.no_genai and bool(args.genai_formats) and os.path.isfile(hf_python)
+
+
+def export_folder(args, ckpt, cache_io, fmt, log) -> str:
+    """WORK/<fmt>[-b<block>][-buffer]: the float32 export (tools/export_onnx.py's code, 2 validation steps), or a copy
+    of it quantized by the export's own quantize_graph (--block-size; the quality gate is the export's, not re-run)."""
+    from paddle_vha.export.onnx_export import export_onnx
+    from paddle_vha.export.quantize import quantize_graph
+
+    tail = "-buffer" if cache_io == "buffer" else ""
+    fp32 = os.path.join(args.work, "fp32" + tail)
+    if not os.path.isfile(os.path.join(fp32, "export_info.json")):
         t = time.time()
-        export_onnx(ckpt, exports["fp32"], decode_steps=2, log=lambda m: log("  " + m), force=True,
-                    cache_io=args.cache)
-        log(f"fp32 export: {time.time() - t:.0f} s")
-    for fmt in args.formats:
-        if fmt == "fp32":
-            continue
-        out = exports[fmt] = os.path.join(args.work, fmt + tail)
-        if os.path.isfile(os.path.join(out, "export_info.json")):
-            continue
-        tmp = out + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(exports["fp32"], tmp, ignore=shutil.ignore_patterns("paddle"))
-        t = time.time()
-        info = quantize_graph(os.path.join(tmp, "model.onnx"), fmt)
-        path = os.path.join(tmp, "export_info.json")
-        meta = json.load(open(path))
-        meta["ops"], meta["weights"] = info.pop("ops"), dict(info, quality="not checked (bench copy)")
-        meta["external_data"] = "model.onnx.data" if info["external_data"] else None
-        json.dump(meta, open(path, "w"), indent=2)
-        os.rename(tmp, out)
-        log(f"{fmt}: quantized in {time.time() - t:.0f} s, {info['weight_bytes'] / 1e6:.0f} MB of weights")
-    return ckpt, exports
+        export_onnx(ckpt, fp32, decode_steps=2, log=lambda m: log("  " + m), force=True, cache_io=cache_io)
+        log(f"fp32 export ({cache_io} flavour): {time.time() - t:.0f} s")
+    if fmt == "fp32":
+        return fp32
+    out = os.path.join(args.work, fmt + (f"-b{args.block_size}" if args.block_size else "") + tail)
+    if os.path.isfile(os.path.join(out, "export_info.json")):
+        return out
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(fp32, tmp, ignore=shutil.ignore_patterns("paddle"))
+    t = time.time()
+    path = os.path.join(tmp, "export_info.json")
+    meta = json.load(open(path))
+    info = quantize_graph(os.path.join(tmp, "model.onnx"), fmt, args.block_size,
+                          max_positions=meta["context_length"])
+    meta["ops"], meta["weights"] = info.pop("ops"), dict(info, quality="not checked (bench copy)")
+    meta["external_data"] = "model.onnx.data" if info["external_data"] else None
+    with open(path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=2)
+    os.replace(path + ".tmp", path)
+    os.rename(tmp, out)
+    log(f"{fmt} (block {info['block_size']}, {cache_io} flavour): quantized in {time.time() - t:.0f} s, "
+        f"{info['weight_bytes'] / 1e6:.0f} MB of weights")
+    return out
+
+
+def genai_prefill_bytes(cfg: dict, batch: int, prompt: int) -> int:
+    """One layer's float32 attention scores in genai's prefill of every row at once (batch x heads x prompt^2 x 4 B):
+    onnxruntime-genai takes a batch's prompt in one AppendTokens call (it refuses a second one for batch > 1)."""
+    return batch * cfg["num_attention_heads"] * prompt * prompt * 4
 
 
 def copy_bandwidth(mb: int = 256, repeats: int = 7) -> float:
@@ -274,31 +323,39 @@ def cpu_line() -> str:
     return f"{model}, {os.cpu_count()} cores, {isa}"
 
 
-def timings(args, ckpt, exports, log):
+def label(args, fmt: str) -> str:
+    return fmt if fmt == "fp32" or not args.block_size else f"{fmt} b{args.block_size}"
+
+
+def timings(args, ckpt, ours, genai, cfg, log):
     """[(label, export or checkpoint, result dict)] in the order timed."""
+    from paddle_vha.export.memory import available_bytes
+
     hf_python = os.path.join(os.environ.get("HF_VENV", os.path.join(ROOT, ".venv-hf")), "bin", "python")
     have_hf = os.path.isfile(hf_python)
     rows, shape = [], (args.batch, args.prompt, args.new)
-    for fmt, folder in exports.items():
+    for fmt, folder in ours.items():
         for malloc, extra in (("", {}), (" (tuned malloc)", TUNED_MALLOC)):
             if malloc and not args.tuned_malloc:
                 continue
-            log(f"timing our session, {fmt}{malloc}")
-            rows.append((f"ours {fmt}{malloc}", folder,
-                         run_json(sys.executable, OURS if args.batch == 1 else OURS_BATCH, [folder, *shape, THREADS],
-                                  extra, log)))
-        if args.batch > 1 or args.cache == "buffer":
-            continue  # genai: below
-        if have_hf and not args.no_genai and fmt in args.genai_formats:
-            log(f"timing onnxruntime-genai, {fmt}")
-            rows.append((f"genai {fmt}", folder, run_json(hf_python, GENAI, [folder, *shape], log=log)))
-    if args.batch > 1 or args.cache == "buffer":
-        log("onnxruntime-genai and HF transformers: not timed (at batch > 1 their APIs prefill every row: "
-            f"{args.batch} x {args.prompt} tokens; the buffer flavour is ours only)")
-    elif have_hf and not args.no_hf:
-        log("timing HF transformers (torch) fp32")
-        rows.append(("HF torch fp32", exports["fp32"], run_json(hf_python, HF, [ckpt, *shape], log=log)))
-    elif not have_hf:
+            log(f"timing our session, {label(args, fmt)}{malloc}")
+            code, argv = (OURS, [folder, *shape, THREADS]) if args.batch == 1 else \
+                (OURS_BATCH, [folder, *shape, THREADS, args.context])
+            rows.append((f"ours {label(args, fmt)}{malloc}", folder, run_json(sys.executable, code, argv, extra, log)))
+    for fmt, folder in genai.items():
+        scores, free = genai_prefill_bytes(cfg, args.batch, args.prompt), available_bytes()
+        if args.batch > 1 and free is not None and 3 * scores > free:
+            log(f"onnxruntime-genai {label(args, fmt)}: not timed: its API prefills all {args.batch} rows in one call "
+                f"(AppendTokens once for batch > 1), whose attention scores, masked scores and probabilities take "
+                f"3 x {scores / 1e9:.1f} GB per layer; this machine has {free / 1e9:.1f} GB available")
+            continue
+        log(f"timing onnxruntime-genai, {label(args, fmt)}")
+        rows.append((f"genai {label(args, fmt)}", folder, run_json(hf_python, GENAI, [folder, *shape], log=log)))
+    if have_hf and not args.no_hf:
+        log(f"timing HF transformers (torch) fp32{', random context' if args.context == 'random' else ''}")
+        fp32 = os.path.join(args.work, "fp32" + ("-buffer" if args.cache == "buffer" else ""))
+        rows.append(("HF torch fp32", fp32, run_json(hf_python, HF, [ckpt, *shape, args.context], log=log)))
+    if not have_hf:
         log(f"onnxruntime-genai and HF transformers: not timed ({hf_python} missing: bash tools/hf_env.sh)")
     return rows + llama_rows(args, ckpt, shape, log)
 
@@ -332,6 +389,12 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1, help="rows; > 1: row 0 prefilled, its cache copied to the others")
     p.add_argument("--cache", default="concat", choices=["concat", "buffer"],
                    help="our export's cache flavour (buffer: in place, ours only; WORK/fp32-buffer, ...)")
+    p.add_argument("--block-size", type=int, default=None, help="the int8 / int4 copies' MatMulNBits block (default "
+                   "32, the export's; WORK/int4-b<N>...)")
+    p.add_argument("--context", default="prefill", choices=["prefill", "random"],
+                   help="batch > 1: prefill (our session: row 0, its cache copied; HF: every row) or random (our "
+                   "session's and HF's caches filled with random keys and values: decode speed does not depend on "
+                   "them; llama.cpp and genai still prefill)")
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--llama-formats", nargs="*", default=list(bench_llamacpp.FORMATS),
@@ -342,6 +405,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.new < 2 or args.prompt < 1 or args.batch < 1:
         p.error("--new must be >= 2, --prompt and --batch >= 1")
+    if args.context == "random" and args.batch == 1:
+        p.error("--context random applies to --batch > 1 (batch 1 times a real prefill)")
     from paddle_vha.cli import quiet
 
     quiet()
@@ -350,16 +415,20 @@ def main(argv=None) -> int:
     from paddle_vha.export.errors import ExportError
 
     try:
+        from paddle_vha.export.quantize import check_weights
+
+        for fmt in args.formats:
+            if fmt != "fp32":
+                check_weights(fmt, args.block_size)
         check_memory_first(args)
     except (CheckpointError, ExportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.makedirs(args.work, exist_ok=True)
-    ckpt, exports = prepare(args, log)
-    exports = {f: exports[f] for f in args.formats if f in exports}
+    ckpt, ours, genai = prepare(args, log)
     cfg = json.load(open(os.path.join(ckpt, "config.json")))
     bandwidth = copy_bandwidth()
-    rows = timings(args, ckpt, exports, log)
+    rows = timings(args, ckpt, ours, genai, cfg, log)
     bandwidth = (bandwidth + copy_bandwidth()) / 2
     kv = kv_bytes(cfg, args.batch, args.prompt + args.new // 2)
     print(f"\n{cpu_line()}; load average {os.getloadavg()[0]:.1f} (a shared machine); copy bandwidth "
@@ -371,15 +440,16 @@ def main(argv=None) -> int:
            f"{'floor ms':>8} | {'x floor':>7}")
     print(hdr)
     print("-" * len(hdr))
-    for label, folder, res in rows:
+    for name, folder, res in rows:
         if res is None:
-            print(f"{label:<28} | {'failed':>8} |")
+            print(f"{name:<28} | {'failed':>8} |")
             continue
         weights = res.get("weight_bytes") or step_weight_bytes(os.path.join(folder, "model.onnx"))
         read = weights + kv * res.get("kv_bytes_per_value", 4) // 4
         floor = read / bandwidth
         step = res["step"]
-        print(f"{label:<28} | {args.batch / step:>8.2f} | {step * 1e3:>8.1f} | {res['prefill']:>9.2f} | "
+        prefill = "random" if res.get("note", "").startswith("context: random") else f"{res['prefill']:.2f}"
+        print(f"{name:<28} | {args.batch / step:>8.2f} | {step * 1e3:>8.1f} | {prefill:>9} | "
               f"{read / 1e6:>8.0f} | {floor * 1e3:>8.1f} | {step / floor:>6.2f}x"
               + (f" ({', '.join(res['tensor_types'])})" if res.get("tensor_types") else ""))
     return 0

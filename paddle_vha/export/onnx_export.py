@@ -138,7 +138,8 @@ def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_d
     reference = teacher_forced_logits(sess, ids)  # the float32 graph's, then freed
     del sess
     gc.collect()
-    info = quantize_graph(onnx_path, weights, block_size, quantize_lm_head, bool(external_data))
+    info = quantize_graph(onnx_path, weights, block_size, quantize_lm_head, bool(external_data),
+                          max_positions=int(plan.rope.context))
     log(f"quantized to {weights} (onnxruntime MatMulNBits, symmetric blocks of {info['block_size']}, LM head "
         f"{info['lm_head']}): {info['quantized_matmuls']} MatMuls, {info['weight_bytes'] / 1e6:.1f} MB of weights "
         f"in the graph, in {time.time() - t0:.1f} s")

@@ -9,6 +9,11 @@ it), the RMSNorm weights (input / post-attention / final, and Qwen3's q_norm / k
 quantizer never touches: tests/test_export_quant.py checks they are there, float32 and used), attention and the KV
 cache.
 
+Before quantizing, q|k|v and gate|up are merged into one MatMul each (export/merge_matmuls.py: exact, the same blocks
+and scales per output column) and the residual + RMSNorm and rotary chains become onnxruntime's contrib fused ops
+(export/fuse_contrib.py): a quantized graph is onnxruntime's own already, and a batch-1 step is mostly small kernels
+around the MatMuls. The float32 export stays standard ONNX.
+
 The tied LM head (tie_word_embeddings: logits = x @ embed^T) reads the embedding through Transpose nodes, which the
 quantizer skips (it only takes a constant operand). `untie_lm_head` gives that MatMul its own constant, the
 transposed embedding, before quantization, so the head is quantized too; the embedding stays float32 for the
@@ -28,6 +33,8 @@ from typing import Optional
 import numpy as np
 
 from .errors import ExportError
+from .fuse_contrib import fuse_contrib_ops
+from .merge_matmuls import merge_sibling_matmuls
 from .weights import DATA_FILE, needs_external_data
 
 __all__ = ["WEIGHT_FORMATS", "BITS", "DEFAULT_BLOCK_SIZE", "FLOAT_REFUSAL", "check_weights", "quantize_graph",
@@ -40,7 +47,9 @@ DEFAULT_BLOCK_SIZE = 32  # llama.cpp's Q8_0 / Q4_0 block; onnxruntime-genai's bu
 # AVX2 CPU (ORT 1.32, 16 MatMuls of 1024 x 3072, batch 1, loaded machine) fp32 92 ms; int4 31 ms at level 4, 94 ms
 # at level 0 (float compute); int8 55 ms at level 4, 1,679 ms at level 0. The quality gate measures its cost too.
 ACCURACY_LEVEL = 4
-QUANT_OPS = ("MatMulNBits",)  # the contrib ops a quantized graph may hold (domain com.microsoft)
+# the contrib ops a quantized graph may hold (domain com.microsoft): the quantized MatMuls, and the fused chains of
+# export/fuse_contrib.py
+QUANT_OPS = ("MatMulNBits", "RotaryEmbedding", "SkipSimplifiedLayerNormalization")
 FLOAT_REFUSAL = ("onnxruntime 1.32's CPU execution provider runs no bfloat16 kernels and, on x86, no float16 MatMul: "
                  "it casts float16 weights back to float32 when it loads the graph, so a step reads what float32 "
                  "reads; use --weights int8 (or int4) for fewer bytes per step")
@@ -140,11 +149,13 @@ def _prune_dead(graph) -> None:
 
 
 def quantize_graph(onnx_path: str, weights: str, block_size: Optional[int] = None, quantize_lm_head: bool = True,
-                   external_data: bool = False) -> dict:
+                   external_data: bool = False, max_positions: Optional[int] = None) -> dict:
     """Rewrite the float32 decoder at `onnx_path` (and its model.onnx.data) in place as `weights` ("int8" / "int4"):
     onnxruntime's MatMulNBitsQuantizer (symmetric blocks of `block_size`, float32 scales) over every constant MatMul.
     The result goes to external data when it would pass protobuf's limit inline, or when `external_data`. Returns
-    what was done (for export_info.json)."""
+    what was done (for export_info.json). Before quantizing: sibling MatMuls merged (export/merge_matmuls.py) and
+    residual + RMSNorm chains fused; with max_positions (the rotary tables' rows: the model's max_position_embeddings)
+    rotary chains fused too (export/fuse_contrib.py)."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -152,6 +163,8 @@ def quantize_graph(onnx_path: str, weights: str, block_size: Optional[int] = Non
     model = load_inline(onnx_path)  # the float32 weights in memory, once
     untied = untie_lm_head(model) if quantize_lm_head else None
     _prune_dead(model.graph)
+    merged = merge_sibling_matmuls(model)  # q/k/v and gate/up: one MatMul (then a Split) each, exact
+    fused = fuse_contrib_ops(model, max_positions)  # rotary (when max_positions) and residual + RMSNorm chains
     head = next(n for n in model.graph.node if "logits" in n.output)
     exclude = [] if quantize_lm_head else [head.name or _name_node(head, "lm_head")]
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # INFO per node
@@ -168,7 +181,8 @@ def quantize_graph(onnx_path: str, weights: str, block_size: Optional[int] = Non
                   if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in {("com.microsoft", o)
                                                                                        for o in QUANT_OPS}})
     if odd:
-        raise ExportError(f"the quantized graph holds ops other than standard ONNX and MatMulNBits: {', '.join(odd)}")
+        raise ExportError(f"the quantized graph holds ops other than standard ONNX and {', '.join(QUANT_OPS)}: "
+                          f"{', '.join(odd)}")
     ops = sorted({n.op_type for n in model.graph.node})
     for stale in (onnx_path, os.path.join(os.path.dirname(onnx_path), DATA_FILE)):
         if os.path.exists(stale):
@@ -180,7 +194,8 @@ def quantize_graph(onnx_path: str, weights: str, block_size: Optional[int] = Non
     return dict(format=weights, bits=bits, block_size=block, symmetric=True, accuracy_level=ACCURACY_LEVEL,
                 quantizer="onnxruntime "
                 "MatMulNBitsQuantizer (DEFAULT, round to nearest)", lm_head=weights if quantize_lm_head else "float32",
-                tied_head_untied=bool(untied), quantized_matmuls=counts.get("MatMulNBits", 0),
+                tied_head_untied=bool(untied), merged_matmul_groups=merged, fused=fused,
+                max_positions=max_positions if fused["rotary_embedding"] else None, quantized_matmuls=counts.get("MatMulNBits", 0),
                 float_matmuls=counts.get("MatMul", 0), weight_bytes=weight_bytes, external_data=external, ops=ops)
 
 
