@@ -244,10 +244,11 @@ def prepare(args, log):
         log(f"writing a {args.shape} checkpoint ({args.layers or 'all'} layers, {args.kv_heads} KV heads, random bf16) "
             f"to {ckpt}")
         make_checkpoint(ckpt, args.shape, layers=args.layers, kv_heads=args.kv_heads)
-    ours = {fmt: export_folder(args, ckpt, args.cache, fmt, log) for fmt in args.formats}
+    ours = {key: export_folder(args, ckpt, args.cache, key, log) for key in variants(args.formats, args.block_size)}
     genai = {}
     if genai_timed(args):
-        genai = {fmt: export_folder(args, ckpt, "concat", fmt, log) for fmt in args.genai_formats}
+        genai = {key: export_folder(args, ckpt, "concat", key, log)
+                 for key in variants(args.genai_formats, args.block_size)}
     return ckpt, ours, genai
 
 
@@ -256,7 +257,21 @@ def genai_timed(args) -> bool:
     return not args.no_genai and bool(args.genai_formats) and os.path.isfile(hf_python)
 
 
-def export_folder(args, ckpt, cache_io, fmt, log) -> str:
+def variants(formats, blocks) -> list:
+    """The exports to time: "fp32", and per quantized format one per block size ("int4" at the export's default
+    block, "int4-b128" at 128, ...)."""
+    from paddle_vha.export.quantize import DEFAULT_BLOCK_SIZE
+
+    out = []
+    for fmt in formats:
+        if fmt == "fp32":
+            out.append(fmt)
+        else:
+            out += [fmt if b in (None, DEFAULT_BLOCK_SIZE) else f"{fmt}-b{b}" for b in blocks or [None]]
+    return out
+
+
+def export_folder(args, ckpt, cache_io, key, log) -> str:
     """WORK/<fmt>[-b<block>][-buffer]: the float32 export (tools/export_onnx.py's code, 2 validation steps), or a copy
     of it quantized by the export's own quantize_graph (--block-size; the quality gate is the export's, not re-run)."""
     from paddle_vha.export.onnx_export import export_onnx
@@ -268,9 +283,11 @@ def export_folder(args, ckpt, cache_io, fmt, log) -> str:
         t = time.time()
         export_onnx(ckpt, fp32, decode_steps=2, log=lambda m: log("  " + m), force=True, cache_io=cache_io)
         log(f"fp32 export ({cache_io} flavour): {time.time() - t:.0f} s")
-    if fmt == "fp32":
+    if key == "fp32":
         return fp32
-    out = os.path.join(args.work, fmt + (f"-b{args.block_size}" if args.block_size else "") + tail)
+    fmt, _, block = key.partition("-b")
+    block = int(block) if block else None
+    out = os.path.join(args.work, key + tail)
     if os.path.isfile(os.path.join(out, "export_info.json")):
         return out
     tmp = out + ".tmp"
@@ -279,7 +296,7 @@ def export_folder(args, ckpt, cache_io, fmt, log) -> str:
     t = time.time()
     path = os.path.join(tmp, "export_info.json")
     meta = json.load(open(path))
-    info = quantize_graph(os.path.join(tmp, "model.onnx"), fmt, args.block_size,
+    info = quantize_graph(os.path.join(tmp, "model.onnx"), fmt, block,
                           max_positions=meta["context_length"])
     meta["ops"], meta["weights"] = info.pop("ops"), dict(info, quality="not checked (bench copy)")
     meta["external_data"] = "model.onnx.data" if info["external_data"] else None
@@ -323,8 +340,14 @@ def cpu_line() -> str:
     return f"{model}, {os.cpu_count()} cores, {isa}"
 
 
-def label(args, fmt: str) -> str:
-    return fmt if fmt == "fp32" or not args.block_size else f"{fmt} b{args.block_size}"
+def label(args, key: str) -> str:
+    """ "int4 b128" for the key "int4-b128"; quantized formats at the default block carry it too once several blocks
+    are timed."""
+    from paddle_vha.export.quantize import DEFAULT_BLOCK_SIZE
+
+    if key != "fp32" and "-b" not in key and args.block_size and len(args.block_size) > 1:
+        return f"{key} b{DEFAULT_BLOCK_SIZE}"
+    return key.replace("-b", " b")
 
 
 def timings(args, ckpt, ours, genai, cfg, log):
@@ -389,8 +412,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1, help="rows; > 1: row 0 prefilled, its cache copied to the others")
     p.add_argument("--cache", default="concat", choices=["concat", "buffer"],
                    help="our export's cache flavour (buffer: in place, ours only; WORK/fp32-buffer, ...)")
-    p.add_argument("--block-size", type=int, default=None, help="the int8 / int4 copies' MatMulNBits block (default "
-                   "32, the export's; WORK/int4-b<N>...)")
+    p.add_argument("--block-size", type=int, nargs="+", default=None, help="the int8 / int4 copies' MatMulNBits "
+                   "block(s), one row per format and block (default 32, the export's; WORK/int4-b<N>...)")
     p.add_argument("--context", default="prefill", choices=["prefill", "random"],
                    help="batch > 1: prefill (our session: row 0, its cache copied; HF: every row) or random (our "
                    "session's and HF's caches filled with random keys and values: decode speed does not depend on "
@@ -419,7 +442,8 @@ def main(argv=None) -> int:
 
         for fmt in args.formats:
             if fmt != "fp32":
-                check_weights(fmt, args.block_size)
+                for block in args.block_size or [None]:
+                    check_weights(fmt, block)
         check_memory_first(args)
     except (CheckpointError, ExportError) as e:
         print(f"error: {e}", file=sys.stderr)
