@@ -252,9 +252,13 @@ def prepare(args, log):
     return ckpt, ours, genai
 
 
+def hf_python() -> str:
+    """The python of tools/hf_env.sh's side environment (HF transformers, onnxruntime-genai); it may be missing."""
+    return os.path.join(os.environ.get("HF_VENV", os.path.join(ROOT, ".venv-hf")), "bin", "python")
+
+
 def genai_timed(args) -> bool:
-    hf_python = os.path.join(os.environ.get("HF_VENV", os.path.join(ROOT, ".venv-hf")), "bin", "python")
-    return not args.no_genai and bool(args.genai_formats) and os.path.isfile(hf_python)
+    return not args.no_genai and bool(args.genai_formats) and os.path.isfile(hf_python())
 
 
 def variants(formats, blocks) -> list:
@@ -354,8 +358,8 @@ def timings(args, ckpt, ours, genai, cfg, log):
     """[(label, export or checkpoint, result dict)] in the order timed."""
     from paddle_vha.export.memory import available_bytes
 
-    hf_python = os.path.join(os.environ.get("HF_VENV", os.path.join(ROOT, ".venv-hf")), "bin", "python")
-    have_hf = os.path.isfile(hf_python)
+    hf = hf_python()
+    have_hf = os.path.isfile(hf)
     rows, shape = [], (args.batch, args.prompt, args.new)
     for fmt, folder in ours.items():
         for malloc, extra in (("", {}), (" (tuned malloc)", TUNED_MALLOC)):
@@ -373,13 +377,13 @@ def timings(args, ckpt, ours, genai, cfg, log):
                 f"3 x {scores / 1e9:.1f} GB per layer; this machine has {free / 1e9:.1f} GB available")
             continue
         log(f"timing onnxruntime-genai, {label(args, fmt)}")
-        rows.append((f"genai {label(args, fmt)}", folder, run_json(hf_python, GENAI, [folder, *shape], log=log)))
+        rows.append((f"genai {label(args, fmt)}", folder, run_json(hf, GENAI, [folder, *shape], log=log)))
     if have_hf and not args.no_hf:
         log(f"timing HF transformers (torch) fp32{', random context' if args.context == 'random' else ''}")
         fp32 = os.path.join(args.work, "fp32" + ("-buffer" if args.cache == "buffer" else ""))
-        rows.append(("HF torch fp32", fp32, run_json(hf_python, HF, [ckpt, *shape, args.context], log=log)))
+        rows.append(("HF torch fp32", fp32, run_json(hf, HF, [ckpt, *shape, args.context], log=log)))
     if not have_hf:
-        log(f"onnxruntime-genai and HF transformers: not timed ({hf_python} missing: bash tools/hf_env.sh)")
+        log(f"onnxruntime-genai and HF transformers: not timed ({hf} missing: bash tools/hf_env.sh)")
     return rows + llama_rows(args, ckpt, shape, log)
 
 

@@ -23,6 +23,8 @@ from typing import Optional
 
 import numpy as np
 
+from .node_edit import prune_dead_nodes, splice_nodes
+
 __all__ = ["fuse_contrib_ops"]
 
 MS = "com.microsoft"
@@ -155,9 +157,10 @@ def _rms_norms(g: _Graph):
         if mean.op_type != "ReduceMean" or list(axes or []) != [-1] or _attr(mean, "keepdims", 1) != 1:
             continue
         eps_add = g.only_reader(mean.output[0])
-        eps = eps_add is not None and eps_add.op_type == "Add" and next(
-            (g.const(i) for i in eps_add.input if i != mean.output[0]), None)
-        if eps is None or eps is False or eps.size != 1:
+        if eps_add is None or eps_add.op_type != "Add":
+            continue
+        eps = next((g.const(i) for i in eps_add.input if i != mean.output[0]), None)
+        if eps is None or eps.size != 1:
             continue
         sqrt = g.only_reader(eps_add.output[0])
         if sqrt is None or sqrt.op_type != "Sqrt" or divs[0].input[1] != sqrt.output[0]:
@@ -165,9 +168,10 @@ def _rms_norms(g: _Graph):
         if g.only_reader(sqrt.output[0]) is not divs[0]:
             continue
         mul = g.only_reader(divs[0].output[0])
-        weight = mul is not None and mul.op_type == "Mul" and next(
-            (i for i in mul.input if i != divs[0].output[0] and i in g.inits), None)
-        if not weight or len(g.inits[weight].dims) != 1:
+        if mul is None or mul.op_type != "Mul":
+            continue
+        weight = next((i for i in mul.input if i != divs[0].output[0] and i in g.inits), None)
+        if weight is None or len(g.inits[weight].dims) != 1:
             continue
         found.append((add, mul, weight, float(eps.reshape(-1)[0])))
     return found
@@ -209,32 +213,14 @@ def fuse_contrib_ops(model, max_positions: Optional[int] = None) -> dict:
         dead.add(id(mul))  # its output is the fused node's now; Pow .. Div lose their readers and are pruned
     if not ropes and not norms:
         return dict(rotary_embedding=0, skip_simplified_layer_norm=0)
-    nodes = []
-    for n in graph.node:
-        if id(n) in replace:
-            nodes.extend(replace[id(n)])
-        elif id(n) not in dead:
-            nodes.append(n)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    splice_nodes(graph, replace, dead)
     graph.initializer.extend(inits)
-    _prune_dead(graph)
+    prune_dead_nodes(graph)  # the replaced chains' remains (Pow .. Div, rotate_half, the shared cos / sin)
+    read = {i for n in graph.node for i in n.input}
+    if any(t.name not in read for t in graph.initializer):  # their constants (the inv_freq, the slice bounds)
+        keep = [t for t in graph.initializer if t.name in read]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
     return dict(rotary_embedding=len(ropes), skip_simplified_layer_norm=len(norms))
-
-
-def _prune_dead(graph) -> None:
-    """Drop nodes whose outputs nobody reads (the replaced chains' remains), and initializers no node reads."""
-    while True:
-        read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-        keep = [n for n in graph.node if any(o in read for o in n.output if o)]
-        if len(keep) == len(graph.node):
-            break
-        del graph.node[:]
-        graph.node.extend(keep)
-    read = {i for n in graph.node for i in n.input}
-    keep = [t for t in graph.initializer if t.name in read]
-    if len(keep) != len(graph.initializer):
-        del graph.initializer[:]
-        graph.initializer.extend(keep)

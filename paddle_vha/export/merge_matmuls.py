@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .node_edit import splice_nodes
+
 __all__ = ["merge_sibling_matmuls"]
 
 
@@ -65,14 +67,7 @@ def merge_sibling_matmuls(model) -> int:
         merged += 1
     if not merged:
         return 0
-    nodes = []
-    for n in graph.node:
-        if id(n) in replace:
-            nodes.extend(replace[id(n)])
-        elif id(n) not in drop:
-            nodes.append(n)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    splice_nodes(graph, replace, drop)
     keep = [t for t in graph.initializer if t.name not in gone]
     del graph.initializer[:]
     graph.initializer.extend(keep)

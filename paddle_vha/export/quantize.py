@@ -35,6 +35,7 @@ import numpy as np
 from .errors import ExportError
 from .fuse_contrib import fuse_contrib_ops
 from .merge_matmuls import merge_sibling_matmuls
+from .node_edit import prune_dead_nodes
 from .weights import DATA_FILE, needs_external_data
 
 __all__ = ["WEIGHT_FORMATS", "BITS", "DEFAULT_BLOCK_SIZE", "FLOAT_REFUSAL", "check_weights", "quantize_graph",
@@ -137,17 +138,6 @@ def load_inline(onnx_path: str):
     return model
 
 
-def _prune_dead(graph) -> None:
-    """Drop nodes nobody reads (the tied head's Transposes, once untied)."""
-    while True:
-        read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-        keep = [n for n in graph.node if any(o in read for o in n.output)]
-        if len(keep) == len(graph.node):
-            return
-        del graph.node[:]
-        graph.node.extend(keep)
-
-
 def quantize_graph(onnx_path: str, weights: str, block_size: Optional[int] = None, quantize_lm_head: bool = True,
                    external_data: bool = False, max_positions: Optional[int] = None) -> dict:
     """Rewrite the float32 decoder at `onnx_path` (and its model.onnx.data) in place as `weights` ("int8" / "int4"):
@@ -162,7 +152,7 @@ def quantize_graph(onnx_path: str, weights: str, block_size: Optional[int] = Non
     bits, block = BITS[weights], block_size or DEFAULT_BLOCK_SIZE
     model = load_inline(onnx_path)  # the float32 weights in memory, once
     untied = untie_lm_head(model) if quantize_lm_head else None
-    _prune_dead(model.graph)
+    prune_dead_nodes(model.graph)  # the tied head's Transposes, once untied
     merged = merge_sibling_matmuls(model)  # q/k/v and gate/up: one MatMul (then a Split) each, exact
     fused = fuse_contrib_ops(model, max_positions)  # rotary (when max_positions) and residual + RMSNorm chains
     head = next(n for n in model.graph.node if "logits" in n.output)
