@@ -23,3 +23,24 @@ def test_a_cache_that_cannot_fit_is_refused_before_anything_is_written(tmp_path,
     assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-500:])
     assert "batch 64 x 16400 positions" in lines[0] and f"{gb} GB of float32 KV cache" in lines[0], lines[0]
     assert not work.exists()
+
+
+@pytest.mark.slow
+def test_prepare_only_writes_the_exports_and_a_later_run_reuses_them(tmp_path):
+    """--prepare-only at Qwen3-0.6B widths (1 layer: vocabulary 151,936, head_dim 128 != hidden / heads) writes the
+    checkpoint, the float32 export and the int4 copy, nothing half-written, and times nothing; a second run reuses them
+    (no export line) and prints our int4 row."""
+    work = tmp_path / "work"
+    base = [sys.executable, os.path.join(ROOT, "tools", "bench_serve_cpu.py"), str(work), "--layers", "1",
+            "--formats", "int4", "--no-genai", "--no-hf", "--llama-formats"]
+    r = subprocess.run(base + ["--prepare-only"], capture_output=True, text=True)
+    print(r.stderr[-2000:])
+    assert r.returncode == 0, r.stderr[-1000:]
+    assert sorted(os.listdir(work)) == ["checkpoint", "fp32", "int4"], os.listdir(work)
+    assert os.path.isfile(work / "int4" / "export_info.json") and "tokens/s" not in r.stdout
+    r = subprocess.run(base + ["--prompt", "5", "--new", "3"], capture_output=True, text=True)
+    print(r.stdout, r.stderr[-1500:])
+    assert r.returncode == 0, r.stderr[-1000:]
+    assert "export" not in r.stderr and "quantized in" not in r.stderr, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("ours int4"))
+    assert "failed" not in row and float(row.split("|")[1]) > 0, row

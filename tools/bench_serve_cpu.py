@@ -22,8 +22,10 @@ a value (llama.cpp's default f16 cache).
 
 Batch > 1 (e.g. --batch 8 --prompt 4096 --cache buffer --new 16): our session and llama.cpp prefill row 0 only (in
 chunks of 512) and copy its cache to the other rows (llama.cpp: llama_memory_seq_cp between per-row KV streams), so a
-long-context prefill stays affordable on 2 cores; the decode steps then run every row. onnxruntime-genai and HF are
-not timed there (their APIs prefill every row). The KV cache must fit: batch x layers x 2 x KV heads x head_dim x
+long-context prefill stays affordable on 2 cores; the decode steps then run every row. --context random fills our
+session's and HF's caches with random keys and values instead (decode speed does not depend on them); HF otherwise
+prefills every row. onnxruntime-genai is refused at batch > 1 with the memory its one-call prefill of every row would
+need for attention scores, when that does not fit. The KV cache must fit: batch x layers x 2 x KV heads x head_dim x
 (prompt + new) x 4 bytes (x 2 for the concat flavour, whose step writes a new present) + the float32 weights, refused
 up front otherwise (Qwen3-0.6B, batch 8: 7.8 GB at 4K + 16 new in the buffer flavour; 30.3 GB at 16K).
 All runtimes use the same threads (one per core this process may run on).
@@ -243,7 +245,10 @@ def prepare(args, log):
 
         log(f"writing a {args.shape} checkpoint ({args.layers or 'all'} layers, {args.kv_heads} KV heads, random bf16) "
             f"to {ckpt}")
-        make_checkpoint(ckpt, args.shape, layers=args.layers, kv_heads=args.kv_heads)
+        tmp = ckpt + ".tmp"  # written aside and renamed: an interrupted run leaves no half checkpoint to reuse
+        shutil.rmtree(tmp, ignore_errors=True)
+        make_checkpoint(tmp, args.shape, layers=args.layers, kv_heads=args.kv_heads)
+        os.replace(tmp, ckpt)
     ours = {key: export_folder(args, ckpt, args.cache, key, log) for key in variants(args.formats, args.block_size)}
     genai = {}
     if genai_timed(args):
@@ -429,6 +434,8 @@ def main(argv=None) -> int:
     p.add_argument("--tuned-malloc", action="store_true", help="also time our session with MALLOC_MMAP_MAX_=0 ...")
     p.add_argument("--no-genai", action="store_true")
     p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--prepare-only", action="store_true", help="write the checkpoint and the exports into WORK, time "
+                   "nothing (a later run reuses them)")
     args = p.parse_args(argv)
     if args.new < 2 or args.prompt < 1 or args.batch < 1:
         p.error("--new must be >= 2, --prompt and --batch >= 1")
@@ -454,6 +461,9 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(args.work, exist_ok=True)
     ckpt, ours, genai = prepare(args, log)
+    if args.prepare_only:
+        log(f"prepared {args.work}: {', '.join(sorted(os.listdir(args.work)))}")
+        return 0
     cfg = json.load(open(os.path.join(ckpt, "config.json")))
     bandwidth = copy_bandwidth()
     rows = timings(args, ckpt, ours, genai, cfg, log)

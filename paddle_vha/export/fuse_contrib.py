@@ -23,39 +23,11 @@ from typing import Optional
 
 import numpy as np
 
-from .node_edit import prune_dead_nodes, splice_nodes
+from .node_edit import GraphIndex, drop_unread_initializers, prune_dead_nodes, splice_nodes
 
 __all__ = ["fuse_contrib_ops"]
 
 MS = "com.microsoft"
-
-
-class _Graph:
-    """Lookups over a graph's nodes: producer of each value, readers of each value, initializers."""
-
-    def __init__(self, graph):
-        self.graph = graph
-        self.made = {o: n for n in graph.node for o in n.output}
-        self.readers = {}
-        for n in graph.node:
-            for name in n.input:
-                self.readers.setdefault(name, []).append(n)
-        self.inits = {t.name: t for t in graph.initializer}
-        self.outputs = {o.name for o in graph.output}
-
-    def const(self, name):
-        from onnx import numpy_helper
-
-        t = self.inits.get(name)
-        return None if t is None else numpy_helper.to_array(t)
-
-    def only_reader(self, name):
-        r = self.readers.get(name, [])
-        return r[0] if len(r) == 1 and name not in self.outputs else None
-
-    def op(self, name, op_type):
-        n = self.made.get(name)
-        return n if n is not None and n.op_type == op_type else None
 
 
 def _attr(node, name, default=None):
@@ -67,7 +39,7 @@ def _attr(node, name, default=None):
     return default
 
 
-def _angles(g: _Graph, cos_name: str, sin_name: str):
+def _angles(g: GraphIndex, cos_name: str, sin_name: str):
     """inv_freq (float32, (half,)) when cos / sin are Cos / Sin of Unsqueeze(Concat(m, m)) with m = Unsqueeze(Cast
     (position_ids)) * inv_freq, inv_freq a constant; else None."""
     c, s = g.op(cos_name, "Cos"), g.op(sin_name, "Sin")
@@ -89,7 +61,7 @@ def _angles(g: _Graph, cos_name: str, sin_name: str):
     return None
 
 
-def _slice_half(g: _Graph, name: str, x: str, first: bool, half: int) -> bool:
+def _slice_half(g: GraphIndex, name: str, x: str, first: bool, half: int) -> bool:
     """name is x[..., :half] (first) or x[..., half:] along the last axis, as a Slice of constant bounds."""
     n = g.op(name, "Slice")
     if n is None or n.input[0] != x or len(n.input) < 4:
@@ -104,7 +76,7 @@ def _slice_half(g: _Graph, name: str, x: str, first: bool, half: int) -> bool:
     return (lo, min(hi, half)) == (0, half) if first else (lo == half and hi >= 2 * half)
 
 
-def _rope_chains(g: _Graph):
+def _rope_chains(g: GraphIndex):
     """[(add node, x, cos, sin, inv_freq, transpose node)] of every rotary chain the rewrite takes."""
     found = []
     for add in g.graph.node:
@@ -137,7 +109,7 @@ def _rope_chains(g: _Graph):
     return found
 
 
-def _rms_norms(g: _Graph):
+def _rms_norms(g: GraphIndex):
     """[(residual Add, the norm's last Mul, weight name, epsilon)] for Add -> Pow 2 -> ReduceMean(-1) -> Add eps ->
     Sqrt -> Div -> Mul weight chains."""
     found = []
@@ -177,13 +149,14 @@ def _rms_norms(g: _Graph):
     return found
 
 
-def fuse_contrib_ops(model, max_positions: Optional[int] = None) -> dict:
+def fuse_contrib_ops(model, max_positions: Optional[int] = None, weights=None) -> dict:
     """Apply the rewrites to `model` in place; returns how many of each were made. max_positions: the rows of the
-    rotary tables (the positions a session may reach: the model's max_position_embeddings); None: no rotary fusion."""
+    rotary tables (the positions a session may reach: the model's max_position_embeddings); None: no rotary fusion.
+    `weights`: the graph's LazyWeights when its constants may be external data (export/lazy_weights.py)."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
-    g = _Graph(graph)
+    g = GraphIndex(graph, read=weights.array if weights is not None else None)
     replace, dead, inits = {}, set(), []
     tables = {}
     ropes = _rope_chains(g) if max_positions else []
@@ -216,11 +189,7 @@ def fuse_contrib_ops(model, max_positions: Optional[int] = None) -> dict:
     splice_nodes(graph, replace, dead)
     graph.initializer.extend(inits)
     prune_dead_nodes(graph)  # the replaced chains' remains (Pow .. Div, rotate_half, the shared cos / sin)
-    read = {i for n in graph.node for i in n.input}
-    if any(t.name not in read for t in graph.initializer):  # their constants (the inv_freq, the slice bounds)
-        keep = [t for t in graph.initializer if t.name in read]
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
+    drop_unread_initializers(graph)  # their constants (the inv_freq, the slice bounds)
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
     return dict(rotary_embedding=len(ropes), skip_simplified_layer_norm=len(norms))

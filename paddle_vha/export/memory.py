@@ -20,7 +20,9 @@ FORMULA = f"{NEED_BASE / 1e9:.1f} GB + {NEED_FACTOR:g} x the float32 weights"
 # --weights int8 / int4 (paddle_vha/export/quantize.py): the float32 graph held once while onnxruntime's quantizer
 # copies a tensor at a time, the largest (the embedding, transposed for a tied head) a few times over. Measured: 2
 # layers at Qwen3-0.6B widths, tied (0.75 GB of weights, the largest tensor 0.62 GB): peak RSS 3.86 GB; Qwen3-0.6B
-# (2.38 GB, 0.62 GB) exported and then quantized twice in one process by tools/bench_serve_cpu.py: 6.65 GB
+# (2.38 GB, 0.62 GB) exported and then quantized twice in one process by tools/bench_serve_cpu.py: 6.65 GB;
+# Qwen3-1.7B GQA-2 (6.53 GB, 1.24 GB) quantized to int8 from its float32 export: 11.8 GB (the rewrites keep the weights
+# in the data file until the graph is final, export/lazy_weights.py; holding them inline it passed 24 GB)
 QUANT_TENSOR_FACTOR = 6.5
 QUANT_FORMULA = f"{NEED_BASE / 1e9:.1f} GB + the float32 weights + {QUANT_TENSOR_FACTOR:g} x the largest tensor"
 

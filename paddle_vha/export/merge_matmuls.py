@@ -10,50 +10,42 @@ of once per weight (docs/deploy.md has the measurement).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
-from .node_edit import splice_nodes
+from .lazy_weights import LazyWeights
+from .node_edit import GraphIndex, drop_unread_initializers, splice_nodes
 
 __all__ = ["merge_sibling_matmuls"]
 
 
-def _float_matrices(graph) -> dict:
-    """{initializer name: tensor} for inline float32 2-D initializers (the weights a MatMul may read)."""
-    from onnx import TensorProto
-
-    return {t.name: t for t in graph.initializer
-            if t.data_type == TensorProto.FLOAT and len(t.dims) == 2 and t.raw_data}
-
-
-def merge_sibling_matmuls(model) -> int:
+def merge_sibling_matmuls(model, weights: Optional[LazyWeights] = None) -> int:
     """Merge, in place, every group of >= 2 MatMuls that read the same activation and each a float32 2-D constant of
-    the same input width; returns the number of groups merged. A weight read by anything else stays as it is."""
+    the same input width; returns the number of groups merged. A weight read by anything else stays as it is.
+    `weights`: the graph's LazyWeights when its weights are still external (the merged ones are then recipes, read at
+    its materialize); without it the graph is inline and the merged weights are computed here."""
     from onnx import TensorProto, helper
 
     graph = model.graph
-    mats = _float_matrices(graph)
-    readers = {}
-    for n in graph.node:
-        for name in n.input:
-            readers[name] = readers.get(name, 0) + 1
+    store = weights if weights is not None else LazyWeights(model)
+    mats = {t.name: t for t in graph.initializer if store.is_matrix(t, TensorProto.FLOAT)}
+    g = GraphIndex(graph)
     groups = {}
     for n in graph.node:
-        if n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in mats and readers[n.input[1]] == 1:
+        if n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in mats and g.n_readers(n.input[1]) == 1:
             k = mats[n.input[1]].dims[0]
             groups.setdefault((n.input[0], k), []).append(n)
-    merged, replace, drop, gone = 0, {}, set(), set()
+    merged, replace, drop = 0, {}, set()
     for (activation, k), nodes in groups.items():
         if len(nodes) < 2:
             continue
         widths = [int(mats[n.input[1]].dims[1]) for n in nodes]
-        # (K, N_1 + N_2 + ...): each weight's columns, in the nodes' order
-        weight = np.concatenate([np.frombuffer(mats[n.input[1]].raw_data, np.float32).reshape(k, w)
-                                 for n, w in zip(nodes, widths)], axis=1)
+        sources = [store.array(mats[n.input[1]]) for n in nodes]  # each (K, N_i): maps of the data file, or copies
         base = f"merged.{merged}"
-        tensor = TensorProto(name=base + ".weight", data_type=TensorProto.FLOAT, dims=list(weight.shape))
-        tensor.raw_data = weight.tobytes()
-        del weight
-        graph.initializer.append(tensor)
+        # (K, N_1 + N_2 + ...): each weight's columns, in the nodes' order
+        tensor = store.add(base + ".weight", TensorProto.FLOAT, [k, sum(widths)],
+                           lambda sources=sources: np.concatenate(sources, axis=1))
         sizes = helper.make_tensor(base + ".split", TensorProto.INT64, [len(widths)], widths)
         graph.initializer.append(sizes)
         matmul = helper.make_node("MatMul", [activation, tensor.name], [base + ".out"], name=base + ".matmul")
@@ -61,14 +53,11 @@ def merge_sibling_matmuls(model) -> int:
                                  name=base + ".split")
         replace[id(nodes[0])] = [matmul, split]  # at the first sibling: its activation exists there, readers follow
         drop.update(id(n) for n in nodes[1:])
-        for n in nodes:  # the separate weights: emptied now (the peak stays the weights plus one group), dropped below
-            mats.pop(n.input[1]).ClearField("raw_data")
-            gone.add(n.input[1])
         merged += 1
     if not merged:
         return 0
     splice_nodes(graph, replace, drop)
-    keep = [t for t in graph.initializer if t.name not in gone]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
+    drop_unread_initializers(graph)  # the separate weights
+    if weights is None:
+        store.materialize()
     return merged

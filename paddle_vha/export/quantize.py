@@ -12,7 +12,9 @@ cache.
 Before quantizing, q|k|v and gate|up are merged into one MatMul each (export/merge_matmuls.py: exact, the same blocks
 and scales per output column) and the residual + RMSNorm and rotary chains become onnxruntime's contrib fused ops
 (export/fuse_contrib.py): a quantized graph is onnxruntime's own already, and a batch-1 step is mostly small kernels
-around the MatMuls. The float32 export stays standard ONNX.
+around the MatMuls. The float32 export stays standard ONNX. Those rewrites run on the graph with its weights still in model.onnx.data and
+read them in once at the end (export/lazy_weights.py: protobuf frees no field's bytes before the whole message), so
+the peak is the float32 weights plus the quantized ones plus one tensor's working copies (Qwen3-1.7B int8: 11.8 GB).
 
 The tied LM head (tie_word_embeddings: logits = x @ embed^T) reads the embedding through Transpose nodes, which the
 quantizer skips (it only takes a constant operand). `untie_lm_head` gives that MatMul its own constant, the
@@ -35,7 +37,8 @@ import numpy as np
 from .errors import ExportError
 from .fuse_contrib import fuse_contrib_ops
 from .merge_matmuls import merge_sibling_matmuls
-from .node_edit import prune_dead_nodes
+from .lazy_weights import LazyWeights
+from .node_edit import GraphIndex, drop_unread_initializers, prune_dead_nodes
 from .weights import DATA_FILE, needs_external_data
 
 __all__ = ["WEIGHT_FORMATS", "BITS", "DEFAULT_BLOCK_SIZE", "FLOAT_REFUSAL", "check_weights", "quantize_graph",
@@ -69,19 +72,16 @@ def check_weights(weights: str, block_size: Optional[int]) -> None:
             raise ExportError(f"--block-size {block_size}: MatMulNBits needs a power of two >= 16 (e.g. 32, 64, 128)")
 
 
-def _producer(graph):
-    return {o: n for n in graph.node for o in n.output}
-
-
-def untie_lm_head(model) -> Optional[str]:
+def untie_lm_head(model, weights: Optional[LazyWeights] = None) -> Optional[str]:
     """If the MatMul producing `logits` reads the embedding through Transpose nodes (a tied head), give it a constant
     of its own, the transposed embedding (hidden, vocab); returns that initializer's name, or None (untied: the
-    head already has its own constant)."""
+    head already has its own constant). `weights`: as for merge_sibling_matmuls (the new constant a recipe)."""
     import onnx
 
     graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    made = _producer(graph)
+    store = weights if weights is not None else LazyWeights(model)
+    g = GraphIndex(graph)
+    inits, made = g.inits, g.made
     head = made.get("logits")
     if head is None or head.op_type != "MatMul" or head.input[1] in inits:
         return None
@@ -95,19 +95,21 @@ def untie_lm_head(model) -> Optional[str]:
     if src not in inits or perm_count % 2 != 1:
         return None
     emb = inits[src]
-    if emb.data_type != onnx.TensorProto.FLOAT or len(emb.dims) != 2 or not emb.raw_data:
+    if not store.is_matrix(emb, onnx.TensorProto.FLOAT):
         return None
     v, h = emb.dims
-    table = np.frombuffer(emb.raw_data, np.float32).reshape(v, h)  # (V, h): the embedding
-    head_t = np.empty((h, v), np.float32)
-    head_t[...] = table.T  # (h, V): the head's own constant
-    del table
+    table = store.array(emb)  # (V, h): the embedding
+
+    def transposed():
+        head_t = np.empty((h, v), np.float32)
+        head_t[...] = table.T  # (h, V): the head's own constant
+        return head_t
+
     name = "lm_head.weight.untied"
-    tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=[h, v])
-    tensor.raw_data = head_t.tobytes()
-    del head_t
-    graph.initializer.append(tensor)
+    store.add(name, onnx.TensorProto.FLOAT, [h, v], transposed)
     head.input[1] = name
+    if weights is None:
+        store.materialize()
     return name
 
 
@@ -117,24 +119,7 @@ def load_inline(onnx_path: str):
     import onnx
 
     model = onnx.load(onnx_path, load_external_data=False)
-    base = os.path.dirname(onnx_path)
-    handles = {}
-    try:
-        for t in model.graph.initializer:
-            if t.data_location != onnx.TensorProto.EXTERNAL:
-                continue
-            meta = {e.key: e.value for e in t.external_data}
-            f = handles.get(meta["location"]) or handles.setdefault(meta["location"],
-                                                                   open(os.path.join(base, meta["location"]), "rb"))
-            f.seek(int(meta.get("offset", 0)))
-            data = f.read(int(meta["length"]))
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
-            t.raw_data = data
-            del data
-    finally:
-        for f in handles.values():
-            f.close()
+    LazyWeights(model, os.path.dirname(onnx_path) or ".").materialize()
     return model
 
 
@@ -150,11 +135,14 @@ def quantize_graph(onnx_path: str, weights: str, block_size: Optional[int] = Non
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     bits, block = BITS[weights], block_size or DEFAULT_BLOCK_SIZE
-    model = load_inline(onnx_path)  # the float32 weights in memory, once
-    untied = untie_lm_head(model) if quantize_lm_head else None
+    model = onnx.load(onnx_path, load_external_data=False)  # the graph; its weights stay in the data file ...
+    store = LazyWeights(model, os.path.dirname(onnx_path) or ".")
+    untied = untie_lm_head(model, store) if quantize_lm_head else None
     prune_dead_nodes(model.graph)  # the tied head's Transposes, once untied
-    merged = merge_sibling_matmuls(model)  # q/k/v and gate/up: one MatMul (then a Split) each, exact
-    fused = fuse_contrib_ops(model, max_positions)  # rotary (when max_positions) and residual + RMSNorm chains
+    merged = merge_sibling_matmuls(model, store)  # q/k/v and gate/up: one MatMul (then a Split) each, exact
+    fused = fuse_contrib_ops(model, max_positions, store)  # rotary (when max_positions), residual + RMSNorm
+    drop_unread_initializers(model.graph)
+    store.materialize()  # ... until here: the float32 weights the graph still reads, in memory once
     head = next(n for n in model.graph.node if "logits" in n.output)
     exclude = [] if quantize_lm_head else [head.name or _name_node(head, "lm_head")]
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # INFO per node

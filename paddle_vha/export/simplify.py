@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .node_edit import GraphIndex, splice_nodes
+
 __all__ = ["simplify_graph"]
 
 
@@ -95,12 +97,8 @@ def _constant(graph, name: str, value: float) -> str:
 
 def _rewrite_nodes(graph, consts: dict) -> dict:
     """Neg for Mul by -1, Pow for Mul(x, x), Div for Mul by Reciprocal(Sqrt(·)); counts of each."""
-    made = {o: n for n in graph.node for o in n.output}
-    readers = {}
-    for n in graph.node:
-        for name in n.input:
-            readers[name] = readers.get(name, 0) + 1
-    outputs = {o.name for o in graph.output}
+    g = GraphIndex(graph)  # built before the loop: the rewrites below change node types, not what makes a value
+    made, outputs = g.made, g.outputs
     counts = dict(Neg=0, Pow=0, Div=0)
     dead = set()
     for n in graph.node:
@@ -117,15 +115,13 @@ def _rewrite_nodes(graph, consts: dict) -> dict:
         else:
             for x, r in ((a, b), (b, a)):
                 rec = made.get(r)
-                if (rec is not None and rec.op_type == "Reciprocal" and readers.get(r) == 1 and r not in outputs
+                if (rec is not None and rec.op_type == "Reciprocal" and g.n_readers(r) == 1 and r not in outputs
                         and rec.input[0] in made and made[rec.input[0]].op_type == "Sqrt"):
                     n.op_type, n.input[:] = "Div", [x, rec.input[0]]
                     dead.add(id(rec))
                     counts["Div"] += 1
                     break
-    keep = [n for n in graph.node if id(n) not in dead]
-    del graph.node[:]
-    graph.node.extend(keep)
+    splice_nodes(graph, {}, dead)
     return counts
 
 
