@@ -241,6 +241,25 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path, capsys, monkeypatch):
     assert tree(tmp_path) == before
 
 
+def test_full_disk_exits_2_with_one_line(tmp_path, capsys, monkeypatch):
+    """The disk fills mid-export (ENOSPC from the weight writer; a Qwen3-1.7B export once ended in a traceback): one
+    line naming it, exit 2, input untouched. (The transforms' own writers name it already: "could not write ...".)"""
+    import errno
+
+    from paddle_vha.cli import export_onnx as export_cli
+    from paddle_vha.export import onnx_export
+
+    src = save_vha(tmp_path / "in")
+    before = tree(tmp_path)
+
+    def disk_full(ckpt, out, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "out.tmp" / "model.onnx.data"))
+
+    monkeypatch.setattr(onnx_export, "export_onnx", disk_full)
+    refused(export_cli.main, [src, str(tmp_path / "out")], capsys, "out of disk space writing", code=2)
+    assert tree(tmp_path) == before
+
+
 SIGTERM_CHILD = r"""
 import os, sys, time
 from paddle_vha.checkpoint.fsutil import atomic_dir, scratch_dir

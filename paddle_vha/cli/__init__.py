@@ -102,7 +102,7 @@ def _reclaim_sigterm_on_import() -> None:
 
 def command(main):
     """Decorator for a tool's main(argv=None): Ctrl-C ends it with one line and exit status 130, SIGTERM with one line
-    and 143, not a traceback; both unwind through the cleanups (outputs are written through temporary folders and
+    and 143, a full disk (ENOSPC / EDQUOT) with one line and 2, not a traceback; all three unwind through the cleanups (outputs are written through temporary folders and
     scratch space is removed, so an interrupted run leaves nothing behind)."""
 
     @functools.wraps(main)
@@ -122,6 +122,15 @@ def command(main):
         except Terminated:
             print("error: terminated (SIGTERM); temporaries removed", file=sys.stderr)
             return 143
+        except OSError as e:
+            import errno
+
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            where = f" writing {e.filename}" if e.filename else ""
+            print(f"error: out of disk space{where} ({e.strerror}); temporaries removed, nothing written",
+                  file=sys.stderr)
+            return 2
         finally:
             if ours:
                 signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
