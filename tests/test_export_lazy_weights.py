@@ -76,7 +76,8 @@ def test_rewrites_leave_weights_in_the_file_until_materialize(tmp_path):
     got = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     merged = got["merged.0.weight"]
     ref = np.concatenate([w["Wq"], w["Wk"], w["Wv"]], axis=1)  # (K, 7 + 3 + 5)
-    print("merged max abs diff", np.abs(merged - ref).max(), "head", np.abs(got["lm_head.weight.untied"] - w["E"].T).max())
+    print("merged max abs diff", np.abs(merged - ref).max(),
+          "head", np.abs(got["lm_head.weight.untied"] - w["E"].T).max())
     assert merged.shape == (K, 15) and np.array_equal(merged, ref)
     assert np.array_equal(got["lm_head.weight.untied"], w["E"].T) and np.array_equal(got["E"], w["E"])
     assert all(t.data_location == TensorProto.DEFAULT for t in model.graph.initializer)

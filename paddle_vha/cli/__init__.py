@@ -102,8 +102,9 @@ def _reclaim_sigterm_on_import() -> None:
 
 def command(main):
     """Decorator for a tool's main(argv=None): Ctrl-C ends it with one line and exit status 130, SIGTERM with one line
-    and 143, a full disk (ENOSPC / EDQUOT) with one line and 2, not a traceback; all three unwind through the cleanups (outputs are written through temporary folders and
-    scratch space is removed, so an interrupted run leaves nothing behind)."""
+    and 143, a full disk (ENOSPC / EDQUOT) with one line and 2, not a traceback; all three unwind through the cleanups
+    (outputs are written through temporary folders and scratch space is removed, so an interrupted run leaves nothing
+    behind)."""
 
     @functools.wraps(main)
     def wrapped(argv=None):

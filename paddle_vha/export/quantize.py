@@ -12,9 +12,10 @@ cache.
 Before quantizing, q|k|v and gate|up are merged into one MatMul each (export/merge_matmuls.py: exact, the same blocks
 and scales per output column) and the residual + RMSNorm and rotary chains become onnxruntime's contrib fused ops
 (export/fuse_contrib.py): a quantized graph is onnxruntime's own already, and a batch-1 step is mostly small kernels
-around the MatMuls. The float32 export stays standard ONNX. Those rewrites run on the graph with its weights still in model.onnx.data and
-read them in once at the end (export/lazy_weights.py: protobuf frees no field's bytes before the whole message), so
-the peak is the float32 weights plus the quantized ones plus one tensor's working copies (Qwen3-1.7B int8: 11.8 GB).
+around the MatMuls. The float32 export stays standard ONNX. Those rewrites run on the graph with its weights still in
+model.onnx.data and read them in once at the end (export/lazy_weights.py: protobuf frees no field's bytes before the
+whole message), so the peak is the float32 weights plus the quantized ones plus one tensor's working copies
+(Qwen3-1.7B int8: 11.8 GB).
 
 The tied LM head (tie_word_embeddings: logits = x @ embed^T) reads the embedding through Transpose nodes, which the
 quantizer skips (it only takes a constant operand). `untie_lm_head` gives that MatMul its own constant, the
