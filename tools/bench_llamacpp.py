@@ -23,6 +23,14 @@ FORMATS = ("F32", "F16", "Q8_0", "Q4_0")
 LLAMA = """
 import json, os, sys, time
 import numpy as np, gguf
+import llama_cpp.llama_cpp as _lc
+if os.environ.get("LLAMA_EXTRA_BUFTS") == "0":  # off: llama.cpp's AMX / repacked weight buffers (crashed on AMX CPUs)
+    _default = _lc.llama_model_default_params
+    def _no_extra():
+        mp = _default()
+        mp.use_extra_bufts = False
+        return mp
+    _lc.llama_model_default_params = _no_extra
 from llama_cpp import Llama
 path, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
 reader = gguf.GGUFReader(path)
@@ -53,8 +61,16 @@ print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1
 # llama_memory_seq_cp (between streams: a data copy), to keep a long-context prefill affordable; the decode steps then
 # run all rows at once.
 LLAMA_BATCH = """
-import ctypes, json, sys, time
+import ctypes, json, os, sys, time
 import numpy as np, gguf, llama_cpp as L
+import llama_cpp.llama_cpp as _lc
+if os.environ.get("LLAMA_EXTRA_BUFTS") == "0":  # off: llama.cpp's AMX / repacked weight buffers (crashed on AMX CPUs)
+    _default = _lc.llama_model_default_params
+    def _no_extra():
+        mp = _default()
+        mp.use_extra_bufts = False
+        return mp
+    _lc.llama_model_default_params = _no_extra
 path, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
 reader = gguf.GGUFReader(path)
 names = {t.name: int(t.n_bytes) for t in reader.tensors}
@@ -62,7 +78,9 @@ weights = sum(names.values()) - (names["token_embd.weight"] if "output.weight" i
 kinds = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
 del reader
 L.llama_backend_init()
-model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+mp = L.llama_model_default_params()
+mp.use_extra_bufts = os.environ.get("LLAMA_EXTRA_BUFTS") != "0"
+model = L.llama_model_load_from_file(path.encode(), mp)
 cp = L.llama_context_default_params()
 per_seq = -(-(prompt + new + 8) // 256) * 256
 cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = batch * per_seq, 512, 512, batch
@@ -127,8 +145,10 @@ def llama_env():
     return (python, src) if ok else None
 
 
-def _side(python, code, args):
+def _side(python, code, args, extra_bufts=True):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    if not extra_bufts:
+        env["LLAMA_EXTRA_BUFTS"] = "0"
     return subprocess.run([python, "-c", code, *map(str, args)], capture_output=True, text=True, env=env, cwd=ROOT)
 
 
@@ -173,8 +193,16 @@ def prepare_gguf(work: str, ckpt: str, formats, env, log) -> dict:
 
 def time_llama(env, path: str, shape, threads: int, log):
     """llama.cpp's result dict (prefill, step, weight_bytes, ...) for one GGUF file, or None."""
-    r = _side(env[0], LLAMA if shape[0] == 1 else LLAMA_BATCH, [path, *shape, threads])
+    code, retried = (LLAMA if shape[0] == 1 else LLAMA_BATCH), False
+    r = _side(env[0], code, [path, *shape, threads])
+    if r.returncode == -11:  # llama.cpp 0.3.36's AMX weight buffers segfault on an AMX Xeon (2026-12): retry without
+        log("  llama.cpp crashed (SIGSEGV); again without its extra weight buffer types (AMX / repacked)")
+        r = _side(env[0], code, [path, *shape, threads], extra_bufts=False)
+        retried = True
     if r.returncode != 0:
         log(f"  failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
         return None
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    if retried:
+        res["tensor_types"] = res.get("tensor_types", []) + ["no extra buffer types"]
+    return res
