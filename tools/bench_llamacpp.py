@@ -63,14 +63,6 @@ print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1
 LLAMA_BATCH = """
 import ctypes, json, os, sys, time
 import numpy as np, gguf, llama_cpp as L
-import llama_cpp.llama_cpp as _lc
-if os.environ.get("LLAMA_EXTRA_BUFTS") == "0":  # off: llama.cpp's AMX / repacked weight buffers (crashed on AMX CPUs)
-    _default = _lc.llama_model_default_params
-    def _no_extra():
-        mp = _default()
-        mp.use_extra_bufts = False
-        return mp
-    _lc.llama_model_default_params = _no_extra
 path, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
 reader = gguf.GGUFReader(path)
 names = {t.name: int(t.n_bytes) for t in reader.tensors}
