@@ -44,3 +44,22 @@ def test_prepare_only_writes_the_exports_and_a_later_run_reuses_them(tmp_path):
     assert "export" not in r.stderr and "quantized in" not in r.stderr, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("ours int4"))
     assert "failed" not in row and float(row.split("|")[1]) > 0, row
+
+
+def test_a_llama_cpp_run_killed_by_sigsegv_is_run_again_without_extra_buffer_types():
+    """tools/bench_llamacpp.py's run_side (the bench's and tests/test_llamacpp_client.py's way into the side env): a
+    script that dies of SIGSEGV while LLAMA_EXTRA_BUFTS is unset (as llama.cpp 0.3.36 did through its AMX buffers on an
+    AMX Xeon) is run once more with it at 0, and says so; a script that fails otherwise is not re-run."""
+    sys.path.insert(0, ROOT)
+    from tools.bench_llamacpp import EXTRA_BUFTS_SWITCH, run_side
+
+    crash_unless_off = ("import os, signal, sys\nif os.environ.get('LLAMA_EXTRA_BUFTS') != '0':\n"
+                        "    os.kill(os.getpid(), signal.SIGSEGV)\nprint('ran', sys.argv[1])\n")
+    said = []
+    r, retried = run_side(sys.executable, crash_unless_off, ["x"], log=said.append)
+    assert (r.returncode, r.stdout.strip(), retried) == (0, "ran x", True), (r.returncode, r.stderr[-500:])
+    assert len(said) == 1 and "SIGSEGV" in said[0], said
+    said.clear()
+    r, retried = run_side(sys.executable, "import sys; sys.exit(3)", [], log=said.append)
+    assert (r.returncode, retried, said) == (3, False, [])
+    assert "use_extra_bufts = False" in EXTRA_BUFTS_SWITCH  # the switch the side scripts put first

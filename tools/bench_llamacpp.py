@@ -20,17 +20,24 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = ("F32", "F16", "Q8_0", "Q4_0")
 
-LLAMA = """
-import json, os, sys, time
-import numpy as np, gguf
+# LLAMA_EXTRA_BUFTS=0 in a side script's environment: llama.cpp's extra weight buffer types (AMX, repacked) off, for
+# llama-cpp-python's high-level Llama, which builds its model params inside (llama.cpp 0.3.36 segfaulted through its AMX
+# buffers on an AMX Xeon, 2026-12; run_side retries a crashed script with it). Put before `from llama_cpp import Llama`.
+EXTRA_BUFTS_SWITCH = """
+import os
 import llama_cpp.llama_cpp as _lc
-if os.environ.get("LLAMA_EXTRA_BUFTS") == "0":  # off: llama.cpp's AMX / repacked weight buffers (crashed on AMX CPUs)
+if os.environ.get("LLAMA_EXTRA_BUFTS") == "0":
     _default = _lc.llama_model_default_params
     def _no_extra():
         mp = _default()
         mp.use_extra_bufts = False
         return mp
     _lc.llama_model_default_params = _no_extra
+"""
+
+LLAMA = EXTRA_BUFTS_SWITCH + """
+import json, os, sys, time
+import numpy as np, gguf
 from llama_cpp import Llama
 path, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
 reader = gguf.GGUFReader(path)
@@ -137,11 +144,23 @@ def llama_env():
     return (python, src) if ok else None
 
 
-def _side(python, code, args, extra_bufts=True):
+def _side(python, code, args, extra_bufts=True, **kw):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     if not extra_bufts:
         env["LLAMA_EXTRA_BUFTS"] = "0"
-    return subprocess.run([python, "-c", code, *map(str, args)], capture_output=True, text=True, env=env, cwd=ROOT)
+    kw.setdefault("cwd", ROOT)
+    return subprocess.run([python, "-c", code, *map(str, args)], capture_output=True, text=True, env=env, **kw)
+
+
+def run_side(python, code, args, log=print, **kw):
+    """(CompletedProcess, retried): `code` (a script that honours LLAMA_EXTRA_BUFTS, e.g. after EXTRA_BUFTS_SWITCH) in
+    the side environment; a run killed by SIGSEGV is run once more without llama.cpp's extra weight buffer types, and
+    the log says so."""
+    r = _side(python, code, args, **kw)
+    if r.returncode != -11:
+        return r, False
+    log("  llama.cpp crashed (SIGSEGV); again without its extra weight buffer types (AMX / repacked)")
+    return _side(python, code, args, extra_bufts=False, **kw), True
 
 
 def llama_source(work: str, ckpt: str, src: str) -> str:
@@ -185,12 +204,8 @@ def prepare_gguf(work: str, ckpt: str, formats, env, log) -> dict:
 
 def time_llama(env, path: str, shape, threads: int, log):
     """llama.cpp's result dict (prefill, step, weight_bytes, ...) for one GGUF file, or None."""
-    code, retried = (LLAMA if shape[0] == 1 else LLAMA_BATCH), False
-    r = _side(env[0], code, [path, *shape, threads])
-    if r.returncode == -11:  # llama.cpp 0.3.36's AMX weight buffers segfault on an AMX Xeon (2026-12): retry without
-        log("  llama.cpp crashed (SIGSEGV); again without its extra weight buffer types (AMX / repacked)")
-        r = _side(env[0], code, [path, *shape, threads], extra_bufts=False)
-        retried = True
+    code = LLAMA if shape[0] == 1 else LLAMA_BATCH
+    r, retried = run_side(env[0], code, [path, *shape, threads], log)
     if r.returncode != 0:
         log(f"  failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
         return None
