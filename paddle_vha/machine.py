@@ -1,10 +1,13 @@
 """What this machine can give a tool, read from /proc (Linux): the memory available to allocate, and this process's
-resident memory. Every tool that refuses a job up front for want of memory asks here."""
+resident memory (every tool that refuses a job up front for want of memory asks here); and for the benchmarks, the CPU
+in one line and the copy bandwidth their floors are measured against."""
 from __future__ import annotations
 
+import os
+import time
 from typing import Optional
 
-__all__ = ["available_memory_bytes", "resident_bytes", "shortfall_line"]
+__all__ = ["available_memory_bytes", "resident_bytes", "shortfall_line", "cpu_line", "copy_bandwidth"]
 
 
 def _proc_field(path: str, key: str) -> Optional[int]:
@@ -38,3 +41,36 @@ def shortfall_line(need: int, have: Optional[int], what: str, verb: str, hint: s
 
     return (f"needs about {fmt_bytes(need)} of memory ({what}), but MemAvailable is {fmt_bytes(have)}; "
             f"refusing to {verb} ({hint})")
+
+
+def cpu_line() -> str:
+    """"<model name>, <cores> cores, <widest x86 vector ISA>" from /proc/cpuinfo: the line a benchmark's table opens
+    with (machines here differ)."""
+    model, flags = "?", set()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name") and model == "?":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{model}, {os.cpu_count()} cores, {isa}"
+
+
+def copy_bandwidth(mb: int = 256, repeats: int = 7) -> float:
+    """Bytes moved (read + written) per second by a large numpy copy on this machine, now, best of `repeats` after one
+    untimed copy (the first touches fresh pages): the yardstick of the benchmarks' floors."""
+    import numpy as np
+
+    a = np.ones(mb * 2**20 // 4, np.float32)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * a.nbytes / best

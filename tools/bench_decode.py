@@ -27,6 +27,7 @@ import tempfile
 import time
 
 from paddle_vha.cli import quiet
+from paddle_vha.machine import copy_bandwidth
 
 
 def build_export(root, name, h_kv, args, log, shared_kv=False, cache_io="concat"):
@@ -78,21 +79,6 @@ def time_step(session, cfg, batch, context, repeats, rng, min_seconds=1.0):
     kv_bytes = cache.nbytes if session.cache_io == "buffer" else sum(c.nbytes for c in cache)
     del cache
     return float(np.median(times)), kv_bytes
-
-
-def copy_bandwidth(mb: int = 256, repeats: int = 7) -> float:
-    """Bytes moved (read + written) per second by a large numpy copy on this machine, now: the floor's yardstick."""
-    import numpy as np
-
-    a = np.ones(mb * 2**20 // 4, np.float32)
-    b = np.empty_like(a)
-    np.copyto(b, a)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t)
-    return 2 * a.nbytes / best
 
 
 GENAI_STEP = """

@@ -41,6 +41,7 @@ import sys
 import time
 
 import bench_llamacpp  # tools/ is the script's folder, first on the path
+from paddle_vha.machine import copy_bandwidth, cpu_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THREADS = len(os.sched_getaffinity(0))
@@ -322,31 +323,6 @@ def genai_prefill_bytes(cfg: dict, batch: int, prompt: int) -> int:
     """One layer's float32 attention scores in genai's prefill of every row at once (batch x heads x prompt^2 x 4 B):
     onnxruntime-genai takes a batch's prompt in one AppendTokens call (it refuses a second one for batch > 1)."""
     return batch * cfg["num_attention_heads"] * prompt * prompt * 4
-
-
-def copy_bandwidth(mb: int = 256, repeats: int = 7) -> float:
-    """Bytes moved (read + written) per second by a large numpy copy, now."""
-    import numpy as np
-
-    a = np.ones(mb * 2**20 // 4, np.float32)
-    b = np.empty_like(a)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        t = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t)
-    return 2 * a.nbytes / best
-
-
-def cpu_line() -> str:
-    model, flags = "?", set()
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name") and model == "?":
-            model = line.split(":", 1)[1].strip()
-        elif line.startswith("flags") and not flags:
-            flags = set(line.split(":", 1)[1].split())
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{model}, {os.cpu_count()} cores, {isa}"
 
 
 def label(args, key: str) -> str:
