@@ -16,7 +16,7 @@ of --context filled positions and room for the new one) in onnxruntime's CPU exe
 - "its two cache MatMuls": the query-key and probability-value products over the buffer alone, what any graph of
   standard ops must run (onnxruntime's MLAS GEMM with G = heads / kv-heads query rows per cached head);
 - "keys stored (d, T)": the same with the keys already transposed (no transposed operand);
-- "GroupQueryAttention": onnxruntime's contrib op (com.microsoft), the past / present buffers bound in place (IOBinding),
+- "GroupQueryAttention": onnxruntime's contrib op (com.microsoft), past / present buffers bound in place (IOBinding),
   the op onnxruntime-genai's own exports use;
 - "numpy matmul": the two cache products in numpy (its BLAS), outside onnxruntime, for scale.
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from paddle_vha.machine import available_memory_bytes, copy_bandwidth, cpu_line
 
-FLOAT = 1  # onnx.TensorProto.FLOAT
+FLOAT, INT32, INT64 = 1, 6, 7  # onnx.TensorProto's element types
 
 
 def session(nodes, inputs, outputs, threads):
@@ -44,7 +44,8 @@ def session(nodes, inputs, outputs, threads):
 
     graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
                               [helper.make_tensor_value_info(n, FLOAT, None) for n in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.intra_op_num_threads = threads
@@ -73,8 +74,8 @@ def formulations(q, k_buf, v_buf, k_new, v_new, filled, threads):
     mask[:, :, :, filled:cap] = -1e9
     n = helper.make_node
     consts = [helper.make_tensor("scale", FLOAT, [], [float(scale)]),
-              helper.make_tensor("s0", 7, [1], [0]), helper.make_tensor("s1", 7, [1], [cap]),
-              helper.make_tensor("s2", 7, [1], [cap + 1]), helper.make_tensor("ax", 7, [1], [3])]
+              helper.make_tensor("s0", INT64, [1], [0]), helper.make_tensor("s1", INT64, [1], [cap]),
+              helper.make_tensor("s2", INT64, [1], [cap + 1]), helper.make_tensor("ax", INT64, [1], [3])]
     graph_nodes = [n("Constant", [], [c.name], value=c) for c in consts] + [
         n("Mul", ["q", "scale"], ["qs"]),
         n("Transpose", ["kb"], ["kbt"], perm=[0, 1, 3, 2]), n("MatMul", ["qs", "kbt"], ["s_buf"]),
@@ -82,7 +83,8 @@ def formulations(q, k_buf, v_buf, k_new, v_new, filled, threads):
         n("Concat", ["s_buf", "s_new"], ["s"], axis=-1), n("Add", ["s", "mask"], ["sm"]),
         n("Softmax", ["sm"], ["p"], axis=-1),
         n("Slice", ["p", "s0", "s1", "ax"], ["p_buf"]), n("Slice", ["p", "s1", "s2", "ax"], ["p_new"]),
-        n("MatMul", ["p_buf", "vb"], ["y_buf"]), n("MatMul", ["p_new", "vn"], ["y_new"]), n("Add", ["y_buf", "y_new"], ["y"])]
+        n("MatMul", ["p_buf", "vb"], ["y_buf"]), n("MatMul", ["p_new", "vn"], ["y_new"]),
+        n("Add", ["y_buf", "y_new"], ["y"])]
     io = [("q", FLOAT, q.shape), ("kb", FLOAT, k_buf.shape), ("vb", FLOAT, v_buf.shape), ("kn", FLOAT, k_new.shape),
           ("vn", FLOAT, v_new.shape), ("mask", FLOAT, mask.shape)]
     graph = session(graph_nodes, io, ["y"], threads)
@@ -111,7 +113,8 @@ def formulations(q, k_buf, v_buf, k_new, v_new, filled, threads):
     gqa = session([n("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "seqlens_k", "total"], ["y", "pk_o", "pv_o"],
                      domain="com.microsoft", num_heads=h_kv * g, kv_num_heads=h_kv)],
                   [("q", FLOAT, [b, 1, h_kv * g * d]), ("k", FLOAT, [b, 1, h_kv * d]), ("v", FLOAT, [b, 1, h_kv * d]),
-                   ("pk", FLOAT, k_buf.shape), ("pv", FLOAT, v_buf.shape), ("seqlens_k", 6, [b]), ("total", 6, [])],
+                   ("pk", FLOAT, k_buf.shape), ("pv", FLOAT, v_buf.shape), ("seqlens_k", INT32, [b]),
+                   ("total", INT32, [])],
                   ["y", "pk_o", "pv_o"], threads)
     kg, vg = k_buf.copy(), v_buf.copy()  # its own buffers: it writes into them
     arrays = dict(q=np.ascontiguousarray(q.reshape(b, 1, -1)), k=np.ascontiguousarray(k_new.reshape(b, 1, -1)),
@@ -187,7 +190,8 @@ def main(argv=None) -> int:
     print(hdr)
     print("-" * len(hdr))
     for name, t, nbytes, err in rows:
-        print(f"{name:<24} | {t * 1e3:>8.2f} | {nbytes / t / 1e9:>6.2f} | {t / (nbytes / bandwidth):>6.2f}x | {err:>22}")
+        floor = nbytes / bandwidth
+        print(f"{name:<24} | {t * 1e3:>8.2f} | {nbytes / t / 1e9:>6.2f} | {t / floor:>6.2f}x | {err:>22}")
     return 0
 
 
