@@ -42,22 +42,13 @@ import tempfile
 import textwrap
 import time
 
+from paddle_vha.machine import cpu_line
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = ("fixture", "convert", "fold", "compress", "export", "generate", "paddle", "import", "merge", "train", "decode")
 # steps whose command makes an input for the next one (not a product command): reused when their output exists
 INPUTS = ("fixture", "fork fixture", "tp split", "pretrain data")
 PROMPT_LEN, NEW_TOKENS = 128, 64
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-        names = [ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")]
-        isa = "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "no AVX2"
-        return f"{names[0]} x{len(names)} ({isa})" if names else platform.processor()
-    except OSError:
-        return platform.processor() or "unknown CPU"
 
 
 def run_measured(cmd, log, env=None):
@@ -219,7 +210,7 @@ def decode_rows(args, w, log):
 
 
 def print_tables(args, step_rows, dec_rows):
-    print(f"\n{args.shape} shape{f', {args.layers} layers' if args.layers else ''}; {cpu_model()}; "
+    print(f"\n{args.shape} shape{f', {args.layers} layers' if args.layers else ''}; {cpu_line()}; "
           f"Python {platform.python_version()}\n")
     print("| step | wall s | peak RSS MB | rc |\n| --- | ---: | ---: | ---: |")
     for r in step_rows:
@@ -270,7 +261,7 @@ def main(argv=None) -> int:
     print_tables(args, step_rows, dec_rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(shape=args.shape, layers=args.layers, cpu=cpu_model(), steps=step_rows, decode=dec_rows),
+            json.dump(dict(shape=args.shape, layers=args.layers, cpu=cpu_line(), steps=step_rows, decode=dec_rows),
                       f, indent=2)
     return 0 if all(r["rc"] == 0 for r in step_rows) else 1
 
