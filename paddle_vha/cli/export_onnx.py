@@ -41,10 +41,11 @@ import sys
 
 
 from paddle_vha.cli import command, fail, quiet
+from paddle_vha.cli.options import ALWAYS, PERMISSION, Effect, parse_checked
+from paddle_vha.export.quantize import BLOCK_SIZES, DEFAULT_BLOCK_SIZE
 
 
-@command
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folded_dir", help="stock Qwen3 checkpoint folder (e.g. the output of tools/fold.py)")
@@ -61,20 +62,51 @@ def main(argv=None):
     p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "bf16", "int8", "int4"],
                    help="weight format of model.onnx (default fp32; fp16 / bf16 are refused with the reason)")
     p.add_argument("--block-size", type=int, default=None,
-                   help="values per quantization block for int8 / int4 (a power of two >= 16; default 32)")
+                   help=f"values per quantization block for int8 / int4: {', '.join(map(str, BLOCK_SIZES))} "
+                        f"(onnxruntime's quantizer; default {DEFAULT_BLOCK_SIZE}, docs/deploy.md)")
     p.add_argument("--float-lm-head", action="store_true", help="keep the LM head float32 when quantizing")
-    args = p.parse_args(argv)
+    p.add_argument("--max-kl", type=float, default=None, metavar="NATS",
+                   help="int8 / int4: accept a mean KL from the float32 export up to NATS instead of the format's "
+                        "bound (int8 0.01, int4 0.25; docs/deploy.md, 'the quality gate')")
+    p.add_argument("--min-agreement", type=float, default=None, metavar="FRACTION",
+                   help="int8 / int4: accept a greedy-token agreement on decisive positions down to FRACTION (0..1) "
+                        "instead of the format's bound (int8 0.95, int4 0.80)")
+    return p
+
+
+QUANTIZED = Effect("with --weights int8 / int4", lambda a: a.weights in ("int8", "int4"))
+TAKES_EFFECT = {
+    "folded_dir": ALWAYS, "out_dir": ALWAYS, "--opset": ALWAYS, "--decode-steps": ALWAYS, "--tolerance": ALWAYS,
+    "--force": PERMISSION, "--cache": ALWAYS, "--weights": ALWAYS,
+    "--external-data": Effect("always (over 2 GB the weights are external data anyway)"),
+    "--block-size": QUANTIZED, "--float-lm-head": QUANTIZED, "--max-kl": QUANTIZED, "--min-agreement": QUANTIZED,
+}
+
+
+def _check_ranges(p, args) -> None:
     if args.decode_steps < 1:
         p.error("--decode-steps must be >= 1")
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):  # NaN failed only after the whole export
         p.error(f"--tolerance {args.tolerance}: must be a finite number >= 0")
+    if args.max_kl is not None and not (math.isfinite(args.max_kl) and args.max_kl >= 0):
+        p.error(f"--max-kl {args.max_kl}: must be a finite number of nats >= 0")
+    if args.min_agreement is not None and not 0 <= args.min_agreement <= 1:  # NaN fails this too
+        p.error(f"--min-agreement {args.min_agreement}: must be a fraction in [0, 1] (0.8 is 80%)")
+
+
+@command
+def main(argv=None):
+    p = build_parser()
+    args, _ = parse_checked(p, argv, TAKES_EFFECT, _check_ranges)
     from paddle_vha.export.errors import ExportError
+    from paddle_vha.export.quality import gate_bounds
     from paddle_vha.export.quantize import check_weights
 
-    try:  # before Paddle is even imported: a refused format costs nothing
+    try:  # before Paddle is even imported: a refused format or block size costs nothing
         check_weights(args.weights, args.block_size)
     except ExportError as e:
         fail(str(e))
+    bounds = gate_bounds(args.weights, args.max_kl, args.min_agreement) if args.weights in ("int8", "int4") else None
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
     from paddle_vha.export.onnx_export import export_onnx
@@ -83,7 +115,7 @@ def main(argv=None):
         export_onnx(args.folded_dir, args.out_dir, opset=args.opset, decode_steps=args.decode_steps,
                     tolerance=args.tolerance, force=args.force, cache_io=args.cache,
                     external_data=args.external_data or None, weights=args.weights, block_size=args.block_size,
-                    quantize_lm_head=not args.float_lm_head)
+                    quantize_lm_head=not args.float_lm_head, quality_bounds=bounds)
     except (CheckpointError, ExportError) as e:
         fail(str(e))
     print(f"wrote {args.out_dir}")

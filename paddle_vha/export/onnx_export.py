@@ -39,7 +39,8 @@ from .graph import finalize_graph
 from .memory import check_memory
 from .paddle_program import convert_without_weights, run_paddle2onnx, save_program
 from .plan import CACHE_IO, ServingPlan, serving_plan
-from .quality import BOUNDS, check_quality, held_out_windows, measure_quality, teacher_forced_logits
+from .quality import (BOUNDS, bounds_note, check_quality, held_out_windows, measure_quality, quality_tokens,
+                      teacher_forced_logits)
 from .quantize import check_weights, quantize_graph
 from .reference import CheckpointTensors, reference_model, weight_bytes  # noqa: F401 - reference_model re-exported
 from .validation import Validation, validate_onnx
@@ -91,6 +92,8 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         raise ExportError(f"{plan.folder.path}: the buffer flavour (--cache buffer) is not offered for sliding-window "
                           "layers (their cache keeps only the window); export with the default --cache concat")
     _check_side_files(plan.folder.path)
+    if weights != "fp32":  # the quality check's windows fit the model's positions; none left is refused now
+        quality_tokens(int(plan.rope.context))
     float_bytes = weight_bytes(plan.folder)
     need = check_memory(float_bytes, plan.folder.path, weight_bytes(plan.folder, largest=True), weights != "fp32")
     log(f"loaded {plan.folder.path}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
@@ -127,7 +130,8 @@ def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_d
     from ..serve.ort_session import OrtDecoder
 
     t0 = time.time()
-    ids, text = held_out_windows(plan.folder.path, int(plan.config.vocab_size))
+    ids, text = held_out_windows(plan.folder.path, int(plan.config.vocab_size),
+                                 seq_len=quality_tokens(int(plan.rope.context)))
 
     def session():
         s = OrtDecoder(onnx_path)
@@ -149,7 +153,8 @@ def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_d
     gc.collect()
     log(quality.line(weights, bounds))
     check_quality(quality, weights, bounds)
-    return dict(info, quality=quality.as_dict(), bounds=list(bounds or BOUNDS[weights]))
+    return dict(info, quality=quality.as_dict(), bounds=list(bounds or BOUNDS[weights]),
+                bounds_set_by_user=bounds_note(weights, bounds))
 
 
 def _check_side_files(folder: str) -> None:
