@@ -229,17 +229,22 @@ def _two_matmuls(k=80, n1=48, n2=40):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("weights,block", [("int8", 32), ("int4", 16), ("int4", 128)])
-def test_node_by_node_quantization_is_the_quantizers(tmp_path, weights, block):
+@pytest.mark.parametrize("weights,block,chunk", [("int8", 32, None), ("int4", 16, None), ("int4", 128, 3 * 80 * 4)])
+def test_node_by_node_quantization_is_the_quantizers(tmp_path, monkeypatch, weights, block, chunk):
     """export/quantize.quantize_matmuls (each weight read from the data file alone, quantized in a graph of its own)
     writes what onnxruntime's MatMulNBitsQuantizer.process writes over the whole graph in memory: the same nodes and
-    attributes, the same packed blocks and scales byte for byte, the same outputs in onnxruntime."""
+    attributes, the same packed blocks and scales byte for byte, the same outputs in onnxruntime; also when a weight
+    is quantized 3 columns at a time (the LM head's way)."""
     import onnxruntime as ort
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     from paddle_vha.export.lazy_weights import LazyWeights
     from paddle_vha.export.node_edit import drop_unread_initializers
+    from paddle_vha.export import quantize
     from paddle_vha.export.quantize import ACCURACY_LEVEL, BITS, node_quantizer, quantize_matmuls
+
+    if chunk:
+        monkeypatch.setattr(quantize, "CHUNK_BYTES", chunk)
 
     ref = MatMulNBitsQuantizer(_two_matmuls(), bits=BITS[weights], block_size=block, is_symmetric=True,
                                accuracy_level=ACCURACY_LEVEL)
@@ -257,7 +262,8 @@ def test_node_by_node_quantization_is_the_quantizers(tmp_path, weights, block):
     assert [node(n) for n in ours.graph.node] == [node(n) for n in ref.graph.node]
     got = {t.name: numpy_helper.to_array(t) for t in ours.graph.initializer}
     want = {t.name: numpy_helper.to_array(t) for t in ref.graph.initializer}
-    assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want), sorted(got)
+    assert sorted(got) == sorted(want), sorted(got)
+    assert all(got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]) for k in want)
     assert {(o.domain, o.version) for o in ours.opset_import} >= {("com.microsoft", 1)}
     x = np.random.default_rng(6).standard_normal((3, 80)).astype(np.float32)
     run = lambda m: ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]  # noqa: E731

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import sys
 
-from paddle_vha.cli import (add_converter_options, add_eval_options, command, converter_parser, parse_converter_args,
-                            run_transform)
+from paddle_vha.cli import (add_converter_options, add_eval_options, command, converter_effects, converter_parser,
+                            parse_converter_args, run_transform)
+from paddle_vha.cli.options import ALWAYS, Effect
 
 
-def parse_args(argv=None):
+def build_parser():
     p = converter_parser(__doc__, "stock Qwen3", "Qwen3-MEA")
     p.add_argument("--kv-heads", type=int, required=True, metavar="N", help="physical KV heads kept in compressed layers")
     p.add_argument("--layers", default="all", help="all | deep | A-B | i,j,k (default all)")
@@ -36,7 +37,17 @@ def parse_args(argv=None):
                         "(cache post-norm/post-RoPE, multi-query serving form); see docs/mea.md")
     add_converter_options(p)
     add_eval_options(p, "text batches for the logit KL; 0 skips it (default 4)")
-    return parse_converter_args(p, argv)
+    return p
+
+
+_KL = Effect("with --eval-batches > 0 (the logit KL is the only text compress_kv reads)", lambda a: a.eval_batches > 0)
+TAKES_EFFECT = converter_effects(**{"--kv-heads": ALWAYS, "--layers": ALWAYS, "--k-norm": ALWAYS,
+                                    "--eval-batches": ALWAYS, "--eval-len": _KL, "--calib-data": _KL,
+                                    "--pass-tokens": _KL})
+
+
+def parse_args(argv=None):
+    return parse_converter_args(build_parser(), argv, TAKES_EFFECT)
 
 
 def _plan(args):

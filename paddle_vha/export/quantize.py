@@ -126,13 +126,9 @@ def untie_lm_head(model, weights: Optional[LazyWeights] = None) -> Optional[str]
     v, h = emb.dims
     table = store.array(emb)  # (V, h): the embedding
 
-    def transposed():
-        head_t = np.empty((h, v), np.float32)
-        head_t[...] = table.T  # (h, V): the head's own constant
-        return head_t
-
     name = "lm_head.weight.untied"
-    store.add(name, onnx.TensorProto.FLOAT, [h, v], transposed)
+    store.add(name, onnx.TensorProto.FLOAT, [h, v], lambda: table.T)  # (h, V): the head's own constant, a view
+    # of the embedding (copied where it is used: quantized column block by column block, or materialized)
     head.input[1] = name
     if weights is None:
         store.materialize()
@@ -198,17 +194,23 @@ def quantize_graph(onnx_path: str, weights: str, block_size: Optional[int] = Non
                 float_matmuls=counts.get("MatMul", 0), weight_bytes=weight_bytes, external_data=external, ops=ops)
 
 
-def quantize_matmuls(model, store: LazyWeights, quantizer, exclude=frozenset()) -> int:
-    """Every MatMul of `model` reading a 2-D float32 initializer (not in `exclude`, by node name) rewritten by
-    onnxruntime's per-node quantizer (`node_quantizer`: what MatMulNBitsQuantizer.process runs on each node) into
-    MatMulNBits; returns how many. Each weight is read from `store` (external data or a rewrite's recipe) into a graph
-    of its own, quantized there, and only its packed blocks and scales are copied into `model`: the float32 weights
-    are never all in memory (MatMulNBitsQuantizer over a graph holding them inline keeps every float32 weight and
-    every quantized one until it ends, and protobuf frees neither before the whole graph; Qwen3-0.6B int8 peaked at
-    3.0x its float32 weights that way)."""
-    import onnx
-    from onnx import numpy_helper
+CHUNK_BYTES = 64 << 20  # float32 columns quantized at a time: blocks run along K, so columns are independent
 
+
+def quantize_matmuls(model, store: LazyWeights, quantizer, exclude=frozenset()) -> int:
+    """Every MatMul of `model` reading a 2-D float32 initializer (not in `exclude`, by node name) rewritten into
+    onnxruntime's MatMulNBits; returns how many. The blocks and scales come from onnxruntime's own kernel
+    (`quantizer.qbits_block_quant`, `node_quantizer`), the node and its two initializers are the ones
+    MatMulNBitsQuantizer writes for a 2-D weight (tests/test_export_quant.py compares them byte for byte). Each weight
+    is read from `store` (external data, or a rewrite's recipe) column block by column block (CHUNK_BYTES: a column's
+    blocks run along K, so columns quantize independently) and released once quantized: the float32 weights are never
+    all in memory, nor is a large one (the LM head) copied whole. MatMulNBitsQuantizer over a graph holding them
+    inline keeps every float32 weight and every quantized one until it ends, and protobuf frees neither before the
+    whole graph: Qwen3-0.6B int8 peaked at 2.8x its float32 weights that way."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    cfg = quantizer.config
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     nodes, count = [], 0
@@ -217,19 +219,30 @@ def quantize_matmuls(model, store: LazyWeights, quantizer, exclude=frozenset()) 
         if w is None or node.name in exclude or not store.is_matrix(w, onnx.TensorProto.FLOAT):
             nodes.append(node)
             continue
-        one = onnx.GraphProto()  # a root message of its own: its bytes go with it
-        one.initializer.append(numpy_helper.from_array(np.ascontiguousarray(store.array(w), np.float32), w.name))
-        out = quantizer.quantize(node, [one])
-        if len(out) == 1 and out[0] is node:
-            raise ExportError(f"onnxruntime's quantizer left MatMul {node.name or w.name} as it was")
-        graph.initializer.extend(t for t in one.initializer if t.name != w.name)  # the packed blocks and the scales
-        nodes.extend(out)
+        k, n = (int(d) for d in w.dims)
+        weight = store.array(w)  # (K, N): a map of the data file, or a recipe's array (a view where it can be)
+        step = max(1, CHUNK_BYTES // (4 * k))
+        parts = [quantizer.qbits_block_quant(np.ascontiguousarray(weight[:, c:c + step], np.float32))[:2]
+                 for c in range(0, n, step)]  # (packed (cols, k_blocks, blob) uint8, scales (cols, k_blocks))
+        del weight
+        store.release(w.name)
+        packed = np.concatenate([p for p, _ in parts]) if len(parts) > 1 else parts[0][0]
+        scales = np.concatenate([s for _, s in parts]) if len(parts) > 1 else parts[0][1]
+        del parts
+        graph.initializer.extend([numpy_helper.from_array(packed, f"{w.name}_Q{cfg.bits}"),
+                                  numpy_helper.from_array(scales, f"{w.name}_scales")])
+        del packed, scales
+        attrs = dict(K=k, N=n, bits=cfg.bits, block_size=cfg.block_size)
+        if cfg.accuracy_level:
+            attrs["accuracy_level"] = cfg.accuracy_level
+        nodes.append(helper.make_node("MatMulNBits", [node.input[0], f"{w.name}_Q{cfg.bits}", f"{w.name}_scales"],
+                                      [node.output[0]], name=f"{node.name}_Q{cfg.bits}" if node.name else "",
+                                      domain="com.microsoft", **attrs))
         count += 1
-        del one
     del graph.node[:]
     graph.node.extend(nodes)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return count
 
 

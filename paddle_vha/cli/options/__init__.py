@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Optional, Set
 
 __all__ = ["Effect", "ALWAYS", "PERMISSION", "given_options", "check_effects", "parse_checked", "refuse_inert",
-           "option_strings", "markdown_table"]
+           "option_strings", "markdown_table", "tool_modules", "audit_rows", "audit_markdown"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def given_options(parser: argparse.ArgumentParser, argv) -> Set[str]:
 
 def refuse_inert(option: str, effect: Effect) -> None:
     """Exit 2 with one line: `option` was given, and it cannot take effect in this run."""
-    from . import fail
+    from .. import fail
 
     fail(f"{option} has no effect in this run: it takes effect {effect.when}")
 
@@ -98,3 +98,33 @@ def markdown_table(rows) -> str:
     lines = ["| tool | option | takes effect |", "| --- | --- | --- |"]
     lines += [f"| {tool} | `{option}` | {when} |" for tool, option, when in rows]
     return "\n".join(lines)
+
+
+def tool_modules() -> list:
+    """The command-line modules of paddle_vha/cli/ (every one a console script), by name."""
+    import os
+
+    folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and f != "__init__.py")
+
+
+def audit_rows() -> list:
+    """(tool, option, takes effect) of every option of every tool: each paddle_vha/cli module's parser and its
+    TAKES_EFFECT table in the parser's order, and tools/train.py's arguments (paddle_vha/train/option_effects.py)."""
+    import importlib
+
+    rows = []
+    for name in tool_modules():
+        if name == "train":
+            from ...train.option_effects import markdown_rows
+
+            rows += markdown_rows()
+            continue
+        mod = importlib.import_module(f"paddle_vha.cli.{name}")
+        rows += [(name, option, mod.TAKES_EFFECT[option].when) for option in option_strings(mod.build_parser())]
+    return rows
+
+
+def audit_markdown() -> str:
+    """docs/reliability.md's options audit table (tests/test_options.py checks the file holds it as printed here)."""
+    return markdown_table(audit_rows())
