@@ -393,8 +393,8 @@ def test_every_term_of_the_loss_is_logged_and_they_sum_to_the_loss(tmp_path):
     """With every KD term on (KL, hidden-state and attention-output MSE), each step's train_log.jsonl record and console
     line hold every term of the mix and its weight, and the logged loss is their weighted sum (the attention term was
     in the loss but logged nowhere: the log's whitelist missed it, so the logged parts did not add up)."""
-    from paddle_vha.train.distill import TERM_WEIGHTS, TERMS
-
+    TERMS = ("ce", "kd_kl", "kd_hidden", "kd_attn")  # the loss of docs/training.md with every weight set
+    TERM_WEIGHTS = ("kd_kl_weight", "kd_hidden_weight", "kd_attn_weight")
     teacher = _teacher(tmp_path / "teacher")
     run = str(tmp_path / "run")
     res = train_once(os.path.join(CONFIGS, "tiny-vha.json"), "--output_dir", run, "--teacher", teacher,

@@ -17,7 +17,6 @@ from paddle_vha.export import onnx_export
 from paddle_vha.export.errors import ExportError
 from paddle_vha.export.onnx_export import export_onnx
 from paddle_vha.export.quality import BOUNDS, check_quality, held_out_windows, measure_quality, teacher_forced_logits
-from paddle_vha.export.quantize import BLOCK_SIZES, DEFAULT_BLOCK_SIZE
 from paddle_vha.serve.generate import generate
 from paddle_vha.serve.ort_session import OrtDecoder
 
@@ -82,6 +81,8 @@ def _norm_initializers(model):
 @pytest.mark.parametrize("case", [("int8", "tied", "concat", False), ("int4", "untied", "buffer", True)],
                          ids=["int8-tied-concat", "int4-untied-buffer-external"])
 def test_quantized_export_keeps_norms_and_quantizes_every_linear(ckpts, tmp_path, case):
+    from paddle_vha.export.quantize import DEFAULT_BLOCK_SIZE
+
     weights, tie, cache, external = case
     out = tmp_path / "onnx"
     lines, info = _export(ckpts / tie, out, weights, cache_io=cache, external_data=external)
@@ -279,7 +280,17 @@ def test_block_sizes_are_the_quantizers_and_refused_before_any_work(ckpts, tmp_p
     backend takes."""
     import time
 
-    from paddle_vha.export.quantize import check_weights
+    out = tmp_path / "out"
+    start = time.time()
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_onnx.py"), str(ckpts / "tied"), str(out),
+                        "--weights", "int4", "--block-size", "4096"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=600)
+    print(f"{time.time() - start:.1f} s, rc {r.returncode}: {r.stderr.strip()[-600:]}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "--block-size 4096" in r.stderr and "Only block sizes 16, 32, 64, 128, 256" in r.stderr
+    assert "exported" not in r.stdout and not out.exists() and sorted(os.listdir(tmp_path)) == []
+
+    from paddle_vha.export.quantize import BLOCK_SIZES, check_weights
 
     took = {}
     for b in (8, 16, 32, 48, 64, 128, 256, 512, 4096):
@@ -291,15 +302,6 @@ def test_block_sizes_are_the_quantizers_and_refused_before_any_work(ckpts, tmp_p
             assert "Only block sizes" in str(e) and "\n" not in str(e), e
     print(took)
     assert sorted(b for b, ok in took.items() if ok) == list(BLOCK_SIZES)
-    out = tmp_path / "out"
-    start = time.time()
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_onnx.py"), str(ckpts / "tied"), str(out),
-                        "--weights", "int4", "--block-size", "4096"], capture_output=True, text=True, cwd=ROOT,
-                       timeout=600)
-    print(f"{time.time() - start:.1f} s, rc {r.returncode}: {r.stderr.strip()}")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert "--block-size 4096" in r.stderr and "Only block sizes 16, 32, 64, 128, 256" in r.stderr
-    assert "exported" not in r.stdout and not out.exists() and sorted(os.listdir(tmp_path)) == []
 
 
 @pytest.mark.parametrize("positions", [32, 8])
@@ -346,3 +348,21 @@ def test_the_quality_gate_can_be_passed_knowingly(ckpts, tmp_path, monkeypatch, 
     w = json.load(open(tmp_path / "out" / "export_info.json"))["weights"]
     assert w["bounds"] == [100.0, 0.0] and "--max-kl 100" in w["bounds_set_by_user"]
     assert w["quality"]["mean_kl"] > BOUNDS["int8"][0]
+
+
+def test_one_block_size_recommendation_and_the_default_follows_it():
+    """docs/deploy.md states one block-size recommendation, and the export's default, its --help and README follow
+    it (the flag defaulted to 32, deploy.md's table called 32 "the smallest quality cost", README promoted 128)."""
+    import re
+
+    from paddle_vha.cli.export_onnx import build_parser
+    from paddle_vha.export.quantize import DEFAULT_BLOCK_SIZE
+
+    docs = open(os.path.join(ROOT, "docs", "deploy.md"), encoding="utf-8").read()
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    said = re.findall(r"\*\*The block size: (\d+), the export's default\*\*", docs)
+    print("recommended:", said, "default:", DEFAULT_BLOCK_SIZE)
+    assert said == [str(DEFAULT_BLOCK_SIZE)]
+    assert "int4 at the smallest quality cost" not in docs
+    assert f"default {DEFAULT_BLOCK_SIZE}" in " ".join(build_parser().format_help().split())
+    assert re.findall(r"int4 at block (\d+) \(the default\)", readme) == [str(DEFAULT_BLOCK_SIZE)]

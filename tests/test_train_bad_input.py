@@ -335,6 +335,9 @@ INERT_TRAIN = {
     "shape-as-training-argument": (["--hidden_size", "32"], "hidden_size has no effect in tools/train.py"),
     "shuffle-overridden": (["--dataloader_shuffle", "true"], "dataloader_shuffle has no effect in tools/train.py"),
     "eval-off-turned-on": (["--do_eval", "false", "--evaluation_strategy", "steps"], "do_eval false has no effect"),
+    # not inert but the same cause as make_pretrain_data's --corpus-mb nan: NaN passes every comparison
+    "corpus-mb-nan": (["--corpus_mb", "nan"], "corpus_mb must be a finite number, got nan"),
+    "weight-decay-inf": (["--weight_decay", "inf"], "weight_decay must be a finite number, got inf"),
 }
 
 

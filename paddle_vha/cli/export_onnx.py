@@ -1,7 +1,8 @@
 """Export a folded (stock Qwen3) checkpoint to an ONNX decoder with KV cache, and validate it.
 
     python tools/export_onnx.py FOLDED_DIR OUT_DIR [--cache concat|buffer] [--external-data] [--opset 17]
-                                [--decode-steps 16] [--force] [--weights fp32|int8|int4] [--block-size 32]
+                                [--decode-steps 16] [--force] [--weights fp32|int8|int4] [--block-size 128]
+                                [--max-kl NATS] [--min-agreement FRACTION]
 
 Goes through Paddle's own route (jit.save of a static program, then paddle2onnx) and checks the result as
 Optimum does: onnx.checker full check, standard ONNX ops only, KV inputs with H_kv heads, and onnxruntime vs
@@ -18,20 +19,23 @@ Weights go to OUT_DIR/model.onnx.data (ONNX external data, beside a model.onnx o
 graph past protobuf's 2 GB limit (e.g. any Qwen3-0.6B: 2.4 GB in float32), or always with --external-data; any
 size exports the same way (the program converted without its weights, then the weights attached).
 
---weights int8 / int4 quantizes the validated float32 graph with onnxruntime's own MatMulNBitsQuantizer (weight-only,
-symmetric blocks of --block-size along the input axis, float32 scales; the LM head too, tied or not, unless
+--weights int8 / int4 quantizes the validated float32 graph with onnxruntime's own block quantizer (weight-only,
+symmetric blocks of --block-size along the input axis, float32 scales; default 128, the one recommendation of
+docs/deploy.md; the block size is tried on the quantizer before any work; the LM head too, tied or not, unless
 --float-lm-head; the embedding, the RMSNorms including q_norm / k_norm, attention and the cache stay float32), then
-prints its quality against the float32 graph on held-out text (mean logit KL, greedy-token agreement) and fails
-outside the format's bounds (int8: KL <= 0.01 nats, agreement >= 95%; int4: 0.25, 80%). The graph then uses
-onnxruntime's contrib op MatMulNBits (onnxruntime, onnxruntime-genai and paddle_vha.serve run it; paddle/ keeps the
-float32 program). fp16 / bf16 are refused: onnxruntime's CPU EP casts float16 weights back to float32 (no gain).
+prints its quality against the float32 graph on held-out text (mean logit KL, greedy-token agreement on decisive
+positions) and fails outside the format's bounds (int8: KL <= 0.01 nats, agreement >= 95%; int4: 0.25, 80%;
+docs/deploy.md, "The quality gate"); --max-kl / --min-agreement replace a bound knowingly (said in the quality line
+and export_info.json). The graph then uses onnxruntime's contrib op MatMulNBits (onnxruntime, onnxruntime-genai and
+paddle_vha.serve run it; paddle/ keeps the float32 program). fp16 / bf16 are refused: onnxruntime's CPU EP casts
+float16 weights back to float32 (no gain).
 
 Memory: about 0.5 GB + 1.7 x the float32 weights (4 bytes per parameter: 4.6 GB for Qwen3-0.6B, 12.2 GB for
-Qwen3-1.7B); measured peak RSS 3.8 GB for Qwen3-0.6B (either cache flavour), 9.0 GB for Qwen3-1.7B
-(docs/deploy.md). The export refuses up front, in one line and before reading any weight, when the machine's
-available memory (MemAvailable, plus what the process already holds) is below that. --weights int8 / int4 needs
-the more of that and 0.5 GB + the float32 weights + 6.5 x the largest tensor (Qwen3-0.6B: 6.9 GB), measured peak
-3.86 GB for 2 layers at Qwen3-0.6B widths (tied).
+Qwen3-1.7B), and for --weights int8 / int4 that plus the largest tensor (the quantization reads one weight at a time
+from model.onnx.data); refused up front, in one line and before reading any weight, when the machine's available
+memory (MemAvailable, plus what the process already holds) is below it. Measured peak RSS (docs/reliability.md):
+Qwen3-0.6B fp32 / int8 / int4 3.77 / 4.37 / 4.22 GB (1.58 / 1.83 / 1.77 x its 2.38 GB of float32 weights),
+Qwen3-1.7B fp32 / int8 / int4 MEM17.
 """
 from __future__ import annotations
 

@@ -195,15 +195,16 @@ def _common_parse(parser, args: list, source: str):
 def _check_effects(parser, parsed, requested: dict, config_args: list, cmd: list, source: str) -> None:
     """Every given argument takes effect in this run, and the parallel degrees fit the processes
     (paddle_vha/train/option_effects.py); TrainError (one line) otherwise."""
-    from .option_effects import RunView, check_degrees, check_effects, given_keys
+    from .option_effects import RunView, check_degrees, check_effects, check_numbers, given_keys
 
     def view(p, degrees):
         return RunView(p[0], p[1], p[2], degrees, processes=max(1, int(getattr(p[2], "world_size", 1) or 1)))
 
     run = view(parsed, requested)
+    from_config, from_command = given_keys(config_args), given_keys(cmd)
+    check_numbers(run, {**from_config, **from_command})
     check_degrees(run, bool(parsed[2].dry_run))
     config_run = None
-    from_config, from_command = given_keys(config_args), given_keys(cmd)
     if any(k not in from_command for k in from_config):
         try:  # the config on its own: which of its parts it switches on (module docstring of option_effects)
             import contextlib

@@ -22,7 +22,8 @@ from typing import Callable, Dict, Optional
 
 from .errors import TrainError
 
-__all__ = ["TrainEffect", "RunView", "TAKES_EFFECT", "DEGREES", "check_effects", "check_degrees", "given_keys",
+__all__ = ["TrainEffect", "RunView", "TAKES_EFFECT", "DEGREES", "check_effects", "check_degrees", "check_numbers",
+           "given_keys",
            "markdown_rows"]
 
 
@@ -244,6 +245,23 @@ def check_effects(run: RunView, from_config: Dict[str, None], from_command: Dict
         if effect.when.startswith(NEVER_HERE):
             raise TrainError(f"{name}{where} has no effect in tools/train.py: {effect.when[len(NEVER_HERE) + 2:]}")
         raise TrainError(f"{name}{where} has no effect in this run: it takes effect {effect.when}")
+
+
+def check_numbers(run: RunView, given) -> None:
+    """TrainError (one line) for a given float argument that is NaN or infinite (NaN passes every `> 0` check and
+    fails later, far from its cause), or a stdlib corpus size / validation share out of range."""
+    import dataclasses
+    import math
+
+    for obj in (run.model, run.data, run.train):
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name, None)
+            if f.name in given and isinstance(v, float) and not math.isfinite(v):
+                raise TrainError(f"{f.name} must be a finite number, got {v}")
+    if "corpus_mb" in given and not run.data.corpus_mb > 0:
+        raise TrainError(f"corpus_mb must be > 0, got {run.data.corpus_mb}")
+    if "val_fraction" in given and not 0 < run.data.val_fraction < 1:
+        raise TrainError(f"val_fraction must be in (0, 1), got {run.data.val_fraction}")
 
 
 def check_degrees(run: RunView, dry_run: bool) -> None:
