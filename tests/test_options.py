@@ -62,17 +62,17 @@ INERT = [
     ("export_onnx", ["--float-lm-head"], "--float-lm-head has no effect in this run: it takes effect with --weights"),
     ("export_onnx", ["--max-kl", "0.5"], "--max-kl has no effect in this run"),
     ("export_onnx", ["--weights", "fp32", "--min-agreement", "0.5"], "--min-agreement has no effect in this run"),
-    ("generate", ["--prompt-ids", "1", "--seed", "3"], "--seed has no effect in this run: it takes effect with --sample"),
+    ("generate", ["--prompt-ids", "1", "--seed", "3"],
+     "--seed has no effect in this run: it takes effect with --sample"),
     ("generate", ["--prompt-ids", "1", "--top-k", "3"], "--top-k has no effect in this run"),
     ("generate", ["--prompt-ids", "1", "--chat"], "--chat has no effect in this run: it takes effect with --prompt"),
     ("fold", ["--verify-len", "8"], "--verify-len has no effect in this run: it takes effect with --verify"),
-    ("fold", ["--dry-run", "--no-progress"], "--no-progress has no effect in this run"),
+    ("fold", ["--dry-run", "--verify-tol", "1e-3"], "--verify-tol has no effect in this run"),
     ("import_fleet", ["--verify-tol", "1e-3"], "--verify-tol has no effect in this run"),
     ("convert_to_vha", ["--kv-heads", "2", "--refine-lr", "1e-2"], "--refine-lr has no effect in this run"),
     ("convert_to_vha", ["--kv-heads", "2", "--refine-tokens", "64"], "--refine-tokens has no effect in this run"),
     ("convert_to_vha", ["--kv-heads", "2", "--no-compare", "--calib-tokens", "64"],
      "--calib-tokens has no effect in this run"),
-    ("convert_to_vha", ["--kv-heads", "2", "--premix", "off", "--q-head-dim", "8"], "--q-head-dim has no effect"),
     ("convert_to_vha", ["--kv-heads", "2", "--no-compare", "--eval-batches", "0", "--eval-len", "64"],
      "--eval-len has no effect in this run"),
     ("compress_kv", ["--kv-heads", "2", "--eval-batches", "0", "--calib-data", "x.txt"],
@@ -111,4 +111,5 @@ def test_pretrain_data_options_for_inputs_it_does_not_have(tmp_path, capsys):
 def test_build_ops_digest_takes_no_build_options(capsys):
     from paddle_vha.cli import build_ops
 
-    refused(build_ops.main, ["--digest", "--force"], capsys, "--force has no effect in this run: it takes effect unless")
+    refused(build_ops.main, ["--digest", "--force"], capsys,
+            "--force has no effect in this run: it takes effect unless")

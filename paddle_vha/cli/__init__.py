@@ -227,7 +227,7 @@ def converter_effects(verify: bool = False, **own) -> dict:
 
     table = {"IN_DIR": ALWAYS, "OUT_DIR": ALWAYS, "--dtype": ALWAYS, "--force": PERMISSION,
              "--dry-run": ALWAYS, "--max-shard-size": ALWAYS,
-             "--no-progress": Effect("when writing (there is no progress bar with --dry-run)", lambda a: not a.dry_run)}
+             "--no-progress": Effect("always (with --dry-run there is no bar to hide: what it asks holds)")}
     if verify:
         given = Effect("with --verify", lambda a: a.verify is not None)
         table.update({"--verify": ALWAYS, "--verify-len": given, "--verify-tol": given})

@@ -93,8 +93,8 @@ _REFINES = Effect("with --refine-steps > 0", lambda a: a.refine_steps > 0)
 TAKES_EFFECT = converter_effects(**{
     "--kv-heads": ALWAYS, "--postmix-rank": ALWAYS, "--premix": ALWAYS, "--method": ALWAYS, "--regroup": ALWAYS,
     "--seed": ALWAYS, "--no-compare": ALWAYS, "--eval-batches": ALWAYS, "--refine-steps": ALWAYS,
-    "--q-head-dim": Effect("with --premix on (without Premix the query heads keep head_dim)",
-                           lambda a: a.premix == "on"),
+    # refused by the plan, in its own words, with --premix off (transform/convert_to_vha.py)
+    "--q-head-dim": Effect("with --premix on (without Premix the query heads keep head_dim)"),
     "--calib-tokens": Effect("when calibration runs: --method calibrated (or compared, without --no-compare), or "
                              "--regroup key-similarity", _calibrates),
     "--refine-lr": _REFINES, "--refine-tokens": _REFINES,

@@ -34,8 +34,8 @@ Memory: about 0.5 GB + 1.7 x the float32 weights (4 bytes per parameter: 4.6 GB 
 Qwen3-1.7B), and for --weights int8 / int4 that plus the largest tensor (the quantization reads one weight at a time
 from model.onnx.data); refused up front, in one line and before reading any weight, when the machine's available
 memory (MemAvailable, plus what the process already holds) is below it. Measured peak RSS (docs/reliability.md):
-Qwen3-0.6B fp32 / int8 / int4 3.77 / 4.37 / 4.22 GB (1.58 / 1.83 / 1.77 x its 2.38 GB of float32 weights),
-Qwen3-1.7B fp32 / int8 / int4 MEM17.
+Qwen3-0.6B fp32 / int8 / int4 3.86 / 4.47 / 4.32 GB (1.62 / 1.88 / 1.81 x its 2.38 GB of float32 weights),
+Qwen3-1.7B 9.15 / 9.25 / 9.23 GB (1.33 / 1.34 / 1.34 x its 6.88 GB).
 """
 from __future__ import annotations
 

@@ -54,7 +54,8 @@ def build_parser():
 # tensor (paddle_vha/transform/import_fleet.py), with these words
 FUSED_QKV = Effect("when IN_DIR holds a fused qkv_proj")
 FUSED_UP_GATE = Effect("when IN_DIR holds a fused up_gate_proj")
-TAKES_EFFECT = converter_effects(verify=True, **{"--layout": ALWAYS, "--qkv-layout": FUSED_QKV, "--up-gate-order": FUSED_UP_GATE})
+TAKES_EFFECT = converter_effects(verify=True, **{"--layout": ALWAYS, "--qkv-layout": FUSED_QKV,
+                                                 "--up-gate-order": FUSED_UP_GATE})
 
 
 def parse_args(argv=None):

@@ -42,7 +42,8 @@ from .lazy_weights import LazyWeights
 from .node_edit import GraphIndex, drop_unread_initializers, prune_dead_nodes
 from .weights import DATA_FILE, needs_external_data
 
-__all__ = ["WEIGHT_FORMATS", "BITS", "DEFAULT_BLOCK_SIZE", "BLOCK_SIZES", "FLOAT_REFUSAL", "check_weights", "quantize_graph",
+__all__ = ["WEIGHT_FORMATS", "BITS", "DEFAULT_BLOCK_SIZE", "BLOCK_SIZES", "FLOAT_REFUSAL", "check_weights",
+           "quantize_graph",
            "untie_lm_head", "QUANT_OPS", "node_quantizer", "quantize_matmuls"]
 
 WEIGHT_FORMATS = ("fp32", "fp16", "bf16", "int8", "int4")
@@ -187,10 +188,11 @@ def quantize_graph(onnx_path: str, weights: str, block_size: Optional[int] = Non
     onnx.save_model(model, onnx_path, save_as_external_data=external, all_tensors_to_one_file=True,
                     location=DATA_FILE, size_threshold=1024)
     return dict(format=weights, bits=bits, block_size=block, symmetric=True, accuracy_level=ACCURACY_LEVEL,
-                quantizer="onnxruntime "
-                "DefaultWeightOnlyQuantizer per MatMul (MatMulNBitsQuantizer's DEFAULT, round to nearest)", lm_head=weights if quantize_lm_head else "float32",
+                quantizer="onnxruntime DefaultWeightOnlyQuantizer per MatMul (MatMulNBitsQuantizer's DEFAULT, round to "
+                "nearest)", lm_head=weights if quantize_lm_head else "float32",
                 tied_head_untied=bool(untied), merged_matmul_groups=merged, fused=fused,
-                max_positions=max_positions if fused["rotary_embedding"] else None, quantized_matmuls=counts.get("MatMulNBits", 0),
+                max_positions=max_positions if fused["rotary_embedding"] else None,
+                quantized_matmuls=counts.get("MatMulNBits", 0),
                 float_matmuls=counts.get("MatMul", 0), weight_bytes=weight_bytes, external_data=external, ops=ops)
 
 

@@ -90,10 +90,13 @@ TEACHER = TrainEffect("with a teacher (--teacher PATH)", _teacher)
 _OWN = {
     # ModelArguments, DataArguments
     "model_type": ALWAYS, "model_config": ALWAYS, "model_name_or_path": ALWAYS,
-    "dataset": ALWAYS, "max_seq_len": ALWAYS, "max_eval_samples": TrainEffect("when it evaluates (do_eval)", _evaluates),
-    "input_dir": TrainEffect("with dataset=pretrain", _pretrain), "split": TrainEffect("with dataset=pretrain", _pretrain),
+    "dataset": ALWAYS, "max_seq_len": ALWAYS,
+    "max_eval_samples": TrainEffect("when it evaluates (do_eval)", _evaluates),
+    "input_dir": TrainEffect("with dataset=pretrain", _pretrain),
+    "split": TrainEffect("with dataset=pretrain", _pretrain),
     "data_cache": TrainEffect("with dataset=pretrain", _pretrain),
-    "corpus_mb": TrainEffect("with dataset=stdlib", _stdlib), "val_fraction": TrainEffect("with dataset=stdlib", _stdlib),
+    "corpus_mb": TrainEffect("with dataset=stdlib", _stdlib),
+    "val_fraction": TrainEffect("with dataset=stdlib", _stdlib),
     # VHATrainingArguments' own
     "dry_run": ALWAYS, "teacher": ALWAYS,
     "save_model_in_checkpoints": TrainEffect("when checkpoint-N folders are saved (do_train, save_strategy not no)",
@@ -106,7 +109,7 @@ _OWN = {
 }
 
 _GROUPS = [
-    (PASSED, "output_dir overwrite_output_dir do_train do_eval seed device disable_tqdm report_to run_name logging_dir "
+    (PASSED, "output_dir overwrite_output_dir do_train do_eval evaluation_strategy seed device disable_tqdm report_to run_name logging_dir "
              "log_on_each_node skip_memory_metrics dataloader_num_workers dataloader_drop_last prefetch_factor "
              "local_rank no_cuda deterministic_mode use_cache pad_token_id lazy_data_processing skip_profile_timer "
              "metrics_output_path optim recompute_granularity recompute_method recompute_modules recompute_num_layers "
@@ -134,8 +137,7 @@ _GROUPS = [
      "save_steps save_total_limit"),
     (TrainEffect("when resuming from a checkpoint-N", _resumes), "ignore_data_skip"),
     (TrainEffect("when it evaluates (do_eval, or an evaluation_strategy other than no)", _evaluates),
-     "evaluation_strategy per_device_eval_batch_size max_evaluate_steps prediction_loss_only bf16_full_eval "
-     "fp16_full_eval"),
+     "per_device_eval_batch_size max_evaluate_steps prediction_loss_only bf16_full_eval fp16_full_eval"),
     (TrainEffect("when it evaluates every eval_steps (evaluation_strategy steps)", _eval_steps),
      "eval_steps minimum_eval_times"),
     (TrainEffect("with bf16 or fp16 (AMP)", _amp),
@@ -256,6 +258,8 @@ def check_numbers(run: RunView, given) -> None:
     for obj in (run.model, run.data, run.train):
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name, None)
+            if f.name in ("learning_rate", "num_train_epochs"):
+                continue  # trainer.check_arguments says these with their ranges
             if f.name in given and isinstance(v, float) and not math.isfinite(v):
                 raise TrainError(f"{f.name} must be a finite number, got {v}")
     if "corpus_mb" in given and not run.data.corpus_mb > 0:

@@ -62,10 +62,12 @@ def given_options(parser: argparse.ArgumentParser, argv) -> Set[str]:
 
 
 def refuse_inert(option: str, effect: Effect) -> None:
-    """Exit 2 with one line: `option` was given, and it cannot take effect in this run."""
-    from .. import fail
+    """Exit 2 with one line, as paddle_vha.cli.fail does (which this module cannot import: cli imports it): `option`
+    was given, and it cannot take effect in this run."""
+    import sys
 
-    fail(f"{option} has no effect in this run: it takes effect {effect.when}")
+    print(f"error: {option} has no effect in this run: it takes effect {effect.when}", file=sys.stderr)
+    sys.exit(2)
 
 
 def check_effects(parser: argparse.ArgumentParser, args, given: Iterable[str], effects: Dict[str, Effect]) -> None:
