@@ -8,9 +8,12 @@ is false in this run is refused in one line, before anything is built:
 
     error: distill_kl_weight has no effect in this run: it takes effect with a teacher (--teacher PATH)
 
-An argument given in the trainer config is refused only if its condition is false in the config on its own too: a
-config describes a whole run, and a command line that switches one of its parts off (--do_eval false) leaves that
-part's settings unused by the user's choice. An argument given on the command line is judged on the run.
+An argument given on the command line is judged on the run. One given in the trainer config is refused only if its
+condition is false in the config on its own too (a command line that switches a part of the config off, --do_eval
+false, leaves that part's settings unused by the user's choice), and never for the parts a config may keep settings
+of while switching them off (evaluation, the schedule's shape, saving: `in_config=False`), which are a template's
+leftovers rather than a request; the teacher's, the data source's, the parallel layouts', AMP's and what
+tools/train.py never runs are checked wherever they are set.
 
 `parallel_degrees` refuses a parallel degree the processes cannot give (a single process' TrainingArguments reset
 every degree to 1: pipeline_model_parallel_size 2 without the launcher trained the plain model, exit 0, no word).
@@ -31,6 +34,9 @@ __all__ = ["TrainEffect", "RunView", "TAKES_EFFECT", "DEGREES", "check_effects",
 class TrainEffect:
     when: str
     applies: Optional[Callable[["RunView"], bool]] = None  # None: always
+    # False for a part of a run a config may switch off while keeping its settings (evaluation, the schedule's shape,
+    # saving: a template's leftovers, not a request): checked when given on the command line only
+    in_config: bool = True
 
     def holds(self, run: "RunView") -> bool:
         return self.applies is None or bool(self.applies(run))
@@ -91,7 +97,7 @@ _OWN = {
     # ModelArguments, DataArguments
     "model_type": ALWAYS, "model_config": ALWAYS, "model_name_or_path": ALWAYS,
     "dataset": ALWAYS, "max_seq_len": ALWAYS,
-    "max_eval_samples": TrainEffect("when it evaluates (do_eval)", _evaluates),
+    "max_eval_samples": TrainEffect("when it evaluates (do_eval)", _evaluates, in_config=False),
     "input_dir": TrainEffect("with dataset=pretrain", _pretrain),
     "split": TrainEffect("with dataset=pretrain", _pretrain),
     "data_cache": TrainEffect("with dataset=pretrain", _pretrain),
@@ -100,7 +106,7 @@ _OWN = {
     # VHATrainingArguments' own
     "dry_run": ALWAYS, "teacher": ALWAYS,
     "save_model_in_checkpoints": TrainEffect("when checkpoint-N folders are saved (do_train, save_strategy not no)",
-                                             _saves),
+                                             _saves, in_config=False),
     "distill_ce_weight": TEACHER, "distill_hidden_weight": TEACHER, "distill_attn_weight": TEACHER,
     "distill_kl_weight": TEACHER,
     "distill_temperature": TrainEffect("with a teacher and distill_kl_weight > 0 (T scales the KL only)", _kl),
@@ -109,8 +115,9 @@ _OWN = {
 }
 
 _GROUPS = [
-    (PASSED, "output_dir overwrite_output_dir do_train do_eval evaluation_strategy seed device disable_tqdm report_to run_name logging_dir "
-             "log_on_each_node skip_memory_metrics dataloader_num_workers dataloader_drop_last prefetch_factor "
+    (PASSED, "output_dir overwrite_output_dir do_train do_eval evaluation_strategy seed device disable_tqdm report_to "
+             "run_name logging_dir log_on_each_node skip_memory_metrics dataloader_num_workers dataloader_drop_last "
+             "prefetch_factor "
              "local_rank no_cuda deterministic_mode use_cache pad_token_id lazy_data_processing skip_profile_timer "
              "metrics_output_path optim recompute_granularity recompute_method recompute_modules recompute_num_layers "
              "bf16 fp16 sharding split_param save_checkpoint_format load_checkpoint_format aoa_config "
@@ -119,26 +126,29 @@ _GROUPS = [
              "replicate_saved_into_local save_on_each_node release_grads count_trained_tokens fa_version "
              "tensor_model_parallel_size pipeline_model_parallel_size sharding_parallel_size sharding_degree "
              "sep_parallel_size context_parallel_size"),
-    (TrainEffect("when it trains (do_train)", _trains),
+    (TrainEffect("when it trains (do_train)", _trains, in_config=False),
      "per_device_train_batch_size gradient_accumulation_steps learning_rate weight_decay adam_beta1 adam_beta2 "
      "adam_epsilon max_grad_norm max_steps lr_scheduler_type logging_strategy logging_first_step logging_steps "
      "save_strategy resume_from_checkpoint skip_data_intervals use_lowprecision_moment"),
     (TrainEffect("when it trains with max_steps -1 (max_steps > 0 overrides it)",
-                 lambda r: _trains(r) and r.train.max_steps <= 0), "num_train_epochs"),
+                 lambda r: _trains(r) and r.train.max_steps <= 0, in_config=False), "num_train_epochs"),
     (TrainEffect("with a warm-up schedule (lr_scheduler_type not constant)",
-                 lambda r: _trains(r) and _schedule(r) != "constant"), "warmup_steps"),
+                 lambda r: _trains(r) and _schedule(r) != "constant", in_config=False), "warmup_steps"),
     (TrainEffect("with a warm-up schedule and warmup_steps 0 (warmup_steps > 0 overrides it)",
-                 lambda r: _trains(r) and _schedule(r) != "constant" and r.train.warmup_steps <= 0), "warmup_ratio"),
-    (TrainEffect("with lr_scheduler_type cosine", lambda r: _trains(r) and _schedule(r) == "cosine"),
+                 lambda r: _trains(r) and _schedule(r) != "constant" and r.train.warmup_steps <= 0, in_config=False),
+     "warmup_ratio"),
+    (TrainEffect("with lr_scheduler_type cosine", lambda r: _trains(r) and _schedule(r) == "cosine", in_config=False),
      "num_cycles min_lr"),
-    (TrainEffect("with lr_scheduler_type polynomial", lambda r: _trains(r) and _schedule(r) == "polynomial"),
+    (TrainEffect("with lr_scheduler_type polynomial", lambda r: _trains(r) and _schedule(r) == "polynomial",
+                 in_config=False),
      "lr_end power"),
-    (TrainEffect("when checkpoint-N folders are saved (do_train, save_strategy not no)", _saves),
+    (TrainEffect("when checkpoint-N folders are saved (do_train, save_strategy not no)", _saves, in_config=False),
      "save_steps save_total_limit"),
-    (TrainEffect("when resuming from a checkpoint-N", _resumes), "ignore_data_skip"),
-    (TrainEffect("when it evaluates (do_eval, or an evaluation_strategy other than no)", _evaluates),
+    (TrainEffect("when resuming from a checkpoint-N", _resumes, in_config=False), "ignore_data_skip"),
+    (TrainEffect("when it evaluates (do_eval, or an evaluation_strategy other than no)", _evaluates,
+                 in_config=False),
      "per_device_eval_batch_size max_evaluate_steps prediction_loss_only bf16_full_eval fp16_full_eval"),
-    (TrainEffect("when it evaluates every eval_steps (evaluation_strategy steps)", _eval_steps),
+    (TrainEffect("when it evaluates every eval_steps (evaluation_strategy steps)", _eval_steps, in_config=False),
      "eval_steps minimum_eval_times"),
     (TrainEffect("with bf16 or fp16 (AMP)", _amp),
      "fp16_opt_level amp_custom_black_list amp_custom_white_list"),
@@ -239,8 +249,8 @@ def check_effects(run: RunView, from_config: Dict[str, None], from_command: Dict
         if effect is None or effect.holds(run):
             continue
         if name not in from_command:
-            if config_run is not None and effect.holds(config_run):
-                continue  # the command line switched its part of the config off
+            if not effect.in_config or (config_run is not None and effect.holds(config_run)):
+                continue  # a part the config switches off keeps its settings; or the command line switched it off
             where = f" (set in {source})"
         else:
             where = ""
