@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 
 from .checkpoint.contract import CheckpointError, Shapes, compare_shapes
 from .checkpoint.folder import CheckpointFolder
+from .llama.gguf import LLAMA_GGUF
 from .mea import cost as mea_cost
 from .mea import tp_plan as mea_tp_plan
 from .mea.spec import QWEN3_MEA
@@ -30,7 +31,9 @@ from .moe.base import NO_MODEL, QWEN3_MOE_BASE
 from .moe.spec import QWEN3_MOE
 from .moe_vha.spec import QWEN3_MOE_VHA
 from .qwen3 import cost as qwen3_cost
+from .qwen2.gguf import QWEN2_GGUF
 from .qwen3.base import QWEN3_BASE
+from .qwen3.gguf import QWEN3_GGUF
 from .qwen3.spec import QWEN3
 from .shared_kv import cost as shared_kv_cost
 from .shared_kv import tp_plan as shared_kv_tp_plan
@@ -39,13 +42,15 @@ from .sinks import cost as sinks_cost
 from .sinks import tp_plan as sinks_tp_plan
 from .sinks.spec import QWEN3_SINKS
 from .spec.base import Base
+from .spec.gguf import GGUFForm
 from .spec.params import ModelSpec
 from .spec.validate import load_config, validate
 from .vha import cost as vha_cost
 from .vha import tp_plan as vha_tp_plan
 from .vha.spec import QWEN3_VHA
 
-__all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily"]
+__all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily", "GGUF_FORMS",
+           "gguf_form"]
 
 
 class UnknownFamily(CheckpointError):
@@ -280,3 +285,14 @@ def family_of(obj) -> Family:
 def trainable_with_plan() -> List[Family]:
     """Families paddle_vha.parallel shards (their label in messages)."""
     return [f for f in FAMILIES.values() if f.tp_plan is not None]
+
+
+# The GGUF architectures tools/import_gguf.py reads: llama.cpp's general.architecture -> the base's GGUFForm.
+GGUF_FORMS: Dict[str, GGUFForm] = {f.arch: f for f in (LLAMA_GGUF, QWEN2_GGUF, QWEN3_GGUF)}
+
+
+def gguf_form(arch) -> GGUFForm:
+    """The GGUF form of llama.cpp architecture `arch`; UnknownFamily (one line) if no base reads it."""
+    if arch not in GGUF_FORMS:
+        raise UnknownFamily(f"GGUF architecture {arch!r} is not one of {', '.join(GGUF_FORMS)}")
+    return GGUF_FORMS[arch]
