@@ -50,7 +50,7 @@ from .vha import tp_plan as vha_tp_plan
 from .vha.spec import QWEN3_VHA
 
 __all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily", "GGUF_FORMS",
-           "gguf_form"]
+           "gguf_form", "gguf_form_of"]
 
 
 class UnknownFamily(CheckpointError):
@@ -296,3 +296,8 @@ def gguf_form(arch) -> GGUFForm:
     if arch not in GGUF_FORMS:
         raise UnknownFamily(f"GGUF architecture {arch!r} is not one of {', '.join(GGUF_FORMS)}")
     return GGUF_FORMS[arch]
+
+
+def gguf_form_of(model_type) -> Optional[GGUFForm]:
+    """The GGUF form whose imported checkpoints have `model_type` (what llama.cpp's converter reads back), or None."""
+    return next((f for f in GGUF_FORMS.values() if f.model_type == model_type), None)
