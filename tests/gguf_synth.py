@@ -145,12 +145,12 @@ def write_model(path: str, arch: str = "llama", *, layers: int = 2, hidden: int 
                 qtype: str = "F32", tied: bool = True, bias: bool = False, qk_norm: bool = False,
                 context: int = 256, theta: float = 500000.0, eps: float = 1e-6, tokenizer: bool = True,
                 skip: Sequence[str] = (), meta: Optional[dict] = None, seed: int = 0,
-                type_of: Optional[dict] = None) -> Dict[str, np.ndarray]:
+                type_of: Optional[dict] = None, extra: Optional[dict] = None) -> Dict[str, np.ndarray]:
     """Write a GGUF model; returns its ground truth (float64, Hugging Face names and order: what an import must give).
 
     qtype: the type of the 2-D weights (F32, F16, BF16, Q8_0, Q4_0, Q4_1); norms and biases are F32, as llama.cpp
     writes them. type_of: GGUF name -> a raw type name for single tensors (bytes are random: a type the importer must
-    refuse). skip: GGUF tensor names left out. meta: extra or replacing metadata ({key: value}; value None removes)."""
+    refuse). extra: more GGUF tensors ({name: float32 array}). skip: GGUF tensor names left out. meta: extra or replacing metadata ({key: value}; value None removes)."""
     import gguf
     from ml_dtypes import bfloat16
 
@@ -216,6 +216,8 @@ def write_model(path: str, arch: str = "llama", *, layers: int = 2, hidden: int 
             raw, deq = quantize(x, qtype)  # blocks lie within rows: reordering rows reorders whole blocks
             w.add_tensor(name, order(raw), raw_dtype=gguf.GGMLQuantizationType[qtype])
             truth[hf] = deq
+    for name, x in (extra or {}).items():
+        w.add_tensor(name, np.asarray(x, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

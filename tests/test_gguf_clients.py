@@ -27,6 +27,8 @@ from gguf_synth import hf_weights, llama_cpp_order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT_IDS = [785, 6722, 315, 9625, 374, 12095, 13, 576, 1156, 1616, 4172, 220, 18, 15, 17, 11]
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}  # the converter stores it as rope_freqs.weight
 K_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K")
 
 
@@ -127,7 +129,7 @@ def read_folder(folder) -> dict:
 
 def write_stock_llama(folder, vocab_gguf, seed: int = 7, **tokenizer) -> None:
     """A stock Hugging Face Llama checkpoint (float32 safetensors, LlamaConfig's config.json, Qwen's real tokenizer) at
-    K-quant-friendly widths (rows of 256), untied head, head_dim 64."""
+    K-quant-friendly widths (rows of 256), untied head, head_dim 64, Llama 3.1's RoPE scaling."""
     from safetensors.numpy import save_file
     from transformers import LlamaConfig
 
@@ -141,7 +143,7 @@ def write_stock_llama(folder, vocab_gguf, seed: int = 7, **tokenizer) -> None:
     cfg = LlamaConfig(vocab_size=dims["vocab"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
                       rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=151643,
-                      eos_token_id=151645).to_diff_dict()
+                      eos_token_id=151645, rope_scaling=LLAMA31_ROPE).to_diff_dict()
     cfg.update(architectures=["LlamaForCausalLM"], torch_dtype="float32")
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)

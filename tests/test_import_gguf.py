@@ -145,6 +145,44 @@ def test_qwen2_bias_untied_and_qwen3_realistic_width(tmp_path, capsys):
     family_of(str(tmp_path / "q3")).validate(str(tmp_path / "q3"))  # the project's Qwen3 contract takes it
 
 
+def llama31_divisors(head_dim, theta, factor=8.0, low=1.0, high=4.0, original=8192):
+    """Llama 3.1's RoPE scaling as the divisor of each frequency (its published rule, restated here)."""
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelength = 2 * np.pi * theta ** (i / head_dim)
+        if wavelength < original / high:
+            out.append(1.0)
+        elif wavelength > original / low:
+            out.append(factor)
+        else:
+            s = (original / wavelength - low) / (high - low)
+            out.append(1 / ((1 - s) / factor + s))
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize("factor,high,original", [(8.0, 4.0, 8192), (32.0, 4.0, 8192), (16.0, 2.0, 4096)])
+def test_llama31_rope_scaling_read_back(tmp_path, capsys, factor, high, original):
+    """rope_freqs.weight (the divisors llama.cpp's converter stores for a llama3 rope_scaling) becomes config.json's
+    rope_scaling again; it is not written as a weight."""
+    src = tmp_path / "l31.gguf"
+    dims = dict(SMALL, head_dim=128, heads=2, kv_heads=1)
+    divisors = llama31_divisors(128, 500000.0, factor, 1.0, high, original)
+    write_model(str(src), "llama", theta=500000.0, extra={"rope_freqs.weight": divisors}, **dims)
+    code, out, err = run(capsys, src, tmp_path / "out")
+    assert code == 0, err
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    print(cfg["rope_scaling"])
+    assert cfg["rope_scaling"]["rope_type"] == "llama3" and cfg["rope_scaling"]["factor"] == factor
+    assert cfg["rope_scaling"]["high_freq_factor"] == pytest.approx(high, rel=1e-5)
+    assert cfg["rope_scaling"]["original_max_position_embeddings"] == original
+    assert cfg["rope_scaling"]["low_freq_factor"] == 1.0
+    assert not any("rope" in n for n in tensors(tmp_path / "out"))
+    bad = tmp_path / "bad.gguf"
+    write_model(str(bad), "llama", theta=500000.0, extra={"rope_freqs.weight": np.linspace(1, 3, 64) ** 2}, **dims)
+    code, out, err = run(capsys, bad, tmp_path / "out2")
+    assert code == 2 and "rope_freqs.weight is not a Llama 3.1-style RoPE scaling" in err
+
+
 def test_dry_run_writes_nothing(tmp_path, capsys):
     src = tmp_path / "m.gguf"
     write_model(str(src), "llama", qtype="Q4_1", **SMALL)

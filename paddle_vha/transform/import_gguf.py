@@ -31,6 +31,7 @@ from .write import write_plan
 __all__ = ["IMPORT_DTYPES", "ImportGGUFPlan", "plan_import_gguf", "import_gguf", "unpermute_rows", "RECORD"]
 
 IMPORT_DTYPES = ("float32", "bfloat16", "float16")
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency RoPE divisors (Llama 3.1's scaling)
 RECORD = "gguf_import.json"  # OUT's record of where the weights came from, and at what precision
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
@@ -178,6 +179,39 @@ def _rope_scaling(gf: GGUFFile, a: str) -> Optional[dict]:
     raise GGUFError(f"{gf.path}: rope scaling {kind!r} is not one this importer reads (linear, yarn)")
 
 
+def llama3_scaling(factors: np.ndarray, head_dim: int, theta: float, where: str) -> dict:
+    """config.json's llama3 rope_scaling from llama.cpp's rope_freqs.weight (the divisor of each RoPE frequency).
+
+    Llama 3.1's scaling divides the low frequencies (wavelength above original_max_position_embeddings /
+    low_freq_factor) by `factor`, keeps the high ones (below original / high_freq_factor), and blends in between with
+    s = (original / wavelength - low) / (high - low): divisor 1 / ((1 - s) / factor + s). So factor is the largest
+    divisor, and the blended ones give s, a line in 1 / wavelength; with low_freq_factor 1 (Llama 3.x's) its slope and
+    intercept give high_freq_factor and original. The result is checked by recomputing every divisor."""
+    f = np.asarray(factors, np.float64)
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelength = 2 * np.pi / inv_freq
+    factor = float(f.max())
+    blended = (f > 1 + 1e-4) & (f < factor * (1 - 1e-4))
+    bad = GGUFError(f"{where}: {ROPE_FREQS} is not a Llama 3.1-style RoPE scaling this importer can read back")
+    if factor <= 1 or blended.sum() < 2 or not np.all(np.isfinite(f)) or f.min() < 1 - 1e-4:
+        raise bad
+    s = (1 / f[blended] - 1 / factor) / (1 - 1 / factor)
+    slope, intercept = np.polyfit(1 / wavelength[blended], s, 1)
+    low = 1.0
+    if intercept >= 0:
+        raise bad
+    high = low - low / intercept
+    original = int(round(slope * (high - low)))
+    out = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": round(high, 6),
+           "original_max_position_embeddings": original}
+    smooth = np.clip((original / wavelength - low) / (high - low), 0, 1)
+    again = np.where(wavelength < original / high, 1.0, np.where(wavelength > original / low, factor,
+                                                                  1 / ((1 - smooth) / factor + smooth)))
+    if np.abs(again / f - 1).max() > 1e-3:
+        raise bad
+    return out
+
+
 def _expected(gf: GGUFFile, form: GGUFForm, h: dict, vocab: int) -> Dict[str, tuple]:
     """GGUF name -> numpy-order shape of every tensor the file must hold (optional ones as the file has them)."""
     d, hid, inter = h["head_dim"], h["hidden"], h["inter"]
@@ -244,18 +278,21 @@ def plan_import_gguf(path: str, out_dir: str, dtype: str = "float32", force: boo
         kinds = sorted({t for t, _ in unsupported})
         raise GGUFError(f"{gf.path}: tensor {unsupported[0][1]} is {unsupported[0][0]} ({len(unsupported)} tensors of "
                         f"type {', '.join(kinds)}), which the importer does not read (it reads {', '.join(SUPPORTED)})")
-    if "rope_freqs.weight" in gf.tensors:
-        raise GGUFError(f"{gf.path}: rope_freqs.weight (Llama 3.1-style per-frequency RoPE scaling) is not read by "
-                        "this importer yet")
     if "token_embd.weight" not in gf.tensors:
         raise GGUFError(f"{gf.path}: missing tensors: token_embd.weight")
     h = _hparams(gf, form)
     vocab = gf.tensors["token_embd.weight"].shape[0]
     expected = _expected(gf, form, h, vocab)
+    if ROPE_FREQS in gf.tensors:  # Llama 3.1's per-frequency RoPE scaling, stored as its factors: read, not written
+        expected[ROPE_FREQS] = (h["head_dim"] // 2,)
     try:
         compare_shapes(gf.path, {n: t.shape for n, t in gf.tensors.items()}, expected)
     except CheckpointError as e:
         raise GGUFError(str(e)) from None
+    if ROPE_FREQS in expected:
+        if h["rope_scaling"] is not None:
+            raise GGUFError(f"{gf.path}: both rope.scaling metadata and {ROPE_FREQS}; which one applies is unclear")
+        h["rope_scaling"] = llama3_scaling(gf.read(ROPE_FREQS), h["head_dim"], h["theta"], gf.path)
     text = read_text(gf, vocab)
     code = st.dtype_code(dtype)
     bias = "blk.0.attn_q.bias" in expected
@@ -263,6 +300,8 @@ def plan_import_gguf(path: str, out_dir: str, dtype: str = "float32", force: boo
     permute = {}
     entries = []
     for name, shape in expected.items():
+        if name == ROPE_FREQS:
+            continue
         entry = Entry(hf_name(name), shape, code, how="gguf", sources=(name,))
         if form.interleaved_rope and name.split(".", 2)[-1] in ("attn_q.weight", "attn_q.bias", "attn_k.weight",
                                                                   "attn_k.bias"):
