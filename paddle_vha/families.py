@@ -42,7 +42,7 @@ from .sinks import cost as sinks_cost
 from .sinks import tp_plan as sinks_tp_plan
 from .sinks.spec import QWEN3_SINKS
 from .spec.base import Base
-from .spec.gguf import GGUFForm
+from .spec.gguf import GGUFForm, GGUFPre
 from .spec.params import ModelSpec
 from .spec.validate import load_config, validate
 from .vha import cost as vha_cost
@@ -50,7 +50,7 @@ from .vha import tp_plan as vha_tp_plan
 from .vha.spec import QWEN3_VHA
 
 __all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily", "GGUF_FORMS",
-           "gguf_form", "gguf_form_of"]
+           "gguf_form", "gguf_form_of", "gguf_pre"]
 
 
 class UnknownFamily(CheckpointError):
@@ -301,3 +301,9 @@ def gguf_form(arch) -> GGUFForm:
 def gguf_form_of(model_type) -> Optional[GGUFForm]:
     """The GGUF form whose imported checkpoints have `model_type` (what llama.cpp's converter reads back), or None."""
     return next((f for f in GGUF_FORMS.values() if f.model_type == model_type), None)
+
+
+def gguf_pre(name) -> Optional[GGUFPre]:
+    """The byte-level BPE pre-tokenizer llama.cpp calls `name` (tokenizer.ggml.pre), from the bases' GGUF forms; None
+    for one no base describes."""
+    return next((p for f in GGUF_FORMS.values() for p in f.pre_tokenizers if p.name == name), None)

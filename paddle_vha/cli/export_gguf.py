@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         with scratch_dir("vha-gguf-") as scratch:
             t0 = time.perf_counter()
             pre = check_tokenizer(side, plan, scratch)
-            print(f"tokenizer: llama.cpp's converter takes it (pre-tokenizer {pre!r}; {time.perf_counter() - t0:.1f} s)")
+            print(f"tokenizer: llama.cpp's converter takes it ({pre}; {time.perf_counter() - t0:.1f} s)")
             if args.dry_run:
                 print("dry run: nothing written")
                 return 0

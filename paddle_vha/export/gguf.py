@@ -147,8 +147,8 @@ def _converter(side: LlamaSide, plan: GGUFExportPlan, out: str, scratch: str, ex
 
 
 def check_tokenizer(side: LlamaSide, plan: GGUFExportPlan, scratch: str) -> str:
-    """Run the converter with --vocab-only (no tensors: seconds) and return the pre-tokenizer it named; a tokenizer it
-    refuses becomes one line saying what to do."""
+    """Run the converter with --vocab-only (no tensors: seconds) and return the tokenizer model / pre-tokenizer it
+    wrote; a tokenizer it refuses becomes one line saying what to do."""
     path = os.path.join(scratch, "vocab.gguf")
     code, log = _converter(side, plan, path, scratch, ("--vocab-only",))
     if code != 0:
@@ -160,8 +160,10 @@ def check_tokenizer(side: LlamaSide, plan: GGUFExportPlan, scratch: str) -> str:
                 "SmolLM's), or add that hash to get_vocab_base_pre in " + side.converter)
         raise GGUFExportError(f"{plan.folder.path}: llama.cpp's converter refused the tokenizer (exit {code}): "
                               f"{_tail(log)}")
-    m = re.findall(r"tokenizer\.ggml\.pre[^\n]*?(?:=|:)\s*'?([\w.-]+)'?", log)
-    return m[-1] if m else "?"
+    from ..checkpoint.gguf import GGUFFile
+
+    vocab = GGUFFile(path)
+    return f"{vocab.meta('tokenizer.ggml.model')} / {vocab.meta('tokenizer.ggml.pre', 'none')}"
 
 
 QUANTIZE = """
@@ -206,7 +208,7 @@ import json, sys
 import numpy as np
 from llama_cpp import Llama
 path, text, ids, new = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
-llm = Llama(model_path=path, n_ctx=len(ids) + new + 8, n_threads=2, verbose=False, seed=0)
+llm = Llama(model_path=path, n_ctx=len(ids) + new + 8, n_threads=2, logits_all=True, verbose=False, seed=0)
 mine = llm.tokenize(text.encode(), add_bos=False, special=True)
 llm.eval(ids)
 out = []

@@ -12,7 +12,6 @@ QWEN3_GGUF = GGUFForm(
     label="Qwen3",
     hf_config="transformers:Qwen3Config",
     architectures=("Qwen3ForCausalLM",),
-    tokenizer="qwen3",
     qk_norm=True,
     qkv_bias=None,
 )

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-__all__ = ["GGUFForm", "LAYER_TENSORS", "MODEL_TENSORS", "hf_name"]
+__all__ = ["DEFAULT_PRE", "GGUFForm", "GGUFPre", "LAYER_TENSORS", "MODEL_TENSORS", "hf_name"]
 
 
 @dataclass(frozen=True)
@@ -21,13 +21,30 @@ class GGUFForm:
     label: str  # how messages name it: "Llama"
     hf_config: str  # "module:Class" of Hugging Face's config class: the config.json it writes is what HF reads
     architectures: Tuple[str, ...]  # config.json's "architectures": the Hugging Face causal LM class
-    tokenizer: str  # the key of transformers.integrations.ggml's GGUF tokenizer converter
     # llama.cpp's converter reorders each head's q_proj / k_proj rows for this architecture (its RoPE rotates adjacent
     # pairs, Hugging Face's rotates the two halves): the importer puts them back
     interleaved_rope: bool = False
     qk_norm: bool = False  # per-head q / k RMSNorm tensors (attn_q_norm, attn_k_norm) required
     qkv_bias: Optional[bool] = None  # True: q/k/v biases required; None: optional (config.json's attention_bias says)
     config_extra: Dict[str, object] = field(default_factory=dict)  # fields its config.json always carries
+    # the byte-level BPE pre-tokenizers of this base's published tokenizers, by llama.cpp's name (tokenizer.ggml.pre);
+    # a GGUF of any architecture may carry any of them
+    pre_tokenizers: Tuple["GGUFPre", ...] = ()
+
+
+@dataclass(frozen=True)
+class GGUFPre:
+    """A byte-level BPE tokenizer's pre-tokenizer as llama.cpp names it (tokenizer.ggml.pre), in the terms of Hugging
+    Face's tokenizer.json: text -> pieces (a Split regex, or GPT-2's own regex) -> byte-level symbols -> BPE."""
+
+    name: str
+    split: Optional[str] = None  # a regex whose matches are the pieces (Split, isolated); None: GPT-2's regex
+    digits: bool = False  # each digit a piece of its own first (SmolLM's)
+    nfc: bool = False  # NFC-normalise the text first (Qwen2's)
+    ignore_merges: bool = False  # a piece that is a whole token is taken as it is, without merging (Llama 3's)
+
+
+DEFAULT_PRE = GGUFPre("default")  # GPT-2's pre-tokenizer: what llama.cpp uses for "default", "gpt2" and unnamed ones
 
 
 # GGUF tensor name -> Hugging Face name, per decoder layer ({i}) and for the whole model. Optional ones may be absent:

@@ -3,10 +3,12 @@ special_tokens_map.json and generation_config.json (its EOS ids: the file's EOS 
 token).
 
 The vocabulary and merges go through transformers' own GGUF tokenizer conversion (transformers.integrations.ggml,
-what `AutoTokenizer.from_pretrained(..., gguf_file=...)` runs), with three things set from the file itself rather than
-taken from that conversion: the BOS / EOS / UNK / PAD strings (its Llama converter names the BOS token for both BOS
-and EOS), BOS / EOS added on encoding only where the file says so (tokenizer.ggml.add_bos_token / add_eos_token), and
-no clean-up of spaces on decoding (decode gives back exactly the tokens' text, as llama.cpp does).
+what `AutoTokenizer.from_pretrained(..., gguf_file=...)` runs), with what that conversion gets wrong for these files
+set from the file itself: a byte-level BPE's pre-tokenizer (transformers' Llama converter gives every byte-level Llama
+GGUF GPT-2's regex and byte fallback, whatever tokenizer.ggml.pre says, and llama.cpp's converter then reads such a
+tokenizer.json back as a SentencePiece vocabulary), the BOS / EOS / UNK / PAD strings (its Llama converter names the
+BOS token for both BOS and EOS), BOS / EOS added on encoding only where the file says so (add_bos_token /
+add_eos_token), and no clean-up of spaces on decoding (decode gives back exactly the tokens' text, as llama.cpp does).
 """
 from __future__ import annotations
 
@@ -16,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from ..checkpoint.gguf import GGUFError, GGUFFile
-from ..spec.gguf import GGUFForm
+from ..spec.gguf import DEFAULT_PRE
 
 __all__ = ["GGUFText", "read_text", "write_text_files"]
 
 TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE with merges; SentencePiece-style BPE with scores
-CONTROL = 3  # llama.cpp's token type of a control (special) token
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types of a control (special) token and a user-defined one
 MARKER = "\u2063PADDLEVHA-END-OF-TURN-PROBE\u2063"
 
 
@@ -30,6 +32,7 @@ class GGUFText:
     """What the file says about text: tokenizer model, vocabulary size, special ids, chat template."""
 
     model: Optional[str]
+    pre: Optional[str]  # tokenizer.ggml.pre: llama.cpp's name of a byte-level BPE's pre-tokenizer
     tokens: List[str]
     token_types: List[int]
     bos: Optional[int] = None
@@ -69,7 +72,7 @@ def read_text(gf: GGUFFile, vocab_size: int) -> Optional[GGUFText]:
         raise GGUFError(f"{gf.path}: the tokenizer has {len(tokens)} tokens, the embedding {vocab_size} rows")
     n = len(tokens)
     types = gf.meta("tokenizer.ggml.token_type") or [1] * n
-    return GGUFText(model=model, tokens=list(tokens), token_types=list(types), bos=_id(gf, "bos_token_id", n),
+    return GGUFText(model=model, pre=gf.meta("tokenizer.ggml.pre"), tokens=list(tokens), token_types=list(types), bos=_id(gf, "bos_token_id", n),
                     eos=_id(gf, "eos_token_id", n), unk=_id(gf, "unknown_token_id", n),
                     pad=_id(gf, "padding_token_id", n), eot=_id(gf, "eot_token_id", n),
                     add_bos=bool(gf.meta("tokenizer.ggml.add_bos_token", False)),
@@ -124,16 +127,55 @@ def _end_of_turn(folder: str, text: GGUFText) -> Optional[int]:
     return next((i for i in controls if text.tokens[i] and after.startswith(text.tokens[i])), None)
 
 
-def write_text_files(gf: GGUFFile, form: GGUFForm, text: GGUFText, folder: str, context: int) -> GGUFText:
+def backend_tokenizer(gf: GGUFFile, text: GGUFText):
+    """The `tokenizers` Tokenizer of the file's vocabulary. SentencePiece-style ("llama": scores, byte fallback):
+    transformers' GGUF Llama converter. Byte-level BPE ("gpt2": merges): transformers' GGUF GPT-2 converter for the
+    vocabulary and merges, with the pre-tokenizer llama.cpp names in tokenizer.ggml.pre (a base's GGUFPre; GPT-2's
+    own for "default" and names no base describes), the control tokens as special tokens and user-defined ones as
+    added tokens, matched before the model as llama.cpp matches them."""
+    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
+    from transformers.integrations.ggml import convert_gguf_tokenizer
+
+    from ..families import gguf_pre
+
+    key = "llama" if text.model == "llama" else "gpt2"
+    try:
+        tok, _ = convert_gguf_tokenizer(key, _converter_input(gf, text))
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise GGUFError(f"{gf.path}: transformers cannot convert its tokenizer ({type(e).__name__}: {e})") from None
+    if key == "llama":
+        return tok
+    pre = gguf_pre(text.pre) or DEFAULT_PRE
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if pre.digits else []
+    if pre.split is not None:
+        steps += [pre_tokenizers.Split(Regex(pre.split), behavior="isolated"),
+                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    else:
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps) if len(steps) > 1 else steps[0]
+    tok.normalizer = normalizers.NFC() if pre.nfc else None
+    tok.decoder = decoders.ByteLevel()
+    if pre.ignore_merges:
+        model = json.loads(tok.to_str())
+        model["model"]["ignore_merges"] = True
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(json.dumps(model))
+    specials = [AddedToken(t, normalized=False, special=True) for t, k in zip(text.tokens, text.token_types)
+                if k == CONTROL]
+    user = [AddedToken(t, normalized=False, special=False) for t, k in zip(text.tokens, text.token_types)
+            if k == USER_DEFINED]
+    tok.add_special_tokens(specials)
+    tok.add_tokens(user)
+    return tok
+
+
+def write_text_files(gf: GGUFFile, text: GGUFText, folder: str, context: int) -> GGUFText:
     """Write the tokenizer files and generation_config.json into `folder` (`context`: the model's context length, the
     tokenizer's model_max_length); returns `text` with its EOS ids filled."""
     from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.ggml import convert_gguf_tokenizer
 
-    try:
-        backend, _ = convert_gguf_tokenizer(form.tokenizer, _converter_input(gf, text))
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-        raise GGUFError(f"{gf.path}: transformers cannot convert its tokenizer ({type(e).__name__}: {e})") from None
+    backend = backend_tokenizer(gf, text)
     post = _post_processor(text)
     if post is not None:  # else the converter's own (none, or byte-level offsets: nothing added)
         backend.post_processor = post

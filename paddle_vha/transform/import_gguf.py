@@ -346,7 +346,7 @@ def import_gguf(plan: ImportGGUFPlan, progress: bool = True) -> str:
 
     def side_files(folder: str) -> None:
         if plan.text is not None:
-            write_text_files(gf, plan.form, plan.text, folder, plan.out_config["max_position_embeddings"])
+            write_text_files(gf, plan.text, folder, plan.out_config["max_position_embeddings"])
         with open(os.path.join(folder, RECORD), "w", encoding="utf-8") as f:
             json.dump(_record(plan), f, indent=2)
             f.write("\n")
