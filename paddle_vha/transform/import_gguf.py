@@ -202,14 +202,20 @@ def llama3_scaling(factors: np.ndarray, head_dim: int, theta: float, where: str)
         raise bad
     high = low - low / intercept
     original = int(round(slope * (high - low)))
-    out = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": round(high, 6),
-           "original_max_position_embeddings": original}
-    smooth = np.clip((original / wavelength - low) / (high - low), 0, 1)
-    again = np.where(wavelength < original / high, 1.0, np.where(wavelength > original / low, factor,
-                                                                  1 / ((1 - smooth) / factor + smooth)))
-    if np.abs(again / f - 1).max() > 1e-3:
+
+    def mismatch(high_freq: float) -> float:
+        smooth = np.clip((original / wavelength - low) / (high_freq - low), 0, 1)
+        again = np.where(wavelength < original / high_freq, 1.0,
+                         np.where(wavelength > original / low, factor, 1 / ((1 - smooth) / factor + smooth)))
+        return float(np.abs(again / f - 1).max())
+
+    # the fit carries the float32 divisors' rounding: take the shortest decimal that gives every divisor back to
+    # float32 precision (Llama 3.x: exactly 4)
+    high = next((round(high, k) for k in (0, 1, 2, 3, 4) if mismatch(round(high, k)) < 1e-5), high)
+    if mismatch(high) > 1e-3:
         raise bad
-    return out
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": float(high),
+            "original_max_position_embeddings": original}
 
 
 def _expected(gf: GGUFFile, form: GGUFForm, h: dict, vocab: int) -> Dict[str, tuple]:
