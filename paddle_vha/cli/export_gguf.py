@@ -78,10 +78,11 @@ def _smoke(args, side, plan, path, scratch) -> None:
     if got["tokenized"] != ids:
         print(f"note: llama.cpp tokenizes the prompt as {got['tokenized']}, tokenizer.json as {ids}")
     print(f"smoke check, prompt {args.prompt!r} = {ids}:")
-    print(f"  llama.cpp ({args.type}): {got['greedy']}  {codec.decode(got['greedy'])!r}")
+    label = f"llama.cpp ({args.type}):"
+    print(f"  {label:<20} {got['greedy']}  {codec.decode(got['greedy'])!r}")
     if ours is not None:
         same = next((i for i, (a, b) in enumerate(zip(got["greedy"], ours)) if a != b), None)
-        print(f"  Paddle (float32):   {ours}  {codec.decode(ours)!r}")
+        print(f"  {'Paddle (float32):':<20} {ours}  {codec.decode(ours)!r}")
         print("  -> the same greedy tokens" if same is None else
               f"  -> they differ from token {same} on" + (" (expected of a quantized file)" if plan.quantize or
                                                             args.type == "q8_0" else ""))
