@@ -23,6 +23,8 @@ from typing import Dict, List, Optional
 
 from .checkpoint.contract import CheckpointError, Shapes, compare_shapes
 from .checkpoint.folder import CheckpointFolder
+from .llama.base import LLAMA_BASE
+from .llama.spec import LLAMA, LLAMA_MEA, LLAMA_VHA
 from .mea import cost as mea_cost
 from .mea import tp_plan as mea_tp_plan
 from .mea.spec import QWEN3_MEA
@@ -31,6 +33,8 @@ from .moe.spec import QWEN3_MOE
 from .moe_vha.spec import QWEN3_MOE_VHA
 from .qwen3 import cost as qwen3_cost
 from .qwen3.base import QWEN3_BASE
+from .qwen2.base import QWEN2_BASE
+from .qwen2.spec import QWEN2, QWEN2_MEA, QWEN2_VHA
 from .qwen3.spec import QWEN3
 from .shared_kv import cost as shared_kv_cost
 from .shared_kv import tp_plan as shared_kv_tp_plan
@@ -172,6 +176,24 @@ class Family:
         return validate(folder, self.model_type, self.label, self.config_class, self.base, self.spec)
 
 
+def _stock_and_variants(base: Base, prefix: str, spec: ModelSpec, vha_spec: ModelSpec, mea_spec: ModelSpec,
+                        serving_ref: str, model_ref: Optional[str] = None) -> tuple:
+    """A dense base's stock family and its VHA and MEA families (their classes in paddle_vha/<base>/vha.py and
+    mea.py, named `prefix` + "VHAConfig", ...): the Qwen3 entries below, over another base."""
+    here = f"paddle_vha.{base.model_type}"
+    return (
+        Family(model_type=base.model_type, label=base.name, config_ref=base.config, model_ref=model_ref or base.causal_lm,
+               spec=spec, cost=qwen3_cost, serving_ref=serving_ref, base=base),
+        Family(model_type=f"{base.model_type}_vha", label=f"{base.name}-VHA", config_ref=f"{here}.vha:{prefix}VHAConfig",
+               model_ref=f"{here}.vha:{prefix}VHAForCausalLM", spec=vha_spec, tp_plan=vha_tp_plan.VHAPlan(vha_spec),
+               not_exported="fold it first (python tools/fold.py IN OUT)", cost=vha_cost,
+               fold_ref=f"{here}.vha:{base.model_type.upper()}_VHA_FOLD", base=base),
+        Family(model_type=f"{base.model_type}_mea", label=f"{base.name}-MEA", config_ref=f"{here}.mea:{prefix}MEAConfig",
+               model_ref=f"{here}.mea:{prefix}MEAForCausalLM", spec=mea_spec, tp_plan=mea_tp_plan.MEAPlan(mea_spec),
+               serving_ref="paddle_vha.mea.serving:MEA", cost=mea_cost, base=base),
+    )
+
+
 FAMILIES: Dict[str, Family] = {
     f.model_type: f
     for f in (
@@ -249,6 +271,9 @@ FAMILIES: Dict[str, Family] = {
             serving_ref="paddle_vha.qwen3.serving:GQA",
             cost=sinks_cost,
         ),
+        *_stock_and_variants(LLAMA_BASE, "Llama", LLAMA, LLAMA_VHA, LLAMA_MEA, "paddle_vha.llama.serving:STOCK_LLAMA",
+                             model_ref="paddle_vha.llama.modeling:LlamaForCausalLM"),
+        *_stock_and_variants(QWEN2_BASE, "Qwen2", QWEN2, QWEN2_VHA, QWEN2_MEA, "paddle_vha.qwen2.serving:STOCK_QWEN2"),
     )
 }
 
