@@ -49,7 +49,8 @@ from .vha import cost as vha_cost
 from .vha import tp_plan as vha_tp_plan
 from .vha.spec import QWEN3_VHA
 
-__all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily"]
+__all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily", "variant_over",
+           "convertible"]
 
 
 class UnknownFamily(CheckpointError):
@@ -87,6 +88,7 @@ class Family:
     # None: the family is not folded.
     fold_ref: Optional[str] = None
     architecture: Optional[str] = None  # config.json's architectures entry, where the causal LM is not model_ref's
+    variant: Optional[str] = None  # "vha", "mea": the variant over `base` a converter writes (None: stock or other)
 
     def tensor_shapes(self, cfg) -> Shapes:
         """The on-disk tensor contract for config `cfg`: name -> HF-layout shape."""
@@ -187,10 +189,10 @@ def _stock_and_variants(base: Base, prefix: str, spec: ModelSpec, vha_spec: Mode
         Family(model_type=f"{base.model_type}_vha", label=f"{base.name}-VHA", config_ref=f"{here}.vha:{prefix}VHAConfig",
                model_ref=f"{here}.vha:{prefix}VHAForCausalLM", spec=vha_spec, tp_plan=vha_tp_plan.VHAPlan(vha_spec),
                not_exported="fold it first (python tools/fold.py IN OUT)", cost=vha_cost,
-               fold_ref=f"{here}.vha:{base.model_type.upper()}_VHA_FOLD", base=base),
+               fold_ref=f"{here}.vha:{base.model_type.upper()}_VHA_FOLD", base=base, variant="vha"),
         Family(model_type=f"{base.model_type}_mea", label=f"{base.name}-MEA", config_ref=f"{here}.mea:{prefix}MEAConfig",
                model_ref=f"{here}.mea:{prefix}MEAForCausalLM", spec=mea_spec, tp_plan=mea_tp_plan.MEAPlan(mea_spec),
-               serving_ref="paddle_vha.mea.serving:MEA", cost=mea_cost, base=base),
+               serving_ref="paddle_vha.mea.serving:MEA", cost=mea_cost, base=base, variant="mea"),
     )
 
 
@@ -216,6 +218,7 @@ FAMILIES: Dict[str, Family] = {
             not_exported="fold it first (python tools/fold.py IN OUT)",
             cost=vha_cost,
             fold_ref="paddle_vha.vha.fold_form:VHA_FOLD",
+            variant="vha",
         ),
         Family(
             model_type="qwen3_mea",
@@ -226,6 +229,7 @@ FAMILIES: Dict[str, Family] = {
             tp_plan=mea_tp_plan,
             serving_ref="paddle_vha.mea.serving:MEA",
             cost=mea_cost,
+            variant="mea",
         ),
         Family(
             model_type="qwen3_shared_kv",
@@ -300,6 +304,16 @@ def family_of(obj) -> Family:
             raise UnknownFamily(f"{ck.path}: config.json model_type {ck.model_type!r} is not one of "
                                 f"{', '.join(FAMILIES)}") from None
     return family(getattr(obj, "model_type", None))
+
+
+def variant_over(base: Base, variant: str) -> Optional[Family]:
+    """The family of `variant` ("vha", "mea") over `base` (what a converter of its stock checkpoints writes), or None."""
+    return next((f for f in FAMILIES.values() if f.base is base and f.variant == variant and f.has_model), None)
+
+
+def convertible(variant: str) -> List[Family]:
+    """The stock families whose checkpoints convert into `variant` (a Paddle model, and the variant over its base)."""
+    return [f for f in FAMILIES.values() if f.stock and f.has_model and variant_over(f.base, variant) is not None]
 
 
 def trainable_with_plan() -> List[Family]:

@@ -243,7 +243,8 @@ def test_teacher_frozen_through_the_trainer(tmp_path):
                              "--save_strategy", "no", "--do_eval", "false", "--logging_steps", "1",
                              "--disable_tqdm", "true", "--corpus_mb", "0.5"])
     args.dataloader_shuffle = False
-    config, model_cls = build_config(m, d, args, 1)
+    run_model = build_config(m, d, args, 1)
+    config, model_cls = run_model.config, run_model.model_cls
     fam, tcfg, settings = distill_plan(args, config)
     assert settings == DistillSettings(hidden_weight=1.0)
     train, _, _ = build_data(d, args, config.vocab_size)
