@@ -184,3 +184,57 @@ def test_calculators_count_what_each_base_declares():
         counted = attention_parameters_per_layer(arch_from_config({**fields, "model_type": model_type}))["total"]
         print(f"{model_type}: built {built:,} attention parameters per layer, counted {counted:,}")
         assert counted == built
+
+
+@pytest.mark.slow
+def test_qwen2_at_real_width_converts_folds_and_exports(tmp_path):
+    """A Qwen2 at Qwen3-0.6B's widths as a hub download looks (tools/fixtures/qwen3_shaped.py --arch qwen2, 1 layer:
+    vocabulary 151,936, head_dim 128 != hidden / heads, q/k/v biases, bf16 shards, a BPE tokenizer): convert_to_vha
+    --premix off to 2 KV heads, fold back (--verify exact) and export; the export self-validates, carries the
+    tokenizer, and names genai's qwen2 decoder."""
+    from tools.fixtures.qwen3_shaped import make_checkpoint
+    from paddle_vha.cli import convert_to_vha, export_onnx, fold
+
+    src = str(tmp_path / "qwen2")
+    make_checkpoint(src, "0.6b", layers=1, arch="qwen2")
+    vha, folded, onnx = (str(tmp_path / n) for n in ("vha", "folded", "onnx"))
+    assert convert_to_vha.main([src, vha, "--kv-heads", "2", "--premix", "off", "--eval-batches", "0",
+                                "--no-progress"]) == 0
+    assert family_of(vha).model_type == "qwen2_vha"
+    assert fold.main([vha, folded, "--verify", "--no-progress"]) == 0
+    assert export_onnx.main([folded, onnx, "--decode-steps", "4"]) == 0
+    info = json.load(open(os.path.join(onnx, "export_info.json")))
+    genai = json.load(open(os.path.join(onnx, "genai_config.json")))
+    print(json.dumps(info)[:400])
+    assert genai["model"]["type"] == "qwen2" and genai["model"]["decoder"]["head_size"] == 128
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(onnx))
+
+
+@pytest.mark.parametrize("base", list(BASES))
+def test_qwen3_only_options_are_refused_in_one_line(base, tmp_path):
+    """Shared-KV, sliding-window layers and sinks fold into Qwen3 shared-KV / Qwen3 with sinks, which exist over Qwen3
+    only: over Llama and Qwen2 each is refused when the config is built, in one line; the fused prologue (Premix +
+    q/k RMSNorm + RoPE) has no q/k norm to run; a Llama whose heads x head_dim is not its hidden size is refused by
+    the checkpoint contract before PaddleFormers' assertion."""
+    from paddle_vha.checkpoint.contract import CheckpointError
+    from paddle_vha.vha.config import VHAConfigError
+
+    fam = family(f"{base}_vha")
+    fields = {**TINY, **BASES[base]}
+    window = dict(sliding_window=4, use_sliding_window=True, layer_types=["sliding_attention", "full_attention"])
+    for extra, needle in ((dict(vha_shared_kv=True), "vha_shared_kv=true: "),
+                          (window, "sliding-window layers (layer_types): "),
+                          (dict(window, window_attention_sinks=True), "sliding-window layers (layer_types): ")):
+        with pytest.raises(VHAConfigError) as e:
+            fam.config_class(**fields, **extra)
+        print(e.value)
+        assert needle in str(e.value) and "folds into stock" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(VHAConfigError, match="has no q/k norm"):
+        fam.model_class(fam.config_class(**fields, vha_fused_prologue=True))
+    if base == "llama":
+        save_model("llama", tmp_path / "m")
+        cfg = json.load(open(tmp_path / "m" / "config.json"))
+        cfg["head_dim"] = 8
+        json.dump(cfg, open(tmp_path / "m" / "config.json", "w"))
+        with pytest.raises(CheckpointError, match=r"num_attention_heads 4 x head_dim 8 = 32 differs from hidden_size 64"):
+            family("llama").validate(str(tmp_path / "m"))
