@@ -159,7 +159,8 @@ def test_export_carries_the_scaled_rope(tmp_path, case):
     from paddle_vha.export.validation import reference_run
 
     m = 16 if case == "dynamic" else 256  # yarn-original: 256 = factor x its original 64, as both libraries need
-    src = save_stock(tmp_path / "in", max_position_embeddings=m, rope_scaling=dict(CASES[case]))
+    save = save_llama if case == "llama3" else save_stock  # Llama 3's scaling on the Llama base
+    src = save(tmp_path / "in", max_position_embeddings=m, rope_scaling=dict(CASES[case]))
     lines = []
     val = export_onnx(src, str(tmp_path / "out"), decode_steps=12, log=lines.append)
     print("\n".join(lines))
@@ -170,12 +171,23 @@ def test_export_carries_the_scaled_rope(tmp_path, case):
     length = 11 + 12  # the validation's text; past M = 16 for dynamic NTK
     prompt = np.random.default_rng(0).integers(0, TINY["vocab_size"], (2, length)).astype(np.int64)
     scaled = reference_run(plan, CheckpointTensors(plan.folder), prompt, 0).prefill
-    plain_src = save_stock(tmp_path / "plain", max_position_embeddings=m)
+    plain_src = save(tmp_path / "plain", max_position_embeddings=m)
     plain_plan = serving_plan(plain_src)
     plain = reference_run(plain_plan, CheckpointTensors(plan.folder), prompt, 0).prefill
     gap = np.abs(scaled - plain).max()
     print(f"{case}: max |logits(scaled RoPE) - logits(plain RoPE)| = {gap:.2e}")
     assert gap > 100 * val.max_abs
+
+
+def save_llama(path, **overrides):
+    """A stock Llama checkpoint over TINY (hidden = heads x head_dim, as PaddleFormers' Llama needs)."""
+    from paddle_vha.families import family
+
+    paddle.seed(4)
+    fam = family("llama")
+    fam.model_class(fam.config_class(**dict(TINY, hidden_size=64, tie_word_embeddings=False, **overrides))
+                    ).save_pretrained(str(path))
+    return str(path)
 
 
 REFUSED = {
