@@ -32,7 +32,7 @@ import time
 from ..checkpoint.contract import CheckpointError, file_problem
 from ..checkpoint.folder import CheckpointFolder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir
-from .decoder import Qwen3KVDecoder
+from .decoder import KVDecoder
 from .errors import ExportError
 from .genai import write_genai_files
 from .graph import finalize_graph
@@ -167,7 +167,7 @@ def _save_decoder(plan: ServingPlan, tensors, prefix: str) -> None:
     import paddle
 
     paddle.set_default_dtype("float32")
-    decoder = Qwen3KVDecoder(plan, tensors)
+    decoder = KVDecoder(plan, tensors)
     decoder.eval()
     save_program(decoder, plan, prefix)
     del decoder

@@ -22,7 +22,6 @@ from ..spec.gguf import DEFAULT_PRE
 
 __all__ = ["GGUFText", "read_text", "write_text_files"]
 
-TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE with merges; SentencePiece-style BPE with scores
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types of a control (special) token and a user-defined one
 MARKER = "\u2063PADDLEVHA-END-OF-TURN-PROBE\u2063"
 
@@ -64,10 +63,12 @@ def read_text(gf: GGUFFile, vocab_size: int) -> Optional[GGUFText]:
     tokens = gf.meta("tokenizer.ggml.tokens")
     if tokens is None:
         return None
+    from ..families import GGUF_BPE, GGUF_SENTENCEPIECE
+
     model = gf.meta("tokenizer.ggml.model")
-    if model not in TOKENIZER_MODELS:
+    if model not in (GGUF_BPE, GGUF_SENTENCEPIECE):
         raise GGUFError(f"{gf.path}: tokenizer.ggml.model {model!r} is not one this importer converts "
-                        f"({', '.join(TOKENIZER_MODELS)})")
+                        f"({GGUF_BPE}: byte-level BPE, {GGUF_SENTENCEPIECE}: SentencePiece-style)")
     if len(tokens) > vocab_size:
         raise GGUFError(f"{gf.path}: the tokenizer has {len(tokens)} tokens, the embedding {vocab_size} rows")
     n = len(tokens)
@@ -136,14 +137,15 @@ def backend_tokenizer(gf: GGUFFile, text: GGUFText):
     from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
     from transformers.integrations.ggml import convert_gguf_tokenizer
 
-    from ..families import gguf_pre
+    from ..families import GGUF_BPE, GGUF_SENTENCEPIECE, gguf_pre
 
-    key = "llama" if text.model == "llama" else "gpt2"
+    # transformers' converters by its own keys, which are llama.cpp's names of the two vocabularies
+    spm = text.model == GGUF_SENTENCEPIECE
     try:
-        tok, _ = convert_gguf_tokenizer(key, _converter_input(gf, text))
+        tok, _ = convert_gguf_tokenizer(GGUF_SENTENCEPIECE if spm else GGUF_BPE, _converter_input(gf, text))
     except (ValueError, KeyError, TypeError, IndexError) as e:
         raise GGUFError(f"{gf.path}: transformers cannot convert its tokenizer ({type(e).__name__}: {e})") from None
-    if key == "llama":
+    if spm:
         return tok
     pre = gguf_pre(text.pre) or DEFAULT_PRE
     steps = [pre_tokenizers.Digits(individual_digits=True)] if pre.digits else []
