@@ -83,6 +83,7 @@ def test_llama_files_and_config(tmp_path, capsys):
     write_model(str(src), "llama", context=384, theta=123456.0, eps=1e-5, **SMALL)
     code, out, err = run(capsys, src, tmp_path / "out")
     assert code == 0, err
+    assert "checked against this project's Llama contract: OK" in out
     out_dir = tmp_path / "out"
     cfg = json.loads((out_dir / "config.json").read_text())
     want = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=96,
@@ -119,6 +120,7 @@ def test_qwen2_bias_untied_and_qwen3_realistic_width(tmp_path, capsys):
     assert set(got) == set(truth) and "lm_head.weight" in got and "model.layers.1.self_attn.k_proj.bias" in got
     for n, t in truth.items():
         np.testing.assert_array_equal(got[n], t.astype(np.float32), err_msg=n)
+    assert "checked against this project's Qwen2 contract: OK" in out
     cfg = json.loads((tmp_path / "q2" / "config.json").read_text())
     assert cfg["model_type"] == "qwen2" and cfg["architectures"] == ["Qwen2ForCausalLM"]
     assert cfg["attention_bias"] is True and cfg["tie_word_embeddings"] is False

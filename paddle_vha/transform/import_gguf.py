@@ -360,9 +360,21 @@ def import_gguf(plan: ImportGGUFPlan, progress: bool = True) -> str:
     return write_plan(plan, make, progress=progress, side_files=side_files)
 
 
+def contract_line(out_dir: str) -> str:
+    """Whether this project's tools take the written checkpoint (its family's contract), in one line."""
+    from ..families import family_of
+
+    try:
+        fam = family_of(out_dir)
+        fam.validate(out_dir)
+    except CheckpointError as e:
+        return f"note: Hugging Face reads it, but this project's tools will refuse it: {e}"
+    return f"checked against this project's {fam.label} contract: OK (fold, convert, compress and export take it)"
+
+
 def summary_lines(plan: ImportGGUFPlan) -> List[str]:
     """What the command prints after writing."""
-    lines = [precision_line(plan.precision)]
+    lines = [precision_line(plan.precision), contract_line(os.path.abspath(plan.out_dir))]
     if plan.text is not None:
         lines.append(f"eos ids (generation_config.json): {plan.text.eos_ids} "
                      f"({', '.join(repr(plan.text.tokens[i]) for i in plan.text.eos_ids)})")
