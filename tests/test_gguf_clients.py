@@ -319,3 +319,24 @@ def test_smollm2_imported_against_llamacpp(tmp_path, llama_env, hf_python):
           f"llama.cpp on the F32 export, the same weights: {err_same:.2e}), argmax agreement {agree:.3f} over "
           f"{len(hf['ids'])} positions; its reply {ll['reply']} {tok.decode(ll['reply'], skip_special_tokens=True)!r}")
     assert abs(err_q - err_same) < 0.1 * err_q  # what differs is llama.cpp's quantized arithmetic, not the import
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama-bpe", "qwen2", "gpt-2"])
+def test_tokenizers_match_llamacpp(llama_env, name):
+    """The importer's tokenizer.json of llama.cpp's own tokenizer test vocabularies (models/ggml-vocab-NAME.gguf) gives
+    the ids llama.cpp expects (models/ggml-vocab-NAME.gguf.out) on every test string (.inp)."""
+    from paddle_vha.checkpoint.gguf import GGUFFile
+    from paddle_vha.transform.gguf_tokenizer import backend_tokenizer, read_text
+
+    base = os.path.join(llama_env[1], "vendor", "llama.cpp", "models", f"ggml-vocab-{name}.gguf")
+    gf = GGUFFile(base)
+    tok = backend_tokenizer(gf, read_text(gf, len(gf.meta("tokenizer.ggml.tokens"))))
+    with open(base + ".inp", encoding="utf-8") as f:
+        texts = f.read().split("\n__ggml_vocab_test__\n")
+    with open(base + ".out", encoding="utf-8") as f:
+        want = [[int(i) for i in line.split()] for line in f.read().strip("\n").split("\n")]
+    got = [tok.encode(t, add_special_tokens=False).ids for t in texts[:len(want)]]
+    wrong = [(t, g, w) for t, g, w in zip(texts, got, want) if g != w]
+    print(f"{name} (pre {gf.meta('tokenizer.ggml.pre')!r}): {len(want) - len(wrong)} / {len(want)} strings as llama.cpp")
+    assert len(want) >= 40 and not wrong, wrong[:3]
