@@ -185,6 +185,7 @@ def test_round_trip_llama_through_llamacpp(tmp_path, source, llama_env, hf_pytho
     os.symlink(source, "src")
     said = run_cli(export_main, "src", "out/f32.gguf", "--type", "f32", "--no-progress", "--prompt", "def fib(n):")
     assert "(gpt2 / qwen2;" in said  # the converter recognised Qwen's tokenizer
+    assert "-> the same greedy tokens" in said  # llama.cpp on the F32 file and the Paddle model of the source
     assert sorted(os.listdir(source)) == sorted(os.listdir(os.path.realpath("src")))  # nothing landed in the input
     assert os.listdir("out") == ["f32.gguf"]  # no temporary left beside it
     run_cli(import_main, "out/f32.gguf", "imported", "--no-progress")
