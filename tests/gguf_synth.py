@@ -6,6 +6,8 @@ Block layouts (32 weights a block, little-endian):
     Q8_0  fp16 d, int8 q[32]                                 w = d * q
     Q4_0  fp16 d, uint8 qs[16]: q[j] = qs[j] & 15, q[j+16] = qs[j] >> 4    w = d * (q - 8)
     Q4_1  fp16 d, fp16 m, uint8 qs[16] (as Q4_0)             w = d * q + m
+    Q5_0  fp16 d, uint32 qh, uint8 qs[16]: the low 4 bits as Q4_0, bit 4 of q[j] is bit j of qh    w = d * (q - 16)
+    Q5_1  fp16 d, fp16 m, uint32 qh, uint8 qs[16] (as Q5_0)  w = d * q + m
 
 Tensor names and metadata keys are llama.cpp's (general.architecture, {arch}.block_count, blk.{i}.attn_q.weight, ...);
 the model's ground truth is kept in Hugging Face names and row order; for the llama architecture the GGUF gets
@@ -50,6 +52,18 @@ def quantize(x: np.ndarray, qtype: str):
         q = np.clip(np.rint((b - m) / np.where(d == 0, 1, d)), 0, 15).astype(np.int64)
         raw = np.concatenate([d.view(np.uint8), m.view(np.uint8), _nibbles(q)], -1)
         deq = d.astype(np.float64) * q + m.astype(np.float64)
+    elif qtype in ("Q5_0", "Q5_1"):
+        if qtype == "Q5_0":
+            d = (np.abs(b).max(-1, keepdims=True) / 15).astype(np.float16)
+            q = np.clip(np.rint(b / np.where(d == 0, 1, d)) + 16, 0, 31).astype(np.int64)
+            head, deq = [d], d.astype(np.float64) * (q - 16)
+        else:
+            lo, hi = b.min(-1, keepdims=True), b.max(-1, keepdims=True)
+            d, m = ((hi - lo) / 31).astype(np.float16), lo.astype(np.float16)
+            q = np.clip(np.rint((b - m) / np.where(d == 0, 1, d)), 0, 31).astype(np.int64)
+            head, deq = [d, m], d.astype(np.float64) * q + m.astype(np.float64)
+        qh = ((q >> 4) << np.arange(32)).sum(-1, keepdims=True).astype("<u4")  # bit j: the 5th bit of q[j]
+        raw = np.concatenate([h.view(np.uint8) for h in head] + [qh.view(np.uint8), _nibbles(q & 15)], -1)
     else:
         raise ValueError(qtype)
     return raw.reshape(rows, -1), deq.reshape(x.shape)

@@ -36,7 +36,7 @@ def digest(path) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_each_type_matches_the_block_layout_oracle(tmp_path, capsys, qtype):
     """Every weight equals the float64 dequantization of its blocks (rounded once to float32: exact for these types),
     Llama's q / k rows back in Hugging Face's order."""
@@ -74,6 +74,12 @@ def test_oracle_quantizer_is_the_layout_it_says():
     assert np.frombuffer(raw[0, 2:4].tobytes(), np.float16)[0] == 0.0  # m = min
     raw, deq = quantize(np.full((1, 32), -2.0), "Q8_0")
     assert raw.shape == (1, 34) and np.all(raw[0, 2:].view(np.int8) == -127)
+    x = np.zeros((1, 32))
+    x[0, 3], x[0, 20] = 15.0, -15.0
+    raw, deq = quantize(x, "Q5_0")  # d = 1: q[3] = 31, q[20] = 1 (5th bit clear), the rest 16 (5th bit set)
+    assert raw.shape == (1, 22) and deq[0, 3] == 15.0 and deq[0, 20] == -15.0
+    qh = int(np.frombuffer(raw[0, 2:6].tobytes(), "<u4")[0])
+    assert qh == 0xFFFFFFFF & ~(1 << 20)
     w = np.arange(8)[:, None] * np.ones((1, 3))
     assert llama_cpp_order(w, 2)[:, 0].tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
 
