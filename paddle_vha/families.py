@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 from .checkpoint.contract import CheckpointError, Shapes, compare_shapes
 from .checkpoint.folder import CheckpointFolder
 from .llama.base import LLAMA_BASE
+from .llama.gguf import LLAMA_GGUF
 from .llama.spec import LLAMA, LLAMA_MEA, LLAMA_VHA
 from .mea import cost as mea_cost
 from .mea import tp_plan as mea_tp_plan
@@ -31,10 +32,12 @@ from .mea.spec import QWEN3_MEA
 from .moe.base import NO_MODEL, QWEN3_MOE_BASE
 from .moe.spec import QWEN3_MOE
 from .moe_vha.spec import QWEN3_MOE_VHA
+from .qwen2.base import QWEN2_BASE
+from .qwen2.gguf import QWEN2_GGUF
+from .qwen2.spec import QWEN2, QWEN2_MEA, QWEN2_VHA
 from .qwen3 import cost as qwen3_cost
 from .qwen3.base import QWEN3_BASE
-from .qwen2.base import QWEN2_BASE
-from .qwen2.spec import QWEN2, QWEN2_MEA, QWEN2_VHA
+from .qwen3.gguf import QWEN3_GGUF
 from .qwen3.spec import QWEN3
 from .shared_kv import cost as shared_kv_cost
 from .shared_kv import tp_plan as shared_kv_tp_plan
@@ -43,6 +46,7 @@ from .sinks import cost as sinks_cost
 from .sinks import tp_plan as sinks_tp_plan
 from .sinks.spec import QWEN3_SINKS
 from .spec.base import Base
+from .spec.gguf import GGUFForm, GGUFPre
 from .spec.params import ModelSpec
 from .spec.validate import load_config, validate
 from .vha import cost as vha_cost
@@ -50,7 +54,7 @@ from .vha import tp_plan as vha_tp_plan
 from .vha.spec import QWEN3_VHA
 
 __all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily", "variant_over",
-           "convertible"]
+           "convertible", "GGUF_FORMS", "GGUF_BPE", "GGUF_SENTENCEPIECE", "gguf_form", "gguf_form_of", "gguf_pre"]
 
 
 class UnknownFamily(CheckpointError):
@@ -319,3 +323,29 @@ def convertible(variant: str) -> List[Family]:
 def trainable_with_plan() -> List[Family]:
     """Families paddle_vha.parallel shards (their label in messages)."""
     return [f for f in FAMILIES.values() if f.tp_plan is not None]
+
+
+# llama.cpp's names (tokenizer.ggml.model) of the vocabularies tools/import_gguf.py converts: a byte-level BPE with
+# merges, and the SentencePiece-style one with scores and byte fallback (named after Llama 1 / 2, whose tokenizer it is)
+GGUF_BPE, GGUF_SENTENCEPIECE = "gpt2", "llama"
+
+# The GGUF architectures tools/import_gguf.py reads: llama.cpp's general.architecture -> the base's GGUFForm.
+GGUF_FORMS: Dict[str, GGUFForm] = {f.arch: f for f in (LLAMA_GGUF, QWEN2_GGUF, QWEN3_GGUF)}
+
+
+def gguf_form(arch) -> GGUFForm:
+    """The GGUF form of llama.cpp architecture `arch`; UnknownFamily (one line) if no base reads it."""
+    if arch not in GGUF_FORMS:
+        raise UnknownFamily(f"GGUF architecture {arch!r} is not one of {', '.join(GGUF_FORMS)}")
+    return GGUF_FORMS[arch]
+
+
+def gguf_form_of(model_type) -> Optional[GGUFForm]:
+    """The GGUF form whose imported checkpoints have `model_type` (what llama.cpp's converter reads back), or None."""
+    return next((f for f in GGUF_FORMS.values() if f.model_type == model_type), None)
+
+
+def gguf_pre(name) -> Optional[GGUFPre]:
+    """The byte-level BPE pre-tokenizer llama.cpp calls `name` (tokenizer.ggml.pre), from the bases' GGUF forms; None
+    for one no base describes."""
+    return next((p for f in GGUF_FORMS.values() for p in f.pre_tokenizers if p.name == name), None)

@@ -5,4 +5,5 @@ base.py        LLAMA_BASE (the classes, the config checks)   spec.py      its te
 contract.py    config.json checks Llama adds to Qwen3's       serving.py   its exported form (genai: llama)
 vha.py         Llama-VHA: config, attention, model classes, fold form
 mea.py         Llama-MEA: config, attentions, model classes
+gguf.py        Llama as llama.cpp's GGUF names it (tools/import_gguf.py, tools/export_gguf.py)
 """
