@@ -1,8 +1,9 @@
 """GGUF in and out against the real clients: llama.cpp (its converter, quantizer and runtime in the side environment of
 tools/llama_env.sh) and Hugging Face transformers (tools/hf_env.sh).
 
-1. The round trip: a stock Hugging Face Llama checkpoint (the `source` fixture: written here from numpy with Qwen's real
-   tokenizer, which llama.cpp's converter recognises) -> tools/export_gguf.py (llama.cpp's converter, F32) ->
+1. The round trip: a Llama fold (the `source` fixture: a Llama-VHA with Premix and Postmix folded by tools/fold.py into
+   stock Llama, with Qwen's real tokenizer, which llama.cpp's converter recognises) -> tools/export_gguf.py (llama.cpp's
+   converter, F32) ->
    tools/import_gguf.py gives back bit-identical tensors and the same config; llama.cpp's logits on the GGUF match
    Hugging Face's on the source (so llama.cpp's q / k row reordering and the import's undoing of it are each other's
    inverse, and the GGUF computes the same model). llama.cpp's quantizer then writes Q8_0, Q4_0 and the K-quants
@@ -29,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT_IDS = [785, 6722, 315, 9625, 374, 12095, 13, 576, 1156, 1616, 4172, 220, 18, 15, 17, 11]
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}  # the converter stores it as rope_freqs.weight
-K_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K")
+K_QUANTS = ("Q2_K", "Q4_K_M", "Q6_K")  # the smallest, the common, the largest (Q3_K / Q5_K decode the same way)
 
 
 @pytest.fixture(scope="module")
@@ -153,13 +154,39 @@ def write_stock_llama(folder, vocab_gguf, seed: int = 7, **tokenizer) -> None:
     write_tokenizer(str(folder), vocab_gguf=vocab_gguf, **tokenizer)
 
 
+def write_llama_fold(folder, vocab_gguf, seed: int = 7) -> None:
+    """A Llama fold: a Llama-VHA (Premix with r < d, a non-trivial Postmix, Llama 3.1's RoPE scaling, untied head) at
+    K-quant-friendly widths (rows of 256), folded into stock Llama by the library, with Qwen's real tokenizer."""
+    import paddle
+
+    from paddle_vha.families import family
+    from paddle_vha.transform.fold import fold_checkpoint, plan_fold
+    from tools.fixtures.qwen3_shaped import write_tokenizer
+
+    paddle.seed(seed)
+    fam = family("llama_vha")
+    cfg = fam.config_class(vocab_size=151936, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=64, vha_q_head_dim=48,
+                           max_position_embeddings=16384, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                           bos_token_id=151643, eos_token_id=151645, pad_token_id=151643, vha_postmix_v_init_std=0.3,
+                           rope_theta=500000.0, rope_scaling=dict(LLAMA31_ROPE))
+    model = fam.model_class(cfg)
+    for n, p in model.named_parameters():  # sharper logits: greedy tokens that are not near-ties
+        if n.endswith("embed_tokens.weight"):
+            p.set_value(p * 10)
+    vha = str(folder) + "-vha"
+    model.save_pretrained(vha)
+    fold_checkpoint(plan_fold(vha, str(folder)), progress=False)
+    write_tokenizer(str(folder), vocab_gguf=vocab_gguf)
+
+
 @pytest.fixture(scope="module")
 def source(tmp_path_factory, llama_env):
-    """The checkpoint the round trip starts from (a parameter: any stock Llama folder with a tokenizer llama.cpp
-    knows, e.g. a Llama fold)."""
+    """The checkpoint the round trip starts from: a Llama fold (write_llama_fold; any stock Llama folder with a
+    tokenizer llama.cpp knows works, e.g. write_stock_llama's)."""
     _, src = llama_env
     folder = tmp_path_factory.mktemp("src") / "llama"
-    write_stock_llama(str(folder), os.path.join(src, "vendor", "llama.cpp", "models", "ggml-vocab-qwen2.gguf"))
+    write_llama_fold(str(folder), os.path.join(src, "vendor", "llama.cpp", "models", "ggml-vocab-qwen2.gguf"))
     return folder
 
 
@@ -197,10 +224,13 @@ def test_round_trip_llama_through_llamacpp(tmp_path, source, llama_env, hf_pytho
     print(f"round trip: {len(want)} tensors bit-identical")
     src_cfg = json.loads((source / "config.json").read_text())
     imp_cfg = json.loads(open("imported/config.json").read())
+    without_theta = lambda r: {k: v for k, v in (r or {}).items() if k != "rope_theta"}  # noqa: E731
     for key, value in src_cfg.items():
         if key in ("rms_norm_eps",):  # GGUF stores it as float32
             assert imp_cfg[key] == pytest.approx(value, rel=1e-7), key
-        elif key not in ("transformers_version", "dtype", "torch_dtype"):
+        elif key == "rope_scaling":  # PaddleFormers writes rope_theta into it too (also a field of its own)
+            assert without_theta(imp_cfg.get(key)) == without_theta(value), (imp_cfg.get(key), value)
+        elif key not in ("transformers_version", "dtype", "torch_dtype", "paddleformers_version", "rope_parameters"):
             assert imp_cfg.get(key) == value, (key, imp_cfg.get(key), value)
 
     hf_src = side(hf_python, HF_LOGITS, source, json.dumps(PROMPT_IDS), tmp_path / "hf_src.npy", "ids", cwd=tmp_path)
