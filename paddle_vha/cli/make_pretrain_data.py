@@ -145,7 +145,8 @@ def documents(args, as_bytes: bool, skipped: list):
 @command
 def main(argv=None):
     args = parse_args(argv)
-    checked = check_inputs(args)
+    if check_inputs(args) == 0 and "stdlib" not in args.inputs:
+        fail("no documents found in the inputs")
     quiet()
     import numpy as np
     from tqdm import tqdm
@@ -169,8 +170,6 @@ def main(argv=None):
             ids = tok(text, add_special_tokens=False)["input_ids"]
             return np.asarray(ids + ([eos] if eos is not None else []), dtype=np.int64)
 
-    if checked == 0 and "stdlib" not in args.inputs:
-        fail("no documents found in the inputs")
     bar = tqdm(desc="documents", unit=" docs", disable=args.no_progress, file=sys.stderr)
     skipped = []
 
@@ -181,7 +180,6 @@ def main(argv=None):
 
     import contextlib
     import io
-
     import shutil
     import tempfile
 
