@@ -96,3 +96,19 @@ def test_compress_to_kv_heads_that_do_not_divide_the_query_heads(tmp_path, capsy
     assert (cfg["num_key_value_heads"], cfg["mea_kv_heads"]) == (4, 6) and arch.num_kv_heads == 4
     assert kv_bytes_per_token(arch, 4) == 2 * 4 * 8 * 4  # K and V of 4 heads of 8, float32, per layer
     assert "logit KL(original || compressed)" in printed
+
+
+def test_compress_k_norm_position_over_a_base_without_k_norm(tmp_path, capsys):
+    """--k-norm over a Llama checkpoint (no k_norm: both positions are the same function) has no effect: refused in
+    one line naming the checkpoint's base, before anything is written; over Qwen3 it is taken."""
+    from test_bases import save_model
+    from paddle_vha.cli import compress_kv
+
+    save_model("llama", tmp_path / "llama")
+    before = tree(tmp_path)
+    refused(compress_kv.main, [str(tmp_path / "llama"), str(tmp_path / "out"), "--kv-heads", "1", "--k-norm",
+                               "before", "--dry-run"], capsys, "--k-norm has no effect in this run")
+    assert tree(tmp_path) == before
+    assert compress_kv.main([str(tmp_path / "llama"), str(tmp_path / "out"), "--kv-heads", "1", "--dry-run"]) == 0
+    src = save_stock(tmp_path / "qwen3")
+    assert compress_kv.main([src, str(tmp_path / "out"), "--kv-heads", "1", "--k-norm", "before", "--dry-run"]) == 0

@@ -246,7 +246,8 @@ def parse_converter_args(p: argparse.ArgumentParser, argv=None, effects: Optiona
         if check_ranges is not None:
             check_ranges(parser, args)
 
-    args, _ = parse_checked(p, argv, effects if effects is not None else converter_effects(), ranges)
+    args, given = parse_checked(p, argv, effects if effects is not None else converter_effects(), ranges)
+    args.given_options = frozenset(given)  # for the Effects only the input decides, checked once it is read
     return args
 
 

@@ -43,7 +43,10 @@ def build_parser():
 
 
 _KL = Effect("with --eval-batches > 0 (the logit KL is the only text compress_kv reads)", lambda a: a.eval_batches > 0)
-TAKES_EFFECT = converter_effects(**{"--kv-heads": ALWAYS, "--layers": ALWAYS, "--k-norm": ALWAYS,
+# over Llama / Qwen2 (no k_norm) both positions are the same function: refused by _plan once IN_DIR is read
+K_NORM = Effect("over a base with a k_norm (Qwen3; Llama and Qwen2 have none, and both positions are then the same "
+                "function)")
+TAKES_EFFECT = converter_effects(**{"--kv-heads": ALWAYS, "--layers": ALWAYS, "--k-norm": K_NORM,
                                     "--eval-batches": ALWAYS, "--eval-len": _KL, "--calib-data": _KL,
                                     "--pass-tokens": _KL})
 
@@ -53,10 +56,15 @@ def parse_args(argv=None):
 
 
 def _plan(args):
-    from paddle_vha.transform.compress_kv import plan_compress
+    from paddle_vha.transform.compress_kv import CompressError, plan_compress
 
-    return plan_compress(args.in_dir, args.out_dir, args.kv_heads, layers=args.layers, k_norm=f"{args.k_norm}_hlc",
+    plan = plan_compress(args.in_dir, args.out_dir, args.kv_heads, layers=args.layers, k_norm=f"{args.k_norm}_hlc",
                          dtype=args.dtype, force=args.force, max_shard_size=args.max_shard_size)
+    base = plan.source_family.base
+    if "k_norm" in getattr(args, "given_options", ()) and not base.has("self_attn.k_norm.weight"):
+        raise CompressError(f"--k-norm has no effect in this run: it takes effect {K_NORM.when} ({args.in_dir} is a "
+                            f"{plan.source_family.label} checkpoint)")
+    return plan
 
 
 def _write(args, plan) -> dict:
