@@ -4,7 +4,9 @@ Real training goes through PaddleFormers' Trainer (trainer.py, tools/train.py). 
 hundred steps where the Trainer's set-up would dominate: AdamW, warm-up + cosine schedule, global-norm
 clipping, next-byte cross-entropy, and a fixed validation set. With a `distiller` (paddle_vha/train/distiller.py: a
 frozen teacher and DistillSettings) the training loss is the Trainer's distillation mix instead (the same code);
-validation stays the plain cross-entropy.
+validation stays the plain cross-entropy. With a `resume` (LoopCheckpoint) the run saves its state every `every`
+steps and a killed run restarted with the same settings continues from the last save: the same batches (the data RNG
+is advanced past the steps done), the optimizer's moments, the schedule's position, the losses and the curve so far.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import List, Optional
 
 import numpy as np
 
-__all__ = ["TrainSettings", "TrainResult", "train_lm", "evaluate_lm"]
+__all__ = ["TrainSettings", "TrainResult", "train_lm", "evaluate_lm", "LoopCheckpoint"]
 
 
 @dataclass
@@ -99,10 +101,70 @@ def evaluate_lm(model, corpus, s: TrainSettings) -> float:
     return float(np.mean(val))
 
 
-def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None, distiller=None) -> TrainResult:
+class LoopCheckpoint:
+    """train_lm's resumable state in `path` (one file, replaced atomically every `every` steps; remove() once the
+    run's result is kept). Optimizer accumulators are stored under the parameters' structural names (Paddle's own
+    parameter names depend on what else the process built first)."""
+
+    def __init__(self, path: str, every: int):
+        if every < 1:
+            raise ValueError(f"checkpoint every {every} steps: must be >= 1")
+        self.path, self.every = path, every
+
+    @staticmethod
+    def _renamer(model):
+        names = sorted(((p.name, n) for n, p in model.named_parameters()), key=lambda t: -len(t[0]))
+        return names
+
+    def save(self, step: int, model, opt, losses, curve, seconds: float) -> None:
+        import os
+
+        import paddle
+
+        names = self._renamer(model)
+        state = {}
+        for key, value in opt.state_dict().items():
+            for pname, sname in names:
+                if key.startswith(pname + "_"):
+                    key = f"{sname}::{key[len(pname) + 1:]}"
+                    break
+            state[key] = value
+        tmp = self.path + ".tmp"
+        paddle.save(dict(step=step, model=model.state_dict(), opt=state, losses=list(losses), curve=list(curve),
+                         seconds=seconds), tmp)
+        os.replace(tmp, self.path)
+
+    def load(self, model, opt):
+        """(step, losses, curve, seconds) of the saved state, restored into model and opt; None if none is saved."""
+        import os
+
+        import paddle
+
+        if not os.path.isfile(self.path):
+            return None
+        saved = paddle.load(self.path)
+        model.set_state_dict(saved["model"])
+        back = {sname: pname for pname, sname in self._renamer(model)}
+        state = {}
+        for key, value in saved["opt"].items():
+            sname, sep, rest = key.partition("::")
+            state[f"{back[sname]}_{rest}" if sep else key] = value
+        opt.set_state_dict(state)
+        return saved["step"], saved["losses"], [tuple(c) for c in saved["curve"]], saved["seconds"]
+
+    def remove(self) -> None:
+        import os
+
+        if os.path.isfile(self.path):
+            os.remove(self.path)
+
+
+def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None, distiller=None,
+             resume: Optional[LoopCheckpoint] = None) -> TrainResult:
     """Train `model` (a causal LM returning .logits) on `corpus` (paddle_vha.train.corpus.ByteCorpus) in place;
     with `distiller` (a Distiller built on this model) the loss is its mix. TrainResult.losses are the
-    cross-entropy either way."""
+    cross-entropy either way. With `resume`, continue from its saved state if any and save every resume.every steps
+    (TrainResult.seconds then sums every process's training time)."""
     import paddle
     from tqdm import tqdm
 
@@ -116,9 +178,17 @@ def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None, dis
     opt = paddle.optimizer.AdamW(sched, parameters=params, weight_decay=s.weight_decay,
                                  grad_clip=paddle.nn.ClipGradByGlobalNorm(s.clip))
     model.train()
-    losses, curve = [], []
-    t0 = time.time()
-    bar = tqdm(range(s.steps), desc=s.label, disable=not s.progress, leave=False, file=sys.stderr)
+    losses, curve, start, before = [], [], 0, 0.0
+    if resume is not None:
+        saved = resume.load(model, opt)
+        if saved is not None:
+            start, losses, curve, before = saved
+            for _ in range(start):  # the batches the saved steps took
+                corpus.batch(rng, s.batch_size, s.seq_len)
+            model.train()
+    t0 = time.time() - before
+    bar = tqdm(range(start, s.steps), desc=s.label, disable=not s.progress, leave=False, file=sys.stderr,
+               initial=start, total=s.steps)
     for step in bar:
         x, y = corpus.batch(rng, s.batch_size, s.seq_len)
         loss, ce, finite = _train_loss(model, x, y, distiller, step, s.steps)
@@ -136,6 +206,9 @@ def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None, dis
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if s.eval_every and (step + 1) % s.eval_every == 0 and step + 1 < s.steps:
             curve.append((step + 1, evaluate_lm(model, corpus, s)))
+        if resume is not None and (step + 1) % resume.every == 0 and step + 1 < s.steps:
+            resume.save(step + 1, model, opt, losses, curve, time.time() - t0)
+            model.train()
     seconds = time.time() - t0
     val = evaluate_lm(model, corpus, s)
     curve.append((s.steps, val))
