@@ -54,7 +54,7 @@ def reference_logprobs(logits_fn: LogitsFn, windows, path: str, progress=None) -
     through a temporary file) and memory-mapped on later calls."""
     if not os.path.isfile(path):
         s, v = windows[0][0].shape[1], None
-        tmp = path + ".tmp.npy"
+        tmp = f"{path}.{os.getpid()}.tmp.npy"  # two processes may build it at once: each its own file
         out = None
         for k, (x, _) in enumerate(windows):
             lp = log_softmax(logits_fn(x))[0].astype(np.float32)  # (S, V)

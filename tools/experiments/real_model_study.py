@@ -78,6 +78,9 @@ def parse_args(argv=None):
                    "(default --heal-steps)")
     p.add_argument("--attn-only-start", default="best", help="the start also healed with only its attention "
                    "tensors trained (KD; 'best': the best by step-0 KL; 'none': skip)")
+    p.add_argument("--heal-only", nargs="+", default=None, metavar="NAME", choices=[ORIGINAL] + STARTS,
+                   help="heal only the planned runs of these starts ('original': the fine-tuned control), e.g. to run "
+                   "two processes side by side")
     p.add_argument("--lr", type=float, default=2e-4, help="peak (constant) learning rate of healing")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--eval-every", type=int, default=8, help="steps between validation points of a run")
@@ -390,11 +393,13 @@ def kv_bytes_per_token(folder) -> int:
 # --- phases ---------------------------------------------------------------------------------------------------------
 
 def step0(args, journal, bench, folders) -> dict:
-    """{name: step-0 record} of the original and every start."""
+    """{name: step-0 record} of the original and every start (measured when missing and the step0 phase runs)."""
     out = {}
     for name, folder in folders.items():
         key = dict(kind="step0", start=name, **eval_key(args))
         rec = journal.find(key)
+        if rec is None and "step0" not in args.phases:
+            continue
         if rec is None:
             log(f"step 0: measuring {name}")
             m = bench.measure(load_model(folder))
@@ -409,7 +414,7 @@ def step0(args, journal, bench, folders) -> dict:
 def heal_plan(args, s0) -> list:
     """[(start, loss, seed, steps, trainable)] in the order they run: the best starts first (full length), the
     fine-tuned control, the other starts (short), the extra seeds of the best, the attention-only run."""
-    ranked = sorted(args.starts, key=lambda n: s0[n]["metrics"]["kl"])
+    ranked = sorted(args.starts, key=lambda n: s0[n]["metrics"]["kl"] if n in s0 else float("inf"))
     full = ranked[:args.full]
     plan = [(n, l, args.seeds[0], args.heal_steps, "all") for n in full for l in args.losses]
     plan.append((ORIGINAL, "ce", args.seeds[0], args.finetune_steps or args.heal_steps, "all"))
@@ -478,6 +483,8 @@ def heal(args, journal, bench, folders, corpus, s0) -> list:
         return teacher[0]
 
     plan = heal_plan(args, s0)
+    if args.heal_only:
+        plan = [r for r in plan if r[0] in args.heal_only]
     log("healing plan: " + "; ".join(f"{n} {l} s{s} {k} steps{' (attention only)' if t != 'all' else ''}"
                                       for n, l, s, k, t in plan))
     return [heal_one(args, journal, bench, folders, corpus, teacher_fn, run) for run in plan]
