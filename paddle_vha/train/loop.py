@@ -130,8 +130,15 @@ class LoopCheckpoint:
                     break
             state[key] = value
         tmp = self.path + ".tmp"
-        paddle.save(dict(step=step, model=model.state_dict(), opt=state, losses=list(losses), curve=list(curve),
-                         seconds=seconds), tmp)
+        try:
+            paddle.save(dict(step=step, model=model.state_dict(), opt=state, losses=list(losses), curve=list(curve),
+                             seconds=seconds), tmp)
+        except OSError as e:  # a full disk costs the run its resumability, not its result
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            print(f"warning: could not save {self.path} at step {step} ({e.strerror or e}); the run goes on",
+                  file=sys.stderr, flush=True)
+            return
         os.replace(tmp, self.path)
 
     def load(self, model, opt):

@@ -82,14 +82,17 @@ def _time(export, args, log) -> dict:
     return out
 
 
-def cost_rows(args, journal, folders, log) -> list:
-    from .real_model_study import kv_bytes_per_token
+def cost_rows(args, journal, starts, log) -> list:
+    """One journal record per start (and the original): its form, KV bytes, int4 gate and decode speed. The exports
+    and folds are removed once measured (the disk is shared)."""
+    from .real_model_study import CHEAP, ORIGINAL, kv_bytes_per_token
 
     rows, timed = [], {}
-    for name, folder in folders.items():
+    for name in [ORIGINAL] + args.starts:
         key = dict(kind="cost", start=name, bench_new=args.bench_new, kv=args.kv_heads)
         rec = journal.find(key)
         if rec is None:
+            folder = starts.folder(name)
             servable = _servable(args, name, folder, log)
             form = _form(servable)
             export, gate, quality = _export(args, name, servable, log)
@@ -101,6 +104,11 @@ def cost_rows(args, journal, folders, log) -> list:
                 speed["load_average"] = os.getloadavg()[0]
             rec = journal.add(key, dict(form=form, kv_fp32=2 * kv_bytes_per_token(servable), gate=gate,
                                         quality=quality, **speed))
+            shutil.rmtree(export, ignore_errors=True)
+            if servable != folder:
+                shutil.rmtree(servable, ignore_errors=True)
+            if name in CHEAP:
+                shutil.rmtree(folder, ignore_errors=True)
         timed.setdefault(rec["form"], (name, {k: rec[k] for k in ("b1", "b8") if k in rec}))
         log(f"cost {name}: {rec['form']}; int4 gate {rec['gate']}; batch 1 {rec.get('b1', float('nan')):.1f} "
             f"tokens/s, batch 8 @ 4K {rec.get('b8', float('nan')):.1f} tokens/s")

@@ -4,7 +4,7 @@ real_model_study.py runs them on a Paddle model (`paddle_logits`):
 
     held-out   on fixed windows of the held-out token stream: NLL = mean over positions of -log p(next token),
                perplexity = exp(NLL), KL = mean over positions of sum_v p_ref(v) (log p_ref(v) - log p(v)) against the
-               original model's log-probabilities on the same windows (kept in a float32 .npy, memory-mapped)
+               original model's log-probabilities on the same windows (float32, computed once per process)
     cloze      LAMBADA-style: the last word of a held-out sentence (alphabetic, >= MIN_LETTERS letters) after the
                CONTEXT tokens before it (the same chapter's text, across sentence ends); an item counts as right when
                every token of " word" is the model's argmax given the context and the word's earlier tokens (teacher
@@ -16,7 +16,6 @@ real_model_study.py runs them on a Paddle model (`paddle_logits`):
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -49,25 +48,10 @@ def heldout_windows(stream: np.ndarray, count: int, seq_len: int) -> List[Tuple[
             for s in starts]
 
 
-def reference_logprobs(logits_fn: LogitsFn, windows, path: str, progress=None) -> np.ndarray:
-    """The reference model's log-probabilities on `windows`, (windows, S, V) float32, written once to `path` (.npy,
-    through a temporary file) and memory-mapped on later calls."""
-    if not os.path.isfile(path):
-        s, v = windows[0][0].shape[1], None
-        tmp = f"{path}.{os.getpid()}.tmp.npy"  # two processes may build it at once: each its own file
-        out = None
-        for k, (x, _) in enumerate(windows):
-            lp = log_softmax(logits_fn(x))[0].astype(np.float32)  # (S, V)
-            if out is None:
-                v = lp.shape[-1]
-                out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(windows), s, v))
-            out[k] = lp
-            if progress:
-                progress(k + 1, len(windows))
-        out.flush()
-        del out
-        os.replace(tmp, path)
-    return np.load(path, mmap_mode="r")
+def reference_logprobs(logits_fn: LogitsFn, windows) -> np.ndarray:
+    """The reference model's log-probabilities on `windows`, (windows, S, V) float32 (kept in memory: the shared disk
+    is the scarcer resource)."""
+    return np.stack([log_softmax(logits_fn(x))[0].astype(np.float32) for x, _ in windows])
 
 
 def heldout_metrics(logits_fn: LogitsFn, windows, ref: Optional[np.ndarray]) -> dict:

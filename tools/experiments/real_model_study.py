@@ -259,14 +259,41 @@ def mean_pooled(orig: str, out: str, kv: int) -> None:
     os.replace(tmp, out)
 
 
+CHEAP = ("MQA mean-pool", "MEA", "VHA mean", "VHA svd")  # built in seconds: not kept on the (shared) disk
+
+
+class Starts:
+    """The starts' folders under --cache/starts, built when asked for; a CHEAP start's folder is removed once its
+    model is loaded (the calibrated and refined ones take minutes to build and are kept)."""
+
+    def __init__(self, args, orig, text, moments_fn):
+        self.args, self.orig, self.text, self.moments_fn = args, orig, text, moments_fn
+
+    def folder(self, name: str) -> str:
+        return self.orig if name == ORIGINAL else make_start(self.args, name, self.orig, self.text, self.moments_fn)
+
+    def model(self, name: str):
+        import shutil
+
+        folder = self.folder(name)
+        model = load_model(folder)
+        if name in CHEAP:
+            shutil.rmtree(folder, ignore_errors=True)
+        return model
+
+
+def start_path(args, name: str) -> str:
+    return os.path.join(args.cache, "starts", f"{name.replace(' ', '_')}-kv{args.kv_heads}")
+
+
 def make_start(args, name: str, orig: str, text_tokens, moments_fn) -> str:
-    """The folder of a start (built once under --cache/starts)."""
+    """The folder of a start (built under --cache/starts when missing)."""
     import shutil
 
     from paddle_vha.transform import compress_kv as mea
     from paddle_vha.transform import convert_to_vha as cv
 
-    out = os.path.join(args.cache, "starts", f"{name.replace(' ', '_')}-kv{args.kv_heads}")
+    out = start_path(args, name)
     if os.path.isfile(os.path.join(out, "config.json")):
         return out
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -312,12 +339,9 @@ class Bench:
         self.eos = generation_defaults(orig)["eos"]
         self.prompts = [codec.encode(render_chat(orig, [{"role": "user", "content": q}])) for q in ev.PROMPTS]
         self.codec = codec
-        ref_path = os.path.join(args.cache, f"reference-{args.eval_windows}x{args.seq_len}.npy")
         answers_path = os.path.join(args.cache, f"chat-original-{args.chat_new}.json")
-        model = None
-        if not os.path.isfile(ref_path) or not os.path.isfile(answers_path):
-            model = load_model(orig)
-        self.ref = ev.reference_logprobs(ev.paddle_logits(model) if model else None, self.windows, ref_path)
+        model = load_model(orig)
+        self.ref = ev.reference_logprobs(ev.paddle_logits(model), self.windows)
         if not os.path.isfile(answers_path):
             step = ev.paddle_step(model)
             answers = [ev.greedy_answer(step, p, args.chat_new, self.eos) for p in self.prompts]
@@ -392,18 +416,20 @@ def kv_bytes_per_token(folder) -> int:
 
 # --- phases ---------------------------------------------------------------------------------------------------------
 
-def step0(args, journal, bench, folders) -> dict:
+def step0(args, journal, bench, starts) -> dict:
     """{name: step-0 record} of the original and every start (measured when missing and the step0 phase runs)."""
     out = {}
-    for name, folder in folders.items():
+    for name in [ORIGINAL] + args.starts:
         key = dict(kind="step0", start=name, **eval_key(args))
         rec = journal.find(key)
         if rec is None and "step0" not in args.phases:
             continue
         if rec is None:
             log(f"step 0: measuring {name}")
-            m = bench.measure(load_model(folder))
-            rec = journal.add(key, dict(metrics=m, kv_bytes=kv_bytes_per_token(folder)))
+            folder = starts.folder(name)
+            kv = kv_bytes_per_token(folder)
+            m = bench.measure(starts.model(name))
+            rec = journal.add(key, dict(metrics=m, kv_bytes=kv))
         m = rec["metrics"]
         log(f"step 0 {name:<16} ppl {m['ppl']:.3f}  KL {m['kl']:.4f}  cloze {m['cloze']:.3f}  chat agreement "
             f"{m['chat_agreement']:.3f}  identical {m.get('chat_identical', '-')}/20")
@@ -428,7 +454,7 @@ def heal_plan(args, s0) -> list:
     return plan
 
 
-def heal_one(args, journal, bench, folders, corpus, teacher_fn, run) -> dict:
+def heal_one(args, journal, bench, starts, corpus, teacher_fn, run) -> dict:
     from paddle_vha.train.distill import DistillSettings
     from paddle_vha.train.distiller import Distiller
     from paddle_vha.train.loop import LoopCheckpoint, TrainSettings, train_lm
@@ -440,7 +466,7 @@ def heal_one(args, journal, bench, folders, corpus, teacher_fn, run) -> dict:
         return rec
     label = f"{name} {loss.upper()} seed {seed}{' attention only' if trainable != 'all' else ''}"
     log(f"healing {label}: {steps} steps x {args.batch_size * args.seq_len} tokens")
-    model = load_model(folders[name])
+    model = starts.model(name)
     params = None
     if trainable == "attention":
         params = [p for n, p in model.named_parameters() if ".self_attn." in n]
@@ -472,14 +498,14 @@ def heal_one(args, journal, bench, folders, corpus, teacher_fn, run) -> dict:
     return rec
 
 
-def heal(args, journal, bench, folders, corpus, s0) -> list:
+def heal(args, journal, bench, starts, corpus, s0) -> list:
     from paddle_vha.train.teacher import freeze
 
     teacher = []
 
     def teacher_fn():
         if not teacher:
-            teacher.append(freeze(load_model(folders[ORIGINAL])))
+            teacher.append(freeze(load_model(starts.orig)))
         return teacher[0]
 
     plan = heal_plan(args, s0)
@@ -487,7 +513,7 @@ def heal(args, journal, bench, folders, corpus, s0) -> list:
         plan = [r for r in plan if r[0] in args.heal_only]
     log("healing plan: " + "; ".join(f"{n} {l} s{s} {k} steps{' (attention only)' if t != 'all' else ''}"
                                       for n, l, s, k, t in plan))
-    return [heal_one(args, journal, bench, folders, corpus, teacher_fn, run) for run in plan]
+    return [heal_one(args, journal, bench, starts, corpus, teacher_fn, run) for run in plan]
 
 
 def main_phases(args):
@@ -511,19 +537,17 @@ def main_phases(args):
                                                text=text_tokens(corpus)))
         return moments[0]
 
-    folders = {ORIGINAL: orig}
-    for name in args.starts:
-        folders[name] = make_start(args, name, orig, text_tokens(corpus), moments_fn)
+    starts = Starts(args, orig, text_tokens(corpus), moments_fn)
     bench = Bench(args, orig, corpus, held_docs, codec)
     log(f"bench: {len(bench.windows)} held-out windows x {args.seq_len}, {len(bench.cloze)} cloze items, "
         f"{len(bench.prompts)} chat prompts")
-    s0 = step0(args, journal, bench, folders)
-    runs = heal(args, journal, bench, folders, corpus, s0) if "heal" in args.phases else []
+    s0 = step0(args, journal, bench, starts)
+    runs = heal(args, journal, bench, starts, corpus, s0) if "heal" in args.phases else []
     cost = None
     if "cost" in args.phases:
         from .real_cost import cost_rows
 
-        cost = cost_rows(args, journal, folders, log)
+        cost = cost_rows(args, journal, starts, log)
     if "report" in args.phases:
         from .real_report import write_report
 
