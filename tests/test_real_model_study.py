@@ -256,7 +256,7 @@ def test_a_killed_healing_run_resumes_to_the_same_weights(tmp_path):
     ck = LoopCheckpoint(str(tmp_path / "run.pdstate"), every=2)
     with pytest.raises(KeyboardInterrupt):  # killed while drawing step 6's batch, after the save at step 4
         train_lm(_tiny_llama(), _Corpus(fail_at=6), s, resume=ck)
-    assert (tmp_path / "run.pdstate").is_file()
+    assert (tmp_path / "run.pdstate" / "meta.json").is_file()
     paddle.nn.Linear(3, 3)  # a new process builds other layers first: Paddle's own parameter names move on
     resumed = _tiny_llama(seed=7)  # different starting weights: the saved state must replace them
     res2 = train_lm(resumed, _Corpus(), s, resume=ck)

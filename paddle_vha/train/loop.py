@@ -102,9 +102,11 @@ def evaluate_lm(model, corpus, s: TrainSettings) -> float:
 
 
 class LoopCheckpoint:
-    """train_lm's resumable state in `path` (one file, replaced atomically every `every` steps; remove() once the
-    run's result is kept). Optimizer accumulators are stored under the parameters' structural names (Paddle's own
-    parameter names depend on what else the process built first)."""
+    """train_lm's resumable state in the folder `path` (replaced atomically every `every` steps; remove() once the
+    run's result is kept): meta.json (step, losses, curve, seconds, the schedule's state) and one .npy per tensor,
+    written one tensor at a time (a whole-state pickle doubled the process's memory while saving). Optimizer
+    accumulators are stored under the parameters' structural names (Paddle's own parameter names depend on what else
+    the process built first)."""
 
     def __init__(self, path: str, every: int):
         if every < 1:
@@ -113,57 +115,75 @@ class LoopCheckpoint:
 
     @staticmethod
     def _renamer(model):
-        names = sorted(((p.name, n) for n, p in model.named_parameters()), key=lambda t: -len(t[0]))
-        return names
+        return sorted(((p.name, n) for n, p in model.named_parameters()), key=lambda t: -len(t[0]))
 
     def save(self, step: int, model, opt, losses, curve, seconds: float) -> None:
+        import json
         import os
+        import shutil
 
         import paddle
 
         names = self._renamer(model)
-        state = {}
+        tensors, extra = [], {}
+        for key, value in model.state_dict().items():
+            tensors.append(("model", key, value))
         for key, value in opt.state_dict().items():
+            if not isinstance(value, paddle.Tensor):
+                extra[key] = value  # LR_Scheduler: plain numbers
+                continue
             for pname, sname in names:
                 if key.startswith(pname + "_"):
                     key = f"{sname}::{key[len(pname) + 1:]}"
                     break
-            state[key] = value
+            tensors.append(("opt", key, value))
         tmp = self.path + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
         try:
-            paddle.save(dict(step=step, model=model.state_dict(), opt=state, losses=list(losses), curve=list(curve),
-                             seconds=seconds), tmp)
-        except OSError as e:  # a full disk costs the run its resumability, not its result
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            print(f"warning: could not save {self.path} at step {step} ({e.strerror or e}); the run goes on",
-                  file=sys.stderr, flush=True)
+            os.makedirs(tmp)
+            for i, (_, _, value) in enumerate(tensors):
+                np.save(os.path.join(tmp, f"{i}.npy"), value.numpy())
+            with open(os.path.join(tmp, "meta.json"), "w") as f:
+                json.dump(dict(step=step, losses=list(losses), curve=[list(c) for c in curve], seconds=seconds,
+                               opt_extra=extra, tensors=[[kind, key] for kind, key, _ in tensors]), f)
+        except (OSError, TypeError) as e:  # a full disk costs the run its resumability, not its result
+            shutil.rmtree(tmp, ignore_errors=True)
+            print(f"warning: could not save {self.path} at step {step} ({getattr(e, 'strerror', None) or e}); the "
+                  "run goes on", file=sys.stderr, flush=True)
             return
+        self.remove()
         os.replace(tmp, self.path)
 
     def load(self, model, opt):
         """(step, losses, curve, seconds) of the saved state, restored into model and opt; None if none is saved."""
+        import json
         import os
 
         import paddle
 
-        if not os.path.isfile(self.path):
+        if not os.path.isdir(self.path):
             return None
-        saved = paddle.load(self.path)
-        model.set_state_dict(saved["model"])
+        with open(os.path.join(self.path, "meta.json")) as f:
+            meta = json.load(f)
         back = {sname: pname for pname, sname in self._renamer(model)}
-        state = {}
-        for key, value in saved["opt"].items():
-            sname, sep, rest = key.partition("::")
-            state[f"{back[sname]}_{rest}" if sep else key] = value
-        opt.set_state_dict(state)
-        return saved["step"], saved["losses"], [tuple(c) for c in saved["curve"]], saved["seconds"]
+        model_state, opt_state = {}, dict(meta["opt_extra"])
+        for i, (kind, key) in enumerate(meta["tensors"]):
+            value = np.load(os.path.join(self.path, f"{i}.npy"))
+            if kind == "model":
+                model_state[key] = value
+            else:
+                sname, sep, rest = key.partition("::")
+                opt_state[f"{back[sname]}_{rest}" if sep else key] = paddle.to_tensor(value)
+        model.set_state_dict(model_state)
+        del model_state
+        opt.set_state_dict(opt_state)
+        return meta["step"], meta["losses"], [tuple(c) for c in meta["curve"]], meta["seconds"]
 
     def remove(self) -> None:
         import os
+        import shutil
 
-        if os.path.isfile(self.path):
-            os.remove(self.path)
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None, distiller=None,
