@@ -377,11 +377,17 @@ class Log:
     def __init__(self, path):
         self.path = path
         self.records = []
-        if os.path.isfile(path):
-            with open(path) as f:
+        self._read()
+
+    def _read(self) -> None:
+        if os.path.isfile(self.path):
+            with open(self.path) as f:
                 self.records = [json.loads(line) for line in f if line.strip()]
 
     def find(self, key: dict):
+        """The record of `key`; the file is read again first (another process may have added it: e.g. a second
+        study process given other --starts)."""
+        self._read()
         for r in self.records:
             if r["key"] == key:
                 return r
@@ -390,7 +396,7 @@ class Log:
     def add(self, key: dict, value: dict) -> dict:
         rec = dict(key=key, **value)
         with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+            f.write(json.dumps(rec) + "\n")  # one write of one line: appends of two processes do not interleave
         self.records.append(rec)
         return rec
 
