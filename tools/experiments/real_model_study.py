@@ -327,8 +327,6 @@ class Bench:
     cloze items, the chat prompts and the original's greedy answers."""
 
     def __init__(self, args, orig, corpus, held_docs, codec):
-        import numpy as np
-
         from paddle_vha.serve.text import generation_defaults, render_chat
 
         from . import real_eval as ev
@@ -338,22 +336,29 @@ class Bench:
         self.cloze = ev.build_cloze(held_docs, codec.encode, args.cloze_items, args.cloze_context)
         self.eos = generation_defaults(orig)["eos"]
         self.prompts = [codec.encode(render_chat(orig, [{"role": "user", "content": q}])) for q in ev.PROMPTS]
-        self.codec = codec
-        answers_path = os.path.join(args.cache, f"chat-original-{args.chat_new}.json")
-        model = load_model(orig)
+        self.codec, self.orig, self.ref, self.answers = codec, orig, None, None
+
+    def _ready(self) -> None:
+        """The original's log-probabilities on the windows and its greedy chat answers (cached in --cache), computed
+        when the first model is measured (a report alone needs neither)."""
+        from . import real_eval as ev
+
+        if self.ref is not None:
+            return
+        answers_path = os.path.join(self.args.cache, f"chat-original-{self.args.chat_new}.json")
+        model = load_model(self.orig)
         self.ref = ev.reference_logprobs(ev.paddle_logits(model), self.windows)
         if not os.path.isfile(answers_path):
             step = ev.paddle_step(model)
-            answers = [ev.greedy_answer(step, p, args.chat_new, self.eos) for p in self.prompts]
+            answers = [ev.greedy_answer(step, p, self.args.chat_new, self.eos) for p in self.prompts]
             write_atomic(answers_path, json.dumps(answers))
         with open(answers_path) as f:
             self.answers = json.load(f)
-        del model
-        self.np = np
 
     def measure(self, model, generate: bool = True) -> dict:
         from . import real_eval as ev
 
+        self._ready()
         t = time.time()
         fn = ev.paddle_logits(model)
         out = ev.heldout_metrics(fn, self.windows, self.ref)

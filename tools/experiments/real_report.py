@@ -14,7 +14,7 @@ __all__ = ["write_report", "mean_std", "arm_label", "per_thousand"]
 
 READING = "## Reading"
 METRICS = [("ppl", "perplexity", 3), ("kl", "KL to the original", 4), ("cloze", "cloze accuracy", 3),
-           ("chat_agreement", "chat token agreement", 3), ("chat_identical", "identical chat answers / 20", 1)]
+           ("chat_agreement", "chat token agreement", 3), ("chat_identical", "identical chat answers / 20", 0)]
 
 
 def mean_std(xs):
@@ -30,6 +30,8 @@ def _pm(ms, p):
     m, sd = ms
     if m != m:
         return "—"
+    if abs(m) < 0.5 * 10 ** -p:
+        m = 0.0  # the original's KL to itself: float32 rounding, not a negative divergence
     return f"{m:.{p}f} ± {sd:.{p}f}" if sd == sd else f"{m:.{p}f}"
 
 
@@ -66,17 +68,21 @@ def write_report(args, journal, facts, bench, wall: float) -> None:
 
     lines = [f"# The conversion on a real model: SmolLM2-135M-Instruct, {3} KV heads -> {args.kv_heads} "
              "(written by tools/real_model_study.py)", ""]
-    if missing or not planned:
-        lines += [f"**PARTIAL RESULTS**: {len(planned) - len(missing)} of {len(planned)} planned healing runs are done; "
-                  "missing: " + ("; ".join(f"{n} {l.upper()} seed {s} ({k} steps{', attention only' if t != 'all' else ''})"
-                                           for n, l, s, k, t in missing) or "the step-0 measurements")
-                  + ". Rerun the same command to continue (it resumes).", ""]
+    no_step0 = [n for n in [study.ORIGINAL] + args.starts if n not in s0]
+    if missing or no_step0:
+        what = [f"step 0 of {', '.join(no_step0)}"] if no_step0 else []
+        what += [f"{n} {l.upper()} seed {s} ({k} steps{', attention only' if t != 'all' else ''})"
+                 for n, l, s, k, t in missing]
+        lines += [f"**PARTIAL RESULTS.** Done: step 0 of {len(s0)} of {1 + len(args.starts)} models, "
+                  f"{len(planned) - len(missing)} of {len(planned) or 'the (not yet planned)'} healing runs. Missing: "
+                  + "; ".join(what + ([] if planned else ["the healing runs, planned once every step 0 is in"]))
+                  + ". Rerun the same command to continue (it resumes from the journal and a run's last save).", ""]
     lines += [_setup(args, facts, bench), "", "### Step 0: every start before healing", "",
               _step0_table(s0, [study.ORIGINAL] + starts), "", "### Healed: step 0, CE, KD", "",
               _main_table(args, s0, heals, starts), "", _per_thousand_table(s0, heals), "",
               "### Healing curves", "", "Held-out perplexity (the same windows as the tables) against healing "
               "tokens:", "",
-              _curve_table(s0, heals, args), "", "![healing curves](real_model.png)", "",
+              _curve_table(s0, heals, args), "", "![healing curves](real_model.png)" if heals else "(no run yet)", "",
               "### Compute", "", _compute_table(s0, heals, args), ""]
     if costs:
         lines += ["### Cost: KV cache and int4 decode speed", "", _cost_table(costs), ""]
