@@ -300,3 +300,44 @@ def test_study_refuses_bad_options_in_one_line(capsys):
             study.parse_args(argv)
         assert e.value.code == 2
         assert what in capsys.readouterr().err
+
+
+def test_report_tables_seeds_and_the_partial_marker(tmp_path):
+    import types
+
+    from strict_json import strict_json
+
+    from tools.experiments import real_model_study as study
+    from tools.experiments import real_report as rep
+
+    args = study.parse_args(["--starts", "MEA", "VHA calibrated", "--seeds", "0", "1", "--full", "1", "--best", "1",
+                             "--heal-steps", "4", "--short-steps", "2", "--eval-every", "2", "--attn-only-start",
+                             "none", "--out", str(tmp_path), "--cache", str(tmp_path / "cache")])
+    j = study.Log(str(tmp_path / "journal.jsonl"))
+    ek, tk = study.eval_key(args), study.train_key(args)
+
+    def metrics(ppl, kl):
+        return dict(ppl=ppl, nll=math.log(ppl), kl=kl, cloze=0.1, chat_agreement=0.5, chat_identical=3, seconds=1.0,
+                    chat_answers=[f"answer {k} to {ppl}" for k in range(20)])
+    for name, ppl, kl in ((study.ORIGINAL, 40.0, 0.0), ("MEA", 900.0, 4.0), ("VHA calibrated", 300.0, 2.0)):
+        j.add(dict(kind="step0", start=name, **ek), dict(metrics=metrics(ppl, kl), kv_bytes=1))
+    for seed, ppl in ((0, 60.0), (1, 64.0)):
+        j.add(dict(kind="heal", start="VHA calibrated", loss="kd", seed=seed, steps=4, trainable="all", **tk),
+              dict(metrics=metrics(ppl, 0.5), curve=[[2, math.log(80.0)], [4, math.log(ppl)]], seconds=10.0,
+                   tokens=4096, trained_params=1, losses=[1.0]))
+    bench = types.SimpleNamespace(windows=[0] * 12, cloze=[ev.ClozeItem([1], [2], "word", "b 1")] * 5)
+    facts = dict(provenance="p", chapters=3, split="s", train_chapters=2, train_chars=10, train_tokens=5,
+                 held_chapters=1, held_chars=4, held_tokens=2)
+    rep.write_report(args, j, facts, bench, 1.0)
+    md = (tmp_path / "real_model.md").read_text()
+    print(md)
+    # 2 seeds of the full-length KD run: mean ± sample std of 60 and 64; per 1,000 tokens: (62 - 300) / 4.096
+    assert "| VHA calibrated | healed KD | 4,096 | 2 | 62.000 ± 2.828 |" in md
+    assert f"{(62.0 - 300.0) / 4.096:+.3f}" in md
+    assert "**PARTIAL RESULTS.**" in md and "VHA calibrated CE seed 0 (4 steps)" in md and "MEA KD seed 0 (2 steps)" in md
+    assert "### Chat: VHA calibrated KD" in md and (tmp_path / "real_model.png").read_bytes()[:4] == b"\x89PNG"
+    data = strict_json(tmp_path / "real_model.json")
+    assert data["partial"] and len(data["healing"]) == 2
+    (tmp_path / "real_model.md").write_text(md + "\n## Reading\n\nkept by hand\n")
+    rep.write_report(args, j, facts, bench, 1.0)  # regenerated: the hand-written reading stays
+    assert (tmp_path / "real_model.md").read_text().endswith("## Reading\n\nkept by hand\n")

@@ -36,8 +36,10 @@ def _pm(ms, p):
 
 
 def arm_label(rec) -> str:
-    extra = " (attention only)" if rec.get("trainable", "all") != "all" else ""
-    return f"{rec['start']} {rec['loss'].upper()}{extra}"
+    """ "VHA calibrated KD" for a healing record (a journal record: its settings under "key")."""
+    k = rec["key"]
+    extra = " (attention only)" if k.get("trainable", "all") != "all" else ""
+    return f"{k['start']} {k['loss'].upper()}{extra}"
 
 
 def per_thousand(before: float, after: float, tokens: int) -> float:
