@@ -341,3 +341,41 @@ def test_report_tables_seeds_and_the_partial_marker(tmp_path):
     (tmp_path / "real_model.md").write_text(md + "\n## Reading\n\nkept by hand\n")
     rep.write_report(args, j, facts, bench, 1.0)  # regenerated: the hand-written reading stays
     assert (tmp_path / "real_model.md").read_text().endswith("## Reading\n\nkept by hand\n")
+
+
+@pytest.mark.slow
+def test_cost_phase_exports_int4_and_times_each_serving_form(tmp_path, monkeypatch):
+    """The cost phase on a tiny Llama (3 KV heads -> 1): the original, MEA (its export needs k_norm before HLC) and a
+    folded VHA start exported to int4 with the gate measured, timed in fresh processes; the folded VHA start has the
+    MQA start's graph shape and is timed once."""
+    import os
+
+    from tools.experiments import real_cost
+    from tools.experiments import real_model_study as study
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    from paddleformers.transformers import LlamaConfig, LlamaForCausalLM
+    import paddle
+
+    paddle.seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=96, intermediate_size=128, num_hidden_layers=2, num_attention_heads=6,
+                      num_key_value_heads=3, head_dim=16, max_position_embeddings=4200, pad_token_id=None,
+                      bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)
+    orig = str(tmp_path / "orig")
+    LlamaForCausalLM(cfg).save_pretrained(orig)
+    args = study.parse_args(["--cache", str(tmp_path / "cache"), "--starts", "MQA mean-pool", "MEA", "VHA svd",
+                             "--bench-new", "4"])
+    os.makedirs(args.cache)
+    journal = study.Log(str(tmp_path / "cache" / "journal.jsonl"))
+    rows = real_cost.cost_rows(args, journal, study.Starts(args, orig, None, lambda: None), print)
+    by = {r["key"]["start"]: r for r in rows}
+    print({n: (r["form"], r["gate"], r.get("b1"), r.get("b8")) for n, r in by.items()})
+    assert by["original"]["kv_fp32"] == 2 * 2 * 3 * 16 * 4 and by["MEA"]["kv_fp32"] == 2 * 2 * 1 * 16 * 4
+    assert by["VHA svd"]["form"] == by["MQA mean-pool"]["form"] == "stock, 6 query / 1 KV heads"
+    assert by["MEA"]["form"].startswith("MEA") and "same graph shape as MQA mean-pool" in by["VHA svd"]["note"]
+    for r in rows:
+        assert r["b1"] > 0 and r["b8"] > 0 and r["gate"].startswith(("passes", "FAILS"))
+        assert 0 <= r["quality"]["mean_kl"] < 1
+    assert not os.path.exists(tmp_path / "cache" / "cost" / "MEA-int4")  # exports removed once measured
+    again = real_cost.cost_rows(args, journal, study.Starts(args, orig, None, lambda: None), print)
+    assert [r["key"] for r in again] == [r["key"] for r in rows]  # from the journal, nothing redone

@@ -302,7 +302,8 @@ def make_start(args, name: str, orig: str, text_tokens, moments_fn) -> str:
     if name == "MQA mean-pool":
         mean_pooled(orig, out, args.kv_heads)
     elif name == "MEA":
-        mea.compress_checkpoint(mea.plan_compress(orig, out, args.kv_heads), progress=False)
+        # k_norm before HLC: the form the ONNX export serves (a Llama has no k_norm: the same function either way)
+        mea.compress_checkpoint(mea.plan_compress(orig, out, args.kv_heads, k_norm="before_hlc"), progress=False)
     elif name == "VHA refined":
         from paddle_vha.transform.refine import RefineSettings, refine_and_write
 
