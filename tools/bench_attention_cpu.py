@@ -52,7 +52,7 @@ import time
 
 import numpy as np
 
-from paddle_vha.export.int8_attention import MS, Nodes, int8_scores, int8_values
+from paddle_vha.export.int8_attention import MS, PROBABILITY_DIGITS, QUERY_DIGITS, Nodes, int8_scores, int8_values
 from paddle_vha.machine import available_memory_bytes, cpu_line, read_bandwidth
 
 FLOAT, UINT8, INT8, INT32, INT64 = 1, 2, 3, 6, 7  # onnx.TensorProto's element types
@@ -240,16 +240,14 @@ def gqa_row(c: Case, threads, bits):
     return run, nbytes, lambda got: errors(got, want, c.exact)
 
 
-def int8_graph(c: Case, threads, digits=2, float_values=False):
+def int8_graph(c: Case, threads, p_digits=PROBABILITY_DIGITS, q_digits=QUERY_DIGITS, float_values=False):
     """The int8 cache graph (paddle_vha/export/int8_attention.py's nodes in the buffer flavour's structure): run, its
-    bytes, its check. digits=1: the probabilities in one 8-bit digit; float_values: the values stay float32."""
-    from onnx import helper, numpy_helper
-
-    b, h_kv, g, d = c.q.shape
+    bytes, its check. p_digits / q_digits: the probabilities' / queries' 8-bit digits per row; float_values: the values
+    stay float32."""
     cap = c.cap
     nb = Nodes("a")
     qs = nb.op("Mul", ["q", nb.const("scale", c.scale, np.float32)])
-    int8_scores(nb, qs, "kt8", "ks", "s_buf")
+    int8_scores(nb, qs, "kt8", "ks", "s_buf", q_digits)
     s_new = nb.op("MatMul", [qs, nb.op("Transpose", ["kn"], perm=[0, 1, 3, 2])])
     p = nb.op("Softmax", [nb.op("Add", [nb.op("Concat", ["s_buf", s_new], axis=-1), "mask"])], axis=-1)
     ax = nb.const("ax", [3], np.int64)
@@ -257,14 +255,8 @@ def int8_graph(c: Case, threads, digits=2, float_values=False):
     p_new = nb.op("Slice", [p, nb.const("s1", [cap], np.int64), nb.const("s2", [cap + 1], np.int64), ax])
     if float_values:
         nb.op("MatMul", [p_buf, "vb"], out="y_buf")
-    elif digits == 2:
-        int8_values(nb, p_buf, "v8", "vs", "y_buf")
-    else:  # one digit: round(p' / s) per row, s = the row's largest p' / 255
-        pv = nb.op("Mul", [p_buf, "vs"])
-        s = nb.op("Max", [nb.op("Div", [nb.op("ReduceMax", [pv], axes=[-1], keepdims=1),
-                                        nb.const("c255", 255.0, np.float32)]), nb.const("tiny", 1e-30, np.float32)])
-        p8 = nb.op("Cast", [nb.op("Round", [nb.op("Div", [pv, s])])], to=UINT8)
-        nb.op("MatMulIntegerToFloat", [p8, "v8", s, nb.const("one", 1.0, np.float32)], out="y_buf", domain=MS)
+    else:
+        int8_values(nb, p_buf, "v8", "vs", "y_buf", p_digits)
     nb.op("Add", ["y_buf", nb.op("MatMul", [p_new, "vn"])], out="y")
     kt8 = np.ascontiguousarray(c.k8.transpose(0, 1, 3, 2))  # (B, H_kv, d, cap)
     ks = np.ascontiguousarray(c.k_scale.transpose(0, 1, 3, 2))  # (B, H_kv, 1, cap)
@@ -292,13 +284,13 @@ def int8_rows(c: Case, threads):
     b, h_kv, g, d = c.q.shape
     n = helper.make_node
     out = {"int8 cache graph": int8_graph(c, threads)}
-    # the two products alone, over given quantized operands: the queries (uint8, zero point 128, a scale per row) and
-    # the probabilities' two digits (2G rows, uint8 with zero point 128)
+    # the two products alone, over given quantized operands: the queries' digits (QUERY_DIGITS x G rows, uint8, zero
+    # point 128, a scale per row) and the probabilities' (PROBABILITY_DIGITS x G rows)
     rng = np.random.default_rng(2)
-    q8 = rng.integers(1, 256, (b, h_kv, g, d)).astype(np.uint8)
-    q_scale = rng.random((b, h_kv, g, 1), np.float32)
-    digits = rng.integers(1, 256, (b, h_kv, 2 * g, c.cap)).astype(np.uint8)
-    d_scale = rng.random((b, h_kv, 2 * g, 1), np.float32) / c.cap
+    q8 = rng.integers(1, 256, (b, h_kv, QUERY_DIGITS * g, d)).astype(np.uint8)
+    q_scale = rng.random((b, h_kv, QUERY_DIGITS * g, 1), np.float32)
+    digits = rng.integers(1, 256, (b, h_kv, PROBABILITY_DIGITS * g, c.cap)).astype(np.uint8)
+    d_scale = rng.random((b, h_kv, PROBABILITY_DIGITS * g, 1), np.float32) / c.cap
     kt8 = np.ascontiguousarray(c.k8.transpose(0, 1, 3, 2))
     ks = np.ascontiguousarray(c.k_scale.transpose(0, 1, 3, 2))
     zp = helper.make_tensor("zp", UINT8, [], [128])
@@ -313,7 +305,9 @@ def int8_rows(c: Case, threads):
     feeds = dict(q8=q8, kt8=kt8, qsc=q_scale, ks=ks, p8=digits, v8=c.v8, psc=d_scale)
     out["its two int8 MatMuls"] = (lambda: two.run(None, feeds), c.int8_bytes,
                                    lambda got: products_error(got, [p.astype(np.float32) for p in products]))
-    out["one 8-bit digit"] = int8_graph(c, threads, digits=1)
+    for n in range(1, PROBABILITY_DIGITS):
+        out[f"probabilities in {n} digit{'s' if n > 1 else ''}"] = int8_graph(c, threads, p_digits=n)
+    out["queries in 1 digit"] = int8_graph(c, threads, q_digits=1)
     out["int8 keys, float32 values"] = int8_graph(c, threads, float_values=True)
     out["int8 cast, float MatMul"] = cast_row(c, threads)
     out["GroupQueryAttention, int8"] = gqa_row(c, threads, 8)

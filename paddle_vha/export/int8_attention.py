@@ -35,6 +35,8 @@ __all__ = ["Nodes", "quantize_rows", "encode", "int8_scores", "int8_values", "MS
 
 MS = "com.microsoft"
 TINY = 1e-30  # a row of zeros gets this scale (its values quantize to 0), not a division by zero
+QUERY_DIGITS = 2  # the queries' 8-bit digits per row in the keys' product (int8_scores)
+PROBABILITY_DIGITS = 3  # the probabilities' (times the value scales) in the values' product (int8_values)
 
 
 class Nodes:
@@ -106,31 +108,60 @@ def encode(nb: Nodes, x: str, transposed: bool) -> Tuple[str, str]:
     return q, nb.op("Transpose", [scale], perm=[0, 1, 3, 2])  # (B, H, 1, S)
 
 
-def int8_scores(nb: Nodes, q: str, keys: str, key_scale: str, out: str) -> str:
-    """q (B, H, R, d) float times int8 keys (B, H, d, T) with key_scale (B, H, 1, T) -> `out` (B, H, R, T) float."""
-    q8, q_scale = quantize_rows(nb, q, 127.0, 128, np.uint8)  # uint8 with zero point 128: round(q / s) + 128
+def digits(nb: Nodes, x: str, scale: str, n: int) -> Tuple[str, str]:
+    """x (B, H, R, C) float in `n` 8-bit digits per row: (the digits (B, H, nR, C) uint8 with zero point 128, the
+    first digit's R rows, then the second's, ...; their scales (B, H, nR, 1)). Digit 1 is round(x / s) + 128 with
+    s = `scale` (B, H, R, 1), the row's largest |x| / 127; digit k + 1 is the remainder x - (what digits 1..k hold),
+    |.| <= s / (2 * 254^(k-1)), on a grid 254x finer than digit k's. n digits hold x to about 8n - 1 bits of the row's
+    largest value."""
+    shape = nb.op("Shape", [x])
+    rows, flat, zp = _row_quantizer(nb, x, scale, 128, np.uint8)  # (B*H*R, C), (B*H*R,) twice
+    rest, out, scales = rows, [], [scale]
+    for k in range(n):
+        if k:
+            scales.append(nb.op("Div", [scales[-1], nb.const("c254", 254.0, np.float32)]))  # (B, H, R, 1)
+            flat = nb.op("Reshape", [scales[-1], nb.const("minus1", [-1], np.int64)])
+        digit = nb.op("QuantizeLinear", [rest, flat, zp], axis=0)  # (B*H*R, C), in 1..255
+        if k < n - 1:
+            rest = nb.op("Sub", [rest, nb.op("DequantizeLinear", [digit, flat, zp], axis=0)])
+        out.append(nb.op("Reshape", [digit, shape]))
+    return nb.op("Concat", out, axis=2), nb.op("Concat", scales, axis=2)  # (B, H, nR, C), (B, H, nR, 1)
+
+
+def _sum_parts(nb: Nodes, x: str, n: int, out: str) -> str:
+    """x (B, H, nR, N) -> the sum of its n blocks of R rows, (B, H, R, N): one read of x (a reshape to
+    (B, H, n, R, N), then ReduceSum over the n)."""
+    shape = nb.op("Shape", [x])  # (4,)
+    split = nb.op("Concat", [nb.op("Slice", [shape, nb.const("i0", [0], np.int64), nb.const("i2", [2], np.int64)]),
+                             nb.const("parts", [n, -1], np.int64),
+                             nb.op("Slice", [shape, nb.const("i3", [3], np.int64), nb.const("i4", [4], np.int64)])],
+                  axis=0)  # (B, H, n, -1, N)
+    return nb.op("ReduceSum", [nb.op("Reshape", [x, split]), nb.const("axis2", [2], np.int64)], keepdims=0,
+                 out=out)
+
+
+def int8_scores(nb: Nodes, q: str, keys: str, key_scale: str, out: str, n: int = QUERY_DIGITS) -> str:
+    """q (B, H, R, d) float times int8 keys (B, H, d, T) with key_scale (B, H, 1, T) -> `out` (B, H, R, T) float.
+    The queries in `n` 8-bit digits per row (`digits`), the products of the n blocks of rows summed."""
+    mag = nb.op("ReduceMax", [nb.op("Abs", [q])], axes=[-1], keepdims=1)  # (B, H, R, 1)
+    scale = nb.op("Max", [nb.op("Div", [mag, nb.const("c127", 127.0, np.float32)]),
+                          nb.const("tiny", TINY, np.float32)])
     zp = nb.const("zp128", 128, np.uint8)
-    return nb.op("MatMulIntegerToFloat", [q8, keys, q_scale, key_scale, zp], out=out, domain=MS)
+    if n == 1:
+        return nb.op("MatMulIntegerToFloat", [_quantize_per_row(nb, q, scale, 128, np.uint8), keys, scale, key_scale,
+                                              zp], out=out, domain=MS)
+    q8, scales = digits(nb, q, scale, n)  # (B, H, nR, d), (B, H, nR, 1)
+    return _sum_parts(nb, nb.op("MatMulIntegerToFloat", [q8, keys, scales, key_scale, zp], domain=MS), n, out)
 
 
-def int8_values(nb: Nodes, p: str, values: str, value_scale: str, out: str) -> str:
+def int8_values(nb: Nodes, p: str, values: str, value_scale: str, out: str, n: int = PROBABILITY_DIGITS) -> str:
     """Probabilities p (B, H, R, T) float times int8 values (B, H, T, d) with value_scale (B, H, 1, T) -> `out`
-    (B, H, R, d) float: p' = p * value_scale in two 8-bit digits per row (the module docstring)."""
+    (B, H, R, d) float: p' = p * value_scale in `n` 8-bit digits per row (the module docstring)."""
     pv = nb.op("Mul", [p, value_scale])  # (B, H, R, T): p' = p * value scale, per column; p' >= 0
     mag = nb.op("ReduceMax", [pv], axes=[-1], keepdims=1)  # (B, H, R, 1)
-    hi_scale = nb.op("Max", [nb.op("Div", [mag, nb.const("c127", 127.0, np.float32)]),
-                             nb.const("tiny", TINY, np.float32)])
-    lo_scale = nb.op("Div", [hi_scale, nb.const("c254", 254.0, np.float32)])  # the remainder's grid
-    rows, hi_flat, zp = _row_quantizer(nb, pv, hi_scale, 128, np.uint8)  # (B*H*R, T), (B*H*R,) twice
-    hi = nb.op("QuantizeLinear", [rows, hi_flat, zp], axis=0)  # round(p' / s) + 128, in 128..255
-    rest = nb.op("Sub", [rows, nb.op("DequantizeLinear", [hi, hi_flat, zp], axis=0)])  # |p' - s (hi - 128)| <= s / 2
-    lo_flat = nb.op("Reshape", [lo_scale, nb.const("minus1", [-1], np.int64)])
-    lo = nb.op("QuantizeLinear", [rest, lo_flat, zp], axis=0)  # round(rest / (s / 254)) + 128, in 1..255
-    shape = nb.op("Shape", [pv])
-    digits = nb.op("Concat", [nb.op("Reshape", [hi, shape]), nb.op("Reshape", [lo, shape])],
-                   axis=2)  # (B, H, 2R, T): the hi rows, then the lo rows
-    scales = nb.op("Concat", [hi_scale, lo_scale], axis=2)  # (B, H, 2R, 1)
-    both = nb.op("MatMulIntegerToFloat", [digits, values, scales, nb.const("one", 1.0, np.float32),
-                                          nb.const("zp128", 128, np.uint8)], domain=MS)  # (B, H, 2R, d)
-    halves = nb.op("Split", [both], outputs=2, axis=2)  # (B, H, R, d) each (opset 17: equal halves)
-    return nb.op("Add", list(halves), out=out)
+    scale = nb.op("Max", [nb.op("Div", [mag, nb.const("c127", 127.0, np.float32)]),
+                          nb.const("tiny", TINY, np.float32)])
+    p8, scales = digits(nb, pv, scale, n)  # (B, H, nR, T), (B, H, nR, 1)
+    products = nb.op("MatMulIntegerToFloat", [p8, values, scales, nb.const("one", 1.0, np.float32),
+                                              nb.const("zp128", 128, np.uint8)], domain=MS)  # (B, H, nR, d)
+    return _sum_parts(nb, products, n, out)

@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import ExportError
 from .int8_attention import MS, Nodes, encode, int8_scores, int8_values
-from .node_edit import GraphIndex, prune_dead_nodes, splice_nodes
+from .node_edit import GraphIndex, drop_unread_initializers, prune_dead_nodes, splice_nodes
 
 __all__ = ["KV_CACHE_FORMATS", "FLOAT16_REFUSAL", "INT8_NAMES", "check_kv_cache", "kv_cache_refusal",
            "quantize_cache", "GENAI_REFUSAL", "INT8_LAYOUT", "KV_OPS", "cache_bytes_per_position"]
@@ -218,7 +218,8 @@ def quantize_cache(onnx_path: str, plan) -> dict:
     graph.input.extend(inputs)
     del graph.output[:]
     graph.output.extend(outputs)
-    prune_dead_nodes(graph)
+    prune_dead_nodes(graph)  # the float attention's transposes of the cache, the float present's Concat
+    drop_unread_initializers(graph)
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
     onnx.checker.check_model(model)  # the structure (the weights stay where they are)
