@@ -19,7 +19,8 @@ from ..evaluate import log_softmax
 from .errors import ExportError
 from .quality import DECISIVE, Quality
 
-__all__ = ["cached_logits", "compare_blocks", "CACHE_BOUNDS", "check_cache_quality"]
+__all__ = ["cached_logits", "compare_blocks", "CACHE_BOUNDS", "check_cache_quality", "compare_exports",
+           "quality_line"]
 
 # int8 cache vs float32 cache: (max mean KL in nats, min greedy agreement on decisive positions). Measured
 # (docs/deploy.md): see there; a dropped or misplaced scale moves the distribution by orders of magnitude more
@@ -108,3 +109,23 @@ def quality_line(quality: Quality, kv_cache: str, bounds=None) -> str:
             f"nats (max {quality.max_kl:.2e}; bound {max_kl:g}), greedy-token agreement {100 * quality.agreement:.1f}% "
             f"of the {quality.decisive} decisive positions (bound {100 * min_agree:g}%; "
             f"{100 * quality.agreement_all:.1f}% of all {quality.positions}), max abs logit diff {quality.max_abs:.3f}")
+
+
+def compare_exports(reference_dir: str, quantized_dir: str, positions: int, chunk: int = 256, steps: int = 16,
+                    batch: int = 1, threads: int = 0) -> Quality:
+    """Two export folders of one checkpoint (a float32 cache and a quantized one; the same flavour) compared over
+    `batch` held-out windows of `positions` tokens, both sessions alongside (paddle_vha/export/quality.py's text: the
+    folder's own tokenizer, or bytes)."""
+    from ..serve.ort_session import OrtDecoder
+    from ..serve.session import read_export_info
+    from .quality import held_out_windows
+
+    info = read_export_info(reference_dir)
+    if positions > int(info.get("context_length") or info["max_position_embeddings"]):
+        raise ExportError(f"--positions {positions}: past the model's context "
+                          f"({info.get('context_length') or info['max_position_embeddings']})")
+    ids, text = held_out_windows(reference_dir, int(info["vocab_size"]), batch=batch, seq_len=positions)
+    reference, quantized = OrtDecoder.from_dir(reference_dir, threads), OrtDecoder.from_dir(quantized_dir, threads)
+    return compare_blocks(reference, quantized, ids, chunk, steps,
+                          text + f" (prefill {chunk}, then chunks of {chunk} through the cache, the last {steps} one "
+                          "step each)")
