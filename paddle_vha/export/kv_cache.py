@@ -222,9 +222,13 @@ def quantize_cache(onnx_path: str, plan) -> dict:
     drop_unread_initializers(graph)
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
-    onnx.checker.check_model(model)  # the structure (the weights stay where they are)
-    with open(onnx_path + ".tmp", "wb") as f:
+    with open(onnx_path + ".tmp", "wb") as f:  # beside the data file its external references name
         f.write(model.SerializeToString())
+    try:
+        onnx.checker.check_model(onnx_path + ".tmp")  # by path: it finds model.onnx.data there, at any size
+    except onnx.checker.ValidationError as e:
+        os.remove(onnx_path + ".tmp")
+        raise ExportError(f"--kv-cache int8: the rewritten graph fails onnx.checker: {str(e).splitlines()[0][:300]}")
     os.replace(onnx_path + ".tmp", onnx_path)
     per_position = cache_bytes_per_position("int8", plan.cache_shapes)
     return dict(format="int8", names=list(INT8_NAMES),
