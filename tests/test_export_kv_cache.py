@@ -62,9 +62,9 @@ def _dequantized(arrays, layers):
     """[(keys, values)] float64 in the oracle's layout (B, T, H_kv, d) from the int8 cache's tensors, in order."""
     past = []
     for i in range(layers):
-        k8, ks, v8, vs = arrays[4 * i: 4 * i + 4]  # (B,H,d,T) int8, (B,H,1,T), (B,H,T,d) int8, (B,H,1,T)
-        past.append(((k8 * ks.astype(np.float64)).transpose(0, 3, 1, 2),
-                     (v8 * vs.astype(np.float64).transpose(0, 1, 3, 2)).transpose(0, 2, 1, 3)))
+        k8, ks, v8, vs = arrays[4 * i: 4 * i + 4]  # (B,H,T,d) uint8 (zero point 128), (B,H,T,1), int8, (B,H,T,1)
+        past.append((((k8.astype(np.float64) - 128) * ks).transpose(0, 2, 1, 3),
+                     (v8 * vs.astype(np.float64)).transpose(0, 2, 1, 3)))
     return past
 
 
@@ -98,7 +98,8 @@ def test_int8_export_folder_and_graph_layout(exports):
             want = [{"batch": "batch", "kv_heads": 2, "head_dim": 16, "positions": positions[0]}.get(d, d)
                     for d in layout]
             assert vi.name.endswith("." + name) and dims == want, (vi.name, dims, want)
-            assert t.elem_type == {"int8": onnx.TensorProto.INT8, "float32": onnx.TensorProto.FLOAT}[dtype]
+            assert t.elem_type == {"int8": onnx.TensorProto.INT8, "uint8": onnx.TensorProto.UINT8,
+                                   "float32": onnx.TensorProto.FLOAT}[dtype]
         assert_clean_graph(os.path.join(out, "model.onnx"))
 
 
@@ -117,9 +118,8 @@ def test_int8_entries_are_the_float_cache_quantized_per_token(exports):
         for layer in range(cfg.num_hidden_layers if io == "buffer" else 1):
             k, v = f32[2 * layer], f32[2 * layer + 1]  # (B, H, T, d) float32
             k8, ks, v8, vs = i8[4 * layer: 4 * layer + 4]
-            assert k8.dtype == np.int8 and v8.dtype == np.int8 and k8.shape == (3, 2, 16, 13) and vs.shape == (3, 2, 1, 13)
-            for x, q, s in ((k, k8.transpose(0, 1, 3, 2), ks.transpose(0, 1, 3, 2)),
-                            (v, v8, vs.transpose(0, 1, 3, 2))):
+            assert k8.dtype == np.uint8 and v8.dtype == np.int8 and k8.shape == (3, 2, 13, 16) and vs.shape == (3, 2, 13, 1)
+            for x, q, s in ((k, k8.astype(np.int32) - 128, ks), (v, v8, vs)):
                 want_scale = np.abs(x).max(-1, keepdims=True) / 127
                 assert np.allclose(s, want_scale, rtol=1e-6), np.abs(s - want_scale).max()
                 off = np.abs(q.astype(np.int32) - np.round(x / s)).max()  # ties may round either way
@@ -151,8 +151,8 @@ def test_int8_attention_matches_float64_over_the_dequantized_cache(exports):
 
 def test_buffer_writes_in_place_across_a_capacity_growth(exports):
     """The int8 buffer flavour grown from 64 to 128 positions mid-generation gives what one allocated at 256 from the
-    start gives (the growth copies each tensor along its own positions axis: 3 for the keys and scales, 2 for the
-    values); its entries are written in place; the concat flavour, which attends to its step's own tokens quantized
+    start gives (the growth copies each tensor along its positions axis, 2, as for the float32 cache); its entries are
+    written in place; the concat flavour, which attends to its step's own tokens quantized
     where the buffer flavour attends to them in float32, stays close."""
     cfg = exports["cfg"]
     buffer, concat = (OrtDecoder.from_dir(exports["out"][(io, "int8")]) for io in ("buffer", "concat"))
@@ -161,7 +161,7 @@ def test_buffer_writes_in_place_across_a_capacity_growth(exports):
     b, cb = buffer.prefill(ids)
     w, cw = buffer.run(ids, buffer.empty_cache(2, 256))
     assert isinstance(cb, CacheBuffers) and cb.capacity == 64 and cb.length == 60 and cw.capacity == 256
-    assert [s.axis for s in cb.slots[:4]] == [3, 3, 2, 3]
+    assert [s.axis for s in cb.slots[:4]] == [2, 2, 2, 2]
     grown = float(np.abs(b - w).max())
     flavours = float(np.abs(a - b).max())
     for _ in range(8):
@@ -178,8 +178,8 @@ def test_buffer_writes_in_place_across_a_capacity_growth(exports):
         "max_abs"] for io in ("buffer", "concat"))
     assert cb.capacity == 128 and cb.length == 68 and cw.capacity == 256 and grown <= 1e-5 and flavours <= 2 * gate
     assert cb.nbytes == 68 * 2 * cfg.num_hidden_layers * 2 * 2 * (16 + 4)
-    k8 = cb.buffers[0]  # layer 0's keys (B, H, d, capacity): positions 68.. untouched (zeros)
-    assert k8.shape == (2, 2, 16, 128) and not k8[..., 68:].any() and k8[..., :68].any()
+    k8 = cb.buffers[0]  # layer 0's keys (B, H, capacity, d): positions 68.. untouched (zeros)
+    assert k8.shape == (2, 2, 128, 16) and not k8[:, :, 68:].any() and k8[:, :, :68].all()
 
 
 def test_generation_left_padding_and_the_generate_tool(exports, tmp_path):
@@ -215,8 +215,9 @@ def test_paddle_inference_refuses_an_int8_cache_folder(exports):
 
 
 def _scores_products(model):
-    """The scores' MatMulIntegerToFloat nodes (the keys' product: its B operand is a key cache tensor)."""
-    return [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat" and n.input[1].endswith(".key")]
+    """The scores' MatMulIntegerToFloat nodes (the keys' product: its A operand is a key cache tensor, input 2 its
+    scales)."""
+    return [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat" and n.input[0].endswith(".key")]
 
 
 @pytest.mark.parametrize("broken", ["dropped key scale", "value scales on the keys"])
@@ -234,9 +235,9 @@ def test_a_broken_cache_fails_the_quality_gate(exports, tmp_path, monkeypatch, b
             if broken == "dropped key scale":
                 one = f"{n.name}.one"
                 model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((), np.float32), one))
-                n.input[3] = one
+                n.input[2] = one
             else:
-                n.input[3] = n.input[3].replace("key_scale", "value_scale")
+                n.input[2] = n.input[2].replace("key_scale", "value_scale")
         onnx.save(model, path)
         return info
 

@@ -66,15 +66,15 @@ def _broken_copy(src, dst, how):
         if name != "model.onnx" and os.path.isfile(os.path.join(src, name)):
             os.link(os.path.join(src, name), os.path.join(dst, name))  # onnxruntime refuses a data file linked out
     model = onnx.load(os.path.join(src, "model.onnx"), load_external_data=False)
-    scores = [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat" and n.input[1].endswith(".key")]
+    scores = [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat" and n.input[0].endswith(".key")]
     assert len(scores) == 2  # one per layer
     for n in scores:
         if how == "dropped key scale":
             one = f"{n.name}.one"
             model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((), np.float32), one))
-            n.input[3] = one
+            n.input[2] = one
         else:
-            n.input[3] = n.input[3].replace("key_scale", "value_scale")
+            n.input[2] = n.input[2].replace("key_scale", "value_scale")
     onnx.save(model, os.path.join(dst, "model.onnx"))
     return dst
 

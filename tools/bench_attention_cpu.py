@@ -24,11 +24,12 @@ provider. Over the float32 cache:
 Over an int8 cache (per token and KV head scales, paddle_vha/export/int8_attention.py):
 
 - "int8 cache graph": what `tools/export_onnx.py --kv-cache int8 --cache buffer` runs per layer: the same graph with
-  both cache products in onnxruntime's MatMulIntegerToFloat (queries quantized per row; probabilities times the value
-  scales in two 8-bit digits per row), the new token's own key and value in float32;
+  both cache products in onnxruntime's MatMulIntegerToFloat (keys . queries^T with the queries in two 8-bit digits
+  per row, then transposed; probabilities times the value scales in three digits . values), the new token's own key
+  and value in float32;
 - "its two int8 MatMuls": those two MatMulIntegerToFloat alone, over given quantized operands;
-- "one 8-bit digit": the graph with the probabilities in one 8-bit digit per row (fewer rows in the value product):
-  what it costs in accuracy where a sink token holds much of the mass;
+- "probabilities in 1 / 2 digits", "queries in 1 digit": the graph with fewer digits (fewer rows in a product): what
+  that costs in accuracy where a sink token holds much of the mass;
 - "int8 keys, float32 values": the keys' product only in int8;
 - "int8 cast, float MatMul": the cache cast to float32 first, then the float32 graph's MatMuls;
 - "GroupQueryAttention, int8": the contrib op's own int8 cache (static per-channel scales, here the cache's own
@@ -119,6 +120,7 @@ class Case:
         self.mask = np.zeros((b, 1, g, self.cap + 1), np.float32)  # the buffer's empty slots hidden, as the export's
         self.mask[:, :, :, filled:self.cap] = -1e9
         self.k8, self.k_scale = quantize(k_buf)
+        self.ku8 = (self.k8.astype(np.int16) + 128).astype(np.uint8)  # the keys as the cache holds them
         self.v8, self.v_scale = quantize(v_buf)
         self.exact = attention64(q, with_new(k_buf, k_new, filled), with_new(v_buf, v_new, filled))
         self.on_int8 = attention64(q, with_new(self.k8 * self.k_scale.astype(np.float64), k_new, filled),
@@ -250,7 +252,7 @@ def int8_graph(c: Case, threads, p_digits=PROBABILITY_DIGITS, q_digits=QUERY_DIG
     cap = c.cap
     nb = Nodes("a")
     qs = nb.op("Mul", ["q", nb.const("scale", c.scale, np.float32)])
-    int8_scores(nb, qs, "kt8", "ks", "s_buf", q_digits)
+    int8_scores(nb, qs, "ku8", "ks", "s_buf", q_digits)
     s_new = nb.op("MatMul", [qs, nb.op("Transpose", ["kn"], perm=[0, 1, 3, 2])])
     p = nb.op("Softmax", [nb.op("Add", [nb.op("Concat", ["s_buf", s_new], axis=-1), "mask"])], axis=-1)
     ax = nb.const("ax", [3], np.int64)
@@ -261,12 +263,9 @@ def int8_graph(c: Case, threads, p_digits=PROBABILITY_DIGITS, q_digits=QUERY_DIG
     else:
         int8_values(nb, p_buf, "v8", "vs", "y_buf", p_digits)
     nb.op("Add", ["y_buf", nb.op("MatMul", [p_new, "vn"])], out="y")
-    kt8 = np.ascontiguousarray(c.k8.transpose(0, 1, 3, 2))  # (B, H_kv, d, cap)
-    ks = np.ascontiguousarray(c.k_scale.transpose(0, 1, 3, 2))  # (B, H_kv, 1, cap)
-    vs = np.ascontiguousarray(c.v_scale.transpose(0, 1, 3, 2))
-    io = [("q", FLOAT, c.q.shape), ("kt8", INT8, kt8.shape), ("ks", FLOAT, ks.shape), ("kn", FLOAT, c.k_new.shape),
-          ("vn", FLOAT, c.v_new.shape), ("mask", FLOAT, c.mask.shape)]
-    feeds = dict(q=c.q, kt8=kt8, ks=ks, kn=c.k_new, vn=c.v_new, mask=c.mask)
+    io = [("q", FLOAT, c.q.shape), ("ku8", UINT8, c.ku8.shape), ("ks", FLOAT, c.k_scale.shape),
+          ("kn", FLOAT, c.k_new.shape), ("vn", FLOAT, c.v_new.shape), ("mask", FLOAT, c.mask.shape)]
+    feeds = dict(q=c.q, ku8=c.ku8, ks=c.k_scale, kn=c.k_new, vn=c.v_new, mask=c.mask)
     if float_values:
         io.append(("vb", FLOAT, c.v_buf.shape))
         feeds["vb"] = c.v_buf
@@ -274,8 +273,8 @@ def int8_graph(c: Case, threads, p_digits=PROBABILITY_DIGITS, q_digits=QUERY_DIG
         want = attention64(c.q, with_new(c.k8 * c.k_scale.astype(np.float64), c.k_new, c.filled),
                            with_new(c.v_buf, c.v_new, c.filled))
     else:
-        io += [("v8", INT8, c.v8.shape), ("vs", FLOAT, vs.shape)]
-        feeds.update(v8=c.v8, vs=vs)
+        io += [("v8", INT8, c.v8.shape), ("vs", FLOAT, c.v_scale.shape)]
+        feeds.update(v8=c.v8, vs=c.v_scale)
         nbytes, want = c.int8_bytes, c.on_int8
     graph = session(nb.nodes, io, [("y", FLOAT)], threads, nb.inits)
     return lambda: graph.run(None, feeds)[0], nbytes, lambda got: errors(got, want, c.exact)
@@ -287,25 +286,24 @@ def int8_rows(c: Case, threads):
     b, h_kv, g, d = c.q.shape
     n = helper.make_node
     out = {"int8 cache graph": int8_graph(c, threads)}
-    # the two products alone, over given quantized operands: the queries' digits (QUERY_DIGITS x G rows, uint8, zero
-    # point 128, a scale per row) and the probabilities' (PROBABILITY_DIGITS x G rows)
+    # the two products alone, over given quantized operands: the queries' digits transposed (d, QUERY_DIGITS x G
+    # columns, int8, a scale per column) against the keys (uint8, zero point 128, a scale per row), and the
+    # probabilities' digits (PROBABILITY_DIGITS x G rows, uint8, zero point 128, a scale per row) against the values
     rng = np.random.default_rng(2)
-    q8 = rng.integers(1, 256, (b, h_kv, QUERY_DIGITS * g, d)).astype(np.uint8)
-    q_scale = rng.random((b, h_kv, QUERY_DIGITS * g, 1), np.float32)
+    q8t = rng.integers(-127, 128, (b, h_kv, d, QUERY_DIGITS * g)).astype(np.int8)
+    q_scale = rng.random((b, h_kv, 1, QUERY_DIGITS * g), np.float32)
     digits = rng.integers(1, 256, (b, h_kv, PROBABILITY_DIGITS * g, c.cap)).astype(np.uint8)
     d_scale = rng.random((b, h_kv, PROBABILITY_DIGITS * g, 1), np.float32) / c.cap
-    kt8 = np.ascontiguousarray(c.k8.transpose(0, 1, 3, 2))
-    ks = np.ascontiguousarray(c.k_scale.transpose(0, 1, 3, 2))
     zp = helper.make_tensor("zp", UINT8, [], [128])
     one = helper.make_tensor("one", FLOAT, [], [1.0])
-    two = session([n("MatMulIntegerToFloat", ["q8", "kt8", "qsc", "ks", "zp"], ["s"], domain=MS),
+    two = session([n("MatMulIntegerToFloat", ["ku8", "q8t", "ks", "qsc", "zp"], ["s"], domain=MS),
                    n("MatMulIntegerToFloat", ["p8", "v8", "psc", "one", "zp"], ["y"], domain=MS)],
-                  [("q8", UINT8, q8.shape), ("kt8", INT8, kt8.shape), ("qsc", FLOAT, q_scale.shape),
-                   ("ks", FLOAT, ks.shape), ("p8", UINT8, digits.shape), ("v8", INT8, c.v8.shape),
+                  [("ku8", UINT8, c.ku8.shape), ("q8t", INT8, q8t.shape), ("ks", FLOAT, c.k_scale.shape),
+                   ("qsc", FLOAT, q_scale.shape), ("p8", UINT8, digits.shape), ("v8", INT8, c.v8.shape),
                    ("psc", FLOAT, d_scale.shape)], [("s", FLOAT), ("y", FLOAT)], threads, [zp, one])
-    products = (np.einsum("bhgd,bhdt->bhgt", (q8.astype(np.float64) - 128) * q_scale, kt8 * ks.astype(np.float64)),
+    products = (np.einsum("bhtd,bhdg->bhtg", c.k8 * c.k_scale.astype(np.float64), q8t * q_scale.astype(np.float64)),
                 np.einsum("bhgt,bhtd->bhgd", (digits.astype(np.float64) - 128) * d_scale, c.v8.astype(np.float64)))
-    feeds = dict(q8=q8, kt8=kt8, qsc=q_scale, ks=ks, p8=digits, v8=c.v8, psc=d_scale)
+    feeds = dict(ku8=c.ku8, q8t=q8t, ks=c.k_scale, qsc=q_scale, p8=digits, v8=c.v8, psc=d_scale)
     out["its two int8 MatMuls"] = (lambda: two.run(None, feeds), c.int8_bytes,
                                    lambda got: products_error(got, [p.astype(np.float32) for p in products]))
     for n in range(1, PROBABILITY_DIGITS):

@@ -28,8 +28,8 @@ onnxruntime's contrib op MatMulNBits (onnxruntime, onnxruntime-genai and paddle_
 float32 program). fp16 / bf16 are refused: onnxruntime's CPU EP casts float16 weights back to float32 (no gain).
 
 --kv-cache int8 stores the KV cache in 8 bits (paddle_vha/export/kv_cache.py): each token's key and value per KV head
-as int8 with a float32 scale (the largest |x| / 127), keys transposed, 264 bytes a position per KV head at head_dim 128
-instead of float32's 1,024; attention reads it with onnxruntime's MatMulIntegerToFloat (contrib domain), and each step
+in 8 bits with a float32 scale (the largest |x| / 127), 264 bytes a position per KV head at head_dim 128 instead of
+float32's 1,024; attention reads it with onnxruntime's MatMulIntegerToFloat (contrib domain), and each step
 writes only its new tokens (in place, with --cache buffer). The validated graph is rewritten after any weight
 quantization, and its logits over held-out text read through the cache (2 windows of 320 tokens, prefilled 64 at a time,
 the last 32 one step each) must stay within the bounds against the float32 cache (mean KL <= 0.01 nats, agreement >=

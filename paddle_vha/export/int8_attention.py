@@ -1,29 +1,35 @@
 """The ONNX nodes of attention over an int8 KV cache (paddle_vha/export/kv_cache.py rewrites the exported graph with
 them; tools/bench_attention_cpu.py times the same nodes).
 
-The cache, per layer and KV head (scales: per token and KV head, float32, symmetric, the token's largest |value| / 127):
+The cache, per layer (scales: per token and KV head, float32, symmetric: the token's largest |value| / 127):
 
-    keys         int8  (B, H_kv, d, T)   stored transposed, so the query-key product reads them as they lie
-    key_scale    float (B, H_kv, 1, T)
-    values       int8  (B, H_kv, T, d)
-    value_scale  float (B, H_kv, 1, T)
+    keys         uint8 (B, H_kv, T, d)   round(k / scale) + 128 (zero point 128: the u8 operand, below)
+    key_scale    float (B, H_kv, T, 1)
+    values       int8  (B, H_kv, T, d)   round(v / scale)
+    value_scale  float (B, H_kv, T, 1)
 
-Every tensor's positions are its last axis but the values', so a step writes only its new tokens' bytes: a column
-of the keys and the scales, rows of the values (the buffer flavour's runtime writes them in place).
+Positions are axis 2 of every tensor, as in the float32 cache: a step writes only its new tokens' rows (the buffer
+flavour's runtime writes them in place).
 
-What attention runs (onnxruntime's contrib op MatMulIntegerToFloat, com.microsoft, both products; the rest standard
-ONNX):
+What attention runs (onnxruntime's contrib op MatMulIntegerToFloat, com.microsoft, for both products; the rest
+standard ONNX), each product reading the int8 cache as it lies, int8 dot products summed in int32, scales applied to
+the output, no float copy of the cache made:
 
-- scores = q . keys: the queries (a few rows: G = H / H_kv per cached head, times the new tokens) quantized per row to
-  8 bits (uint8 with zero point 128: onnxruntime's u8 x s8 kernels, several times faster here than its s8 x s8), then
-  MatMulIntegerToFloat(q8, keys, q_scale per row, key_scale per column): the int8 dot products in int32, both scales
-  applied on the output, so no float copy of the cache is made;
-- y = p . values: the values' per-token scales fold into the probabilities (p' = p * value_scale, over columns), and
-  p' is quantized per row to two 8-bit digits (hi = round(p' / s), then the remainder on a 254x finer grid), stacked as
-  2G rows of one MatMulIntegerToFloat, so the values are read once and p' keeps about 15 bits. One digit is not
-  enough: attention rows span orders of magnitude (a sink token near 1, thousands of others near 1e-4, most of the
-  output), and 8 bits per row round the small ones to zero: tools/bench_attention_cpu.py measures 8-bit probabilities
-  off by tens of percent where a sink holds the mass, the two digits by ~1e-3.
+- scores^T = keys . q^T: the cache is the left operand (uint8 rows with their scale each), the queries the right one
+  (a few columns: G = H / H_kv per cached head, times the new tokens). onnxruntime packs its right operand on every
+  call when it is not a constant, and its u8 x s8 kernels are the fast ones: with the keys on the left the product
+  ran 3.2x faster than with them transposed on the right (1 thread, batch 8, 16K positions: 4.0 vs 12.7 ms), so
+  the keys are stored uint8 and the (T, R) scores transposed back (one pass over R x T floats);
+- y = p . values: the values' per-token scales fold into the probabilities (p' = p * value_scale, over columns), the
+  values are the right operand.
+
+The small operands (queries, probabilities) are quantized per row in several 8-bit digits (`digits`): digit 1
+round(x / s), s = the row's largest |x| / 127, each next digit the remainder on a 254x finer grid, stacked as rows of
+the same product and summed after it. Queries: 2 digits (one 8-bit digit put 1.7e-2 relative error on a peaked toy
+model's logits, against 4e-5). Probabilities: 3 digits: attention rows span orders of magnitude (a sink token near
+1, thousands of others near 1e-4 that carry much of the output), and a grid relative to the row's largest value
+rounds the small ones to zero: one digit was off by 29%, two by 3% at 16K positions with a sink holding half the
+mass, three by 4e-6 (tools/bench_attention_cpu.py, numpy).
 """
 from __future__ import annotations
 
@@ -31,10 +37,12 @@ from typing import List, Tuple
 
 import numpy as np
 
-__all__ = ["Nodes", "quantize_rows", "encode", "int8_scores", "int8_values", "MS", "TINY"]
+__all__ = ["Nodes", "quantize_rows", "encode", "digits", "int8_scores", "int8_values", "MS", "TINY", "QUERY_DIGITS",
+           "PROBABILITY_DIGITS", "KEY_ZERO_POINT"]
 
 MS = "com.microsoft"
 TINY = 1e-30  # a row of zeros gets this scale (its values quantize to 0), not a division by zero
+KEY_ZERO_POINT = 128  # the keys are stored uint8: round(k / scale) + 128
 QUERY_DIGITS = 2  # the queries' 8-bit digits per row in the keys' product (int8_scores)
 PROBABILITY_DIGITS = 3  # the probabilities' (times the value scales) in the values' product (int8_values)
 
@@ -71,13 +79,11 @@ class Nodes:
         return name
 
 
-def quantize_rows(nb: Nodes, x: str, qmax: float, zero_point: int, dtype) -> Tuple[str, str]:
-    """x (B, H, R, C) float -> (x quantized per row: round(x / scale) + zero_point, saturated, of `dtype` (np.int8 or
-    np.uint8), (B, H, R, C); scale (B, H, R, 1) float = the row's largest |x| / qmax)."""
-    mag = nb.op("ReduceMax", [nb.op("Abs", [x])], axes=[-1], keepdims=1)  # (B, H, R, 1)
-    scale = nb.op("Max", [nb.op("Div", [mag, nb.const("qmax", qmax, np.float32)]), nb.const("tiny", TINY, np.float32)],
-                  tag="scale")
-    return _quantize_per_row(nb, x, scale, zero_point, dtype), scale
+def _row_scale(nb: Nodes, x: str) -> str:
+    """x (B, H, R, C) -> (B, H, R, 1): the row's largest |x| / 127 (TINY for a row of zeros)."""
+    mag = nb.op("ReduceMax", [nb.op("Abs", [x])], axes=[-1], keepdims=1)
+    return nb.op("Max", [nb.op("Div", [mag, nb.const("c127", 127.0, np.float32)]), nb.const("tiny", TINY, np.float32)],
+                 tag="scale")
 
 
 def _row_quantizer(nb: Nodes, x: str, scale: str, zero_point: int, dtype):
@@ -92,76 +98,91 @@ def _row_quantizer(nb: Nodes, x: str, scale: str, zero_point: int, dtype):
     return rows, flat_scale, zp
 
 
-def _quantize_per_row(nb: Nodes, x: str, scale: str, zero_point: int, dtype) -> str:
-    """round(x / scale) + zero_point, saturated, per row of x (B, H, R, C) with scale (B, H, R, 1)."""
+def quantize_rows(nb: Nodes, x: str, zero_point: int, dtype) -> Tuple[str, str]:
+    """x (B, H, R, C) float -> (round(x / s) + zero_point per row, saturated, of `dtype` (np.int8 / np.uint8),
+    (B, H, R, C); s (B, H, R, 1), the row's largest |x| / 127)."""
+    scale = _row_scale(nb, x)
     rows, flat_scale, zp = _row_quantizer(nb, x, scale, zero_point, dtype)
     q = nb.op("QuantizeLinear", [rows, flat_scale, zp], axis=0)  # (B*H*R, C)
-    return nb.op("Reshape", [q, nb.op("Shape", [x])])  # (B, H, R, C)
+    return nb.op("Reshape", [q, nb.op("Shape", [x])]), scale  # (B, H, R, C)
 
 
-def encode(nb: Nodes, x: str, transposed: bool) -> Tuple[str, str]:
-    """New cache entries x (B, H, S, d) float -> (int8 entries: (B, H, d, S) if transposed (keys) else (B, H, S, d),
-    their scales (B, H, 1, S) float)."""
-    q, scale = quantize_rows(nb, x, 127.0, 0, np.int8)  # (B, H, S, d), (B, H, S, 1)
-    if transposed:
-        q = nb.op("Transpose", [q], perm=[0, 1, 3, 2])  # (B, H, d, S)
-    return q, nb.op("Transpose", [scale], perm=[0, 1, 3, 2])  # (B, H, 1, S)
+def encode(nb: Nodes, x: str, keys: bool) -> Tuple[str, str]:
+    """New cache entries x (B, H, S, d) float -> (their 8-bit entries (B, H, S, d): uint8 with zero point
+    KEY_ZERO_POINT for keys, int8 for values; their scales (B, H, S, 1) float)."""
+    return quantize_rows(nb, x, KEY_ZERO_POINT, np.uint8) if keys else quantize_rows(nb, x, 0, np.int8)
 
 
-def digits(nb: Nodes, x: str, scale: str, n: int) -> Tuple[str, str]:
-    """x (B, H, R, C) float in `n` 8-bit digits per row: (the digits (B, H, nR, C) uint8 with zero point 128, the
-    first digit's R rows, then the second's, ...; their scales (B, H, nR, 1)). Digit 1 is round(x / s) + 128 with
-    s = `scale` (B, H, R, 1), the row's largest |x| / 127; digit k + 1 is the remainder x - (what digits 1..k hold),
-    |.| <= s / (2 * 254^(k-1)), on a grid 254x finer than digit k's. n digits hold x to about 8n - 1 bits of the row's
-    largest value."""
+def digits(nb: Nodes, x: str, n: int, zero_point: int = 0, dtype=np.int8) -> Tuple[str, str]:
+    """x (B, H, R, C) float in `n` 8-bit digits per row: (the digits (B, H, nR, C) of `dtype` with `zero_point`, the
+    first digit's R rows, then the second's, ...; their scales (B, H, nR, 1)). Digit 1 is round(x / s) with s the
+    row's largest |x| / 127; digit k + 1 is the remainder x - (what digits 1..k hold), |.| <= s / (2 * 254^(k-1)),
+    on a grid 254x finer than digit k's. n digits hold x to about 8n - 1 bits of the row's largest value."""
+    scale = _row_scale(nb, x)
     shape = nb.op("Shape", [x])
-    rows, flat, zp = _row_quantizer(nb, x, scale, 128, np.uint8)  # (B*H*R, C), (B*H*R,) twice
+    rows, flat, zp = _row_quantizer(nb, x, scale, zero_point, dtype)  # (B*H*R, C), (B*H*R,) twice
     rest, out, scales = rows, [], [scale]
     for k in range(n):
         if k:
             scales.append(nb.op("Div", [scales[-1], nb.const("c254", 254.0, np.float32)]))  # (B, H, R, 1)
             flat = nb.op("Reshape", [scales[-1], nb.const("minus1", [-1], np.int64)])
-        digit = nb.op("QuantizeLinear", [rest, flat, zp], axis=0)  # (B*H*R, C), in 1..255
+        digit = nb.op("QuantizeLinear", [rest, flat, zp], axis=0)  # (B*H*R, C), within +-127 of the zero point
         if k < n - 1:
             rest = nb.op("Sub", [rest, nb.op("DequantizeLinear", [digit, flat, zp], axis=0)])
         out.append(nb.op("Reshape", [digit, shape]))
-    return nb.op("Concat", out, axis=2), nb.op("Concat", scales, axis=2)  # (B, H, nR, C), (B, H, nR, 1)
+    cat = (lambda xs, axis: xs[0] if len(xs) == 1 else nb.op("Concat", xs, axis=axis))  # noqa: E731
+    return cat(out, 2), cat(scales, 2)  # (B, H, nR, C), (B, H, nR, 1)
 
 
-def _sum_parts(nb: Nodes, x: str, n: int, out: str) -> str:
-    """x (B, H, nR, N) -> the sum of its n blocks of R rows, (B, H, R, N): one read of x (a reshape to
-    (B, H, n, R, N), then ReduceSum over the n)."""
+def _sum_parts(nb: Nodes, x: str, n: int, axis: int, out: str = None) -> str:
+    """x (B, H, nR, N) (axis 2) or (B, H, N, nR) (axis 3) -> the sum of its n blocks of R along that axis: one read of
+    x, a reshape splitting the axis into (n, R) then ReduceSum over the n."""
     shape = nb.op("Shape", [x])  # (4,)
-    split = nb.op("Concat", [nb.op("Slice", [shape, nb.const("i0", [0], np.int64), nb.const("i2", [2], np.int64)]),
-                             nb.const("parts", [n, -1], np.int64),
-                             nb.op("Slice", [shape, nb.const("i3", [3], np.int64), nb.const("i4", [4], np.int64)])],
-                  axis=0)  # (B, H, n, -1, N)
-    return nb.op("ReduceSum", [nb.op("Reshape", [x, split]), nb.const("axis2", [2], np.int64)], keepdims=0,
-                 out=out)
+    head = nb.op("Slice", [shape, nb.const("i0", [0], np.int64), nb.const("ia", [axis], np.int64)])
+    tail = nb.op("Slice", [shape, nb.const("ib", [axis + 1], np.int64), nb.const("i4", [4], np.int64)])
+    split = nb.op("Concat", [head, nb.const("parts", [n, -1], np.int64), tail], axis=0)  # e.g. (B, H, n, -1, N)
+    return nb.op("ReduceSum", [nb.op("Reshape", [x, split]), nb.const("axis", [axis], np.int64)], keepdims=0, out=out)
+
+
+def _interleave(nb: Nodes, x: str, n: int) -> str:
+    """x (B, H, nR, C) (n blocks of R rows) -> (B, H, R * n, C) with block k's row r at r * n + k: each row's digits
+    side by side, so a product's n digit columns of one row are adjacent (small: the queries' digits)."""
+    shape = nb.op("Shape", [x])  # (4,)
+    head = nb.op("Slice", [shape, nb.const("i0", [0], np.int64), nb.const("i2", [2], np.int64)])
+    last = nb.op("Slice", [shape, nb.const("i3", [3], np.int64), nb.const("i4", [4], np.int64)])
+    blocks = nb.op("Reshape", [x, nb.op("Concat", [head, nb.const("parts", [n, -1], np.int64), last], axis=0)])
+    rows = nb.op("Transpose", [blocks], perm=[0, 1, 3, 2, 4])  # (B, H, R, n, C)
+    return nb.op("Reshape", [rows, nb.op("Concat", [head, nb.const("m1", [-1], np.int64), last], axis=0)])
 
 
 def int8_scores(nb: Nodes, q: str, keys: str, key_scale: str, out: str, n: int = QUERY_DIGITS) -> str:
-    """q (B, H, R, d) float times int8 keys (B, H, d, T) with key_scale (B, H, 1, T) -> `out` (B, H, R, T) float.
-    The queries in `n` 8-bit digits per row (`digits`), the products of the n blocks of rows summed."""
-    mag = nb.op("ReduceMax", [nb.op("Abs", [q])], axes=[-1], keepdims=1)  # (B, H, R, 1)
-    scale = nb.op("Max", [nb.op("Div", [mag, nb.const("c127", 127.0, np.float32)]),
-                          nb.const("tiny", TINY, np.float32)])
-    zp = nb.const("zp128", 128, np.uint8)
-    if n == 1:
-        return nb.op("MatMulIntegerToFloat", [_quantize_per_row(nb, q, scale, 128, np.uint8), keys, scale, key_scale,
-                                              zp], out=out, domain=MS)
-    q8, scales = digits(nb, q, scale, n)  # (B, H, nR, d), (B, H, nR, 1)
-    return _sum_parts(nb, nb.op("MatMulIntegerToFloat", [q8, keys, scales, key_scale, zp], domain=MS), n, out)
+    """q (B, H, R, d) float times the cache's keys (B, H, T, d) uint8 with key_scale (B, H, T, 1) -> `out`
+    (B, H, R, T) float: keys . q^T with the queries in `n` 8-bit digits per row (each row's digits in adjacent
+    columns, summed over the innermost axis: onnxruntime's ReduceSum over a middle axis of small extent ran 10x
+    slower), then transposed."""
+    q8, q_scales = digits(nb, q, n)  # (B, H, nR, d) int8, (B, H, nR, 1)
+    if n > 1:
+        q8, q_scales = _interleave(nb, q8, n), _interleave(nb, q_scales, n)  # (B, H, R*n, d), (B, H, R*n, 1)
+    q8t = nb.op("Transpose", [q8], perm=[0, 1, 3, 2])  # (B, H, d, R*n): small
+    q_scales_t = nb.op("Transpose", [q_scales], perm=[0, 1, 3, 2])  # (B, H, 1, R*n)
+    s_t = nb.op("MatMulIntegerToFloat", [keys, q8t, key_scale, q_scales_t, nb.const("zp", KEY_ZERO_POINT, np.uint8)],
+                domain=MS)  # (B, H, T, R*n)
+    if n > 1:
+        shape = nb.op("Shape", [s_t])
+        split = nb.op("Concat", [nb.op("Slice", [shape, nb.const("i0", [0], np.int64), nb.const("i3", [3], np.int64)]),
+                                 nb.const("digits", [-1, n], np.int64)], axis=0)  # (B, H, T, R, n)
+        s_t = nb.op("ReduceSum", [nb.op("Reshape", [s_t, split]), nb.const("last", [-1], np.int64)], keepdims=0)
+    return nb.op("Transpose", [s_t], perm=[0, 1, 3, 2], out=out)  # (B, H, R, T)
 
 
 def int8_values(nb: Nodes, p: str, values: str, value_scale: str, out: str, n: int = PROBABILITY_DIGITS) -> str:
-    """Probabilities p (B, H, R, T) float times int8 values (B, H, T, d) with value_scale (B, H, 1, T) -> `out`
-    (B, H, R, d) float: p' = p * value_scale in `n` 8-bit digits per row (the module docstring)."""
-    pv = nb.op("Mul", [p, value_scale])  # (B, H, R, T): p' = p * value scale, per column; p' >= 0
-    mag = nb.op("ReduceMax", [pv], axes=[-1], keepdims=1)  # (B, H, R, 1)
-    scale = nb.op("Max", [nb.op("Div", [mag, nb.const("c127", 127.0, np.float32)]),
-                          nb.const("tiny", TINY, np.float32)])
-    p8, scales = digits(nb, pv, scale, n)  # (B, H, nR, T), (B, H, nR, 1)
+    """Probabilities p (B, H, R, T) float times the cache's values (B, H, T, d) int8 with value_scale (B, H, T, 1) ->
+    `out` (B, H, R, d) float: p' = p * value_scale in `n` 8-bit digits per row (the module docstring)."""
+    shape = nb.op("Shape", [value_scale])  # (B, H, T, 1)
+    row_shape = nb.op("Concat", [nb.op("Slice", [shape, nb.const("i0", [0], np.int64), nb.const("i2", [2], np.int64)]),
+                                 nb.const("one_t", [1, -1], np.int64)], axis=0)  # (B, H, 1, T)
+    pv = nb.op("Mul", [p, nb.op("Reshape", [value_scale, row_shape])])  # (B, H, R, T): p' >= 0
+    p8, scales = digits(nb, pv, n, 128, np.uint8)  # (B, H, nR, T) uint8 (zero point 128), (B, H, nR, 1)
     products = nb.op("MatMulIntegerToFloat", [p8, values, scales, nb.const("one", 1.0, np.float32),
-                                              nb.const("zp128", 128, np.uint8)], domain=MS)  # (B, H, nR, d)
-    return _sum_parts(nb, products, n, out)
+                                              nb.const("zp", 128, np.uint8)], domain=MS, out=None if n > 1 else out)
+    return _sum_parts(nb, products, n, 2, out) if n > 1 else products  # (B, H, R, d)

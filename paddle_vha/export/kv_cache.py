@@ -3,10 +3,10 @@
 The float32 graph is exported and validated first (and quantized, for --weights int8 / int4); `quantize_cache` then
 rewrites its attention in place: every layer's past / new (or present) key and value tensors become four,
 
-    past_key_values.{i}.key          int8  (batch, H_kv, head_dim, positions)   the keys stored transposed
-    past_key_values.{i}.key_scale    float (batch, H_kv, 1, positions)
-    past_key_values.{i}.value        int8  (batch, H_kv, positions, head_dim)
-    past_key_values.{i}.value_scale  float (batch, H_kv, 1, positions)
+    past_key_values.{i}.key          uint8 (batch, H_kv, positions, head_dim)   round(k / scale) + 128
+    past_key_values.{i}.key_scale    float (batch, H_kv, positions, 1)
+    past_key_values.{i}.value        int8  (batch, H_kv, positions, head_dim)   round(v / scale)
+    past_key_values.{i}.value_scale  float (batch, H_kv, positions, 1)
 
 (outputs `new.{i}.*` for the buffer flavour, `present.{i}.*` for concat), each token's key and value quantized per KV
 head (symmetric, scale = the largest |x| / 127) once, when the step that makes it writes it; attention reads them
@@ -29,7 +29,7 @@ from typing import List, Optional
 import numpy as np
 
 from .errors import ExportError
-from .int8_attention import MS, Nodes, encode, int8_scores, int8_values
+from .int8_attention import MS, PROBABILITY_DIGITS, QUERY_DIGITS, Nodes, encode, int8_scores, int8_values
 from .node_edit import GraphIndex, drop_unread_initializers, prune_dead_nodes, splice_nodes
 
 __all__ = ["KV_CACHE_FORMATS", "FLOAT16_REFUSAL", "INT8_NAMES", "check_kv_cache", "kv_cache_refusal",
@@ -40,15 +40,15 @@ FLOAT16_REFUSAL = ("onnxruntime 1.32's CPU execution provider has no float16 or 
                    "take float and double), so a 16-bit cache would be cast to float32 whole at every step and read "
                    "twice; its GroupQueryAttention takes a 16-bit cache only with 16-bit activations. Use --kv-cache "
                    "int8 for a smaller cache")
-GENAI_REFUSAL = ("the int8 cache (keys transposed, per-token scales, read by MatMulIntegerToFloat) is this project's "
-                 "own interface; onnxruntime-genai 0.18's quantized cache is its GroupQueryAttention's, with static "
-                 "per-channel scales")
+GENAI_REFUSAL = ("the int8 cache (four tensors a layer: 8-bit keys and values, per-token scales, read by "
+                 "MatMulIntegerToFloat) is this project's own interface; onnxruntime-genai 0.18's quantized cache is "
+                 "its GroupQueryAttention's, with static per-channel scales")
 INT8_NAMES = ("key", "key_scale", "value", "value_scale")  # a layer's cache tensors, in the graph's order
 # per tensor: element type and its dims ("positions" the axis the cache grows along), as export_info.json records it
-INT8_LAYOUT = {"key": ("int8", ["batch", "kv_heads", "head_dim", "positions"]),
-               "key_scale": ("float32", ["batch", "kv_heads", 1, "positions"]),
+INT8_LAYOUT = {"key": ("uint8", ["batch", "kv_heads", "positions", "head_dim"]),
+               "key_scale": ("float32", ["batch", "kv_heads", "positions", 1]),
                "value": ("int8", ["batch", "kv_heads", "positions", "head_dim"]),
-               "value_scale": ("float32", ["batch", "kv_heads", 1, "positions"])}
+               "value_scale": ("float32", ["batch", "kv_heads", "positions", 1])}
 KV_OPS = ("MatMulIntegerToFloat",)  # the contrib ops the rewrite adds (domain com.microsoft)
 
 
@@ -133,14 +133,14 @@ class _Layer:
         (buffer flavour: the outputs are the new entries), or present = past + new along each tensor's positions axis
         (concat: made where the float Concat was, before its readers)."""
         nb = self.nb
-        q, scale = encode(nb, new, transposed=name == "key")  # (B, H, d, S) keys / (B, H, S, d) values; (B, H, 1, S)
+        q, scale = encode(nb, new, keys=name == "key")  # (B, H, S, d) uint8 keys / int8 values; (B, H, S, 1)
         cache = {}
-        for part, x, axis in ((name, q, 3 if name == "key" else 2), (f"{name}_scale", scale, 3)):
+        for part, x in ((name, q), (f"{name}_scale", scale)):
             if self.cache_io == "buffer":
                 nb.op("Identity", [x], out=self.out[part])
                 cache[part] = self.past[part]
-            else:
-                cache[part] = nb.op("Concat", [self.past[part], x], axis=axis, out=self.out[part])
+            else:  # along the positions, axis 2
+                cache[part] = nb.op("Concat", [self.past[part], x], axis=2, out=self.out[part])
         if cat is None:
             self.tail += nb.nodes  # after everything: it reads only the new entries and makes outputs
         else:
@@ -156,13 +156,13 @@ class _Layer:
             if r.op_type == "Transpose" and list(_attr(r, "perm") or []) == [0, 1, 3, 2]:
                 for m in g.readers.get(r.output[0], []):
                     if m.op_type != "MatMul" or m.input[1] != r.output[0]:
-                        self.fail(f"the transposed keys are read by a {m.op_type}")
+                        self.fail(f"the keys' transpose is read by a {m.op_type}")
                     int8_scores(nb, m.input[0], cache["key"], cache["key_scale"], m.output[0])
                     self.replace[id(m)] = list(nb.nodes)
                     nb.nodes.clear()
                 self.drop.add(id(r))
-            elif r.op_type == "Shape" and self.cache_io == "buffer":  # the capacity: the values' axis 2 holds it too
-                r.input[0] = self.past["value"]
+            elif r.op_type == "Shape" and self.cache_io == "buffer":  # the capacity: axis 2, as it was
+                pass
             elif id(r) not in self.drop:
                 self.fail(f"the keys are read by a {r.op_type}")
         for r in g.readers.get(v_read, []):
@@ -206,7 +206,7 @@ def quantize_cache(onnx_path: str, plan) -> dict:
         graph.node.extend(layer.tail)
         graph.initializer.extend(layer.nb.inits)
     past_dim, out_dim = ("past_sequence", "total_sequence") if plan.cache_io == "concat" else ("capacity", "sequence")
-    elem = {"int8": TensorProto.INT8, "float32": TensorProto.FLOAT}
+    elem = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "float32": TensorProto.FLOAT}
     inputs = list(graph.input[:3])
     outputs = [graph.output[0]]
     for layer in layers:
@@ -233,9 +233,10 @@ def quantize_cache(onnx_path: str, plan) -> dict:
     per_position = cache_bytes_per_position("int8", plan.cache_shapes)
     return dict(format="int8", names=list(INT8_NAMES),
                 layout={n: dict(dtype=t, dims=d) for n, (t, d) in INT8_LAYOUT.items()},
-                scales="per token and KV head, symmetric: the largest |x| / 127, float32",
-                attention="MatMulIntegerToFloat (com.microsoft): queries per row in 8 bits; probabilities x value "
-                          "scales in two 8-bit digits per row",
+                scales="per token and KV head, symmetric: the largest |x| / 127, float32; keys uint8 with zero point "
+                       "128",
+                attention=f"MatMulIntegerToFloat (com.microsoft): keys . queries^T with the queries in {QUERY_DIGITS} "
+                          f"8-bit digits per row; probabilities x value scales . values in {PROBABILITY_DIGITS}",
                 bytes_per_position=per_position,
                 float32_bytes_per_position=cache_bytes_per_position("fp32", plan.cache_shapes))
 

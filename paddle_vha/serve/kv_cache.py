@@ -1,7 +1,7 @@
 """The cache tensors a decoder session holds, as the graph declares them: element type, shape and the axis the
-positions grow along (paddle_vha/export/kv_cache.py writes the int8 cache's: keys (batch, heads, head_dim, positions)
-int8, values (batch, heads, positions, head_dim) int8, a float32 scale per token and head for each; the float32
-cache is (batch, heads, positions, width) float32).
+positions grow along (paddle_vha/export/kv_cache.py writes the int8 cache's: keys (batch, heads, positions, head_dim)
+uint8, values int8, a float32 scale (batch, heads, positions, 1) for each; the float32 cache is (batch, heads,
+positions, width) float32).
 
 A session reads the slots from the graph's own inputs (`slots_from_inputs`: the symbolic dimension besides the batch
 is the positions axis), so the same runtime code serves either cache: empty caches, the buffer flavour's in-place
@@ -79,12 +79,14 @@ def slots_from_inputs(args) -> List[CacheSlot]:
 
 def random_cache_fill(slot: CacheSlot, buf: np.ndarray, length: int, rng) -> None:
     """Fill the first `length` positions of `buf` with values a real cache could hold (benchmarks: a step's speed
-    does not depend on them): float32 N(0, 1), int8 uniform in -127..127, and a scale slot (one value per position
-    and head) 1 / 127 times N(1, 0.1)^2."""
+    does not depend on them): float32 N(0, 1), int8 uniform in -127..127 (uint8: 1..255), and a scale slot (one
+    value per position and head) 1 / 127 times N(1, 0.1)^2."""
     span = slot.span(0, length)
     shape = buf[span].shape
     if np.dtype(slot.dtype) == np.int8:
         buf[span] = rng.integers(-127, 128, shape, dtype=np.int8)
+    elif np.dtype(slot.dtype) == np.uint8:
+        buf[span] = rng.integers(1, 256, shape, dtype=np.uint8)
     elif slot.bytes_per_position == 4 * slot.heads:  # a scale per head
         buf[span] = ((1 + 0.1 * rng.standard_normal(shape)) ** 2 / 127).astype(np.float32)
     else:
