@@ -118,7 +118,7 @@ def test_int8_entries_are_the_float_cache_quantized_per_token(exports):
         for layer in range(cfg.num_hidden_layers if io == "buffer" else 1):
             k, v = f32[2 * layer], f32[2 * layer + 1]  # (B, H, T, d) float32
             k8, ks, v8, vs = i8[4 * layer: 4 * layer + 4]
-            assert k8.dtype == np.uint8 and v8.dtype == np.int8 and k8.shape == (3, 2, 13, 16) and vs.shape == (3, 2, 13, 1)
+            assert (k8.dtype, v8.dtype, k8.shape, vs.shape) == (np.uint8, np.int8, (3, 2, 13, 16), (3, 2, 13, 1))
             for x, q, s in ((k, k8.astype(np.int32) - 128, ks), (v, v8, vs)):
                 want_scale = np.abs(x).max(-1, keepdims=True) / 127
                 assert np.allclose(s, want_scale, rtol=1e-6), np.abs(s - want_scale).max()

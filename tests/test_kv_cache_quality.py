@@ -1,7 +1,7 @@
-"""The int8 KV cache's quality at a long context, bounded: logits of the --kv-cache int8 export against the float32-cache
-export of the same checkpoint over 2,048 held-out positions (paddle_vha/export/kv_quality.py: a prefill of 256, then
-chunks of 256 through the cache, the last 16 one decode step each), mean KL and greedy agreement within the export's
-own bounds (CACHE_BOUNDS); and the same comparison fails them for a broken cache.
+"""The int8 KV cache's quality at a long context, bounded: logits of the --kv-cache int8 export against the
+float32-cache export of the same checkpoint over 2,048 held-out positions (paddle_vha/export/kv_quality.py: a prefill
+of 256, then chunks of 256 through the cache, the last 16 one decode step each), mean KL and greedy agreement within
+the export's own bounds (CACHE_BOUNDS); and the same comparison fails them for a broken cache.
 
 The checkpoint is the Qwen3-0.6B-width fixture (tools/fixtures/qwen3_shaped.py: hidden 1024, 16 query heads over 2 KV
 heads of head_dim 128, vocabulary 151,936) cut to 2 layers to keep the test to minutes, float32, sharpened (final

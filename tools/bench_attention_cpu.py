@@ -104,7 +104,8 @@ def inputs(batch, kv_heads, g, d, cap, filled, seed=0):
 
 
 def quantize(x):
-    """Per-(token, head) symmetric int8 of x (B, H, T, d), as the export writes it: (int8 values, scales (B, H, T, 1))."""
+    """Per-(token, head) symmetric int8 of x (B, H, T, d), as the export writes it: (int8 values, scales
+    (B, H, T, 1))."""
     scale = np.maximum(np.abs(x).max(-1, keepdims=True) / 127, 1e-30).astype(np.float32)
     return np.clip(np.round(x / scale), -127, 127).astype(np.int8), scale
 

@@ -7,7 +7,7 @@ one decode step of every row run over it) peaks at or under --budget-gb of resid
                                       [--caches fp32 int8] [--llama-kv f16 q8_0] [--budget-gb 24]
 
 Nothing is computed from formulas: every number is a probe, one fresh process that loads the model, allocates its
-cache for `batch` rows of `context` positions and runs one decode step over it, then reports its peak RSS (getrusage).
+cache for `batch` rows of `context` positions and runs one decode step over it, then reports its peak RSS (VmHWM).
 Per cache and batch the search is: two small probes (--start and twice it) give the measured growth per position; the
 largest context (a multiple of --granule) that growth puts under the budget is then probed itself, and stepped down by
 a granule until a probe peaks under the budget (or stepped up while the next one still does). The answer printed is
@@ -38,8 +38,8 @@ import bench_llamacpp  # tools/ is the script's folder, first on the path
 import bench_serve_cpu
 from paddle_vha.machine import available_memory_bytes, cpu_line
 
-OURS_PROBE = """
-import json, resource, sys
+OURS_PROBE = bench_llamacpp.PEAK_RSS + """
+import json, sys
 import numpy as np
 from paddle_vha.serve.kv_cache import random_cache_fill
 from paddle_vha.serve.ort_session import OrtDecoder
@@ -53,12 +53,12 @@ for buf, slot in zip(cache.buffers, cache.slots):
 cache = CacheBuffers(cache.buffers, context, cache.slots)
 logits, cache = sess.step(rng.integers(0, 1000, size=(batch, 1)), cache, np.ones((batch, context + 1), np.int64))
 assert np.isfinite(logits).all() and cache.capacity == context + 1
-print(json.dumps(dict(peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+print(json.dumps(dict(peak_rss=peak_rss(),
                       cache_bytes=cache.nbytes)))
 """
 
-LLAMA_PROBE = bench_llamacpp.EXTRA_BUFTS_SWITCH + """
-import json, resource, sys
+LLAMA_PROBE = bench_llamacpp.EXTRA_BUFTS_SWITCH + bench_llamacpp.PEAK_RSS + """
+import json, sys
 import numpy as np, llama_cpp as L
 path, batch, context, threads, kv_type = sys.argv[1], *map(int, sys.argv[2:6])
 L.llama_backend_init()
@@ -82,7 +82,7 @@ for i in range(batch):  # one token a row at the last position: the step llama.c
 rc = L.llama_decode(ctx, b)
 if rc:
     raise SystemExit(f"llama_decode: {rc}")
-print(json.dumps(dict(peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+print(json.dumps(dict(peak_rss=peak_rss())))
 """
 
 

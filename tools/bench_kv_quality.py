@@ -125,7 +125,8 @@ def main(argv=None) -> int:
     print("-" * len(hdr))
     for n, qy in rows:
         print(f"{n:>9} | {qy.positions:>7} | {qy.mean_kl:>9.2e} | {qy.max_kl:>9.2e} | "
-              f"{100 * qy.agreement:>6.1f}% of {qy.decisive:<5} | {100 * qy.agreement_all:>10.1f}% | {qy.max_abs:>7.3f}")
+              f"{100 * qy.agreement:>6.1f}% of {qy.decisive:<5} | {100 * qy.agreement_all:>10.1f}% | "
+              f"{qy.max_abs:>7.3f}")
     return 0
 
 

@@ -23,6 +23,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = ("F32", "F16", "Q8_0", "Q4_0")
+# every side script's peak memory: this process's resident high-water mark (VmHWM; getrusage's ru_maxrss carries the
+# parent's over fork + exec, so every child of a large bench reported the bench's own)
+PEAK_RSS = """
+def peak_rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+"""
 # cache type -> (ggml type id, bytes per cached value); "default": the library's own context parameters
 KV_TYPES = {"default": (None, 2.0), "f16": (1, 2.0), "q8_0": (8, 34 / 32)}
 
@@ -41,8 +48,8 @@ if os.environ.get("LLAMA_EXTRA_BUFTS") == "0":
     _lc.llama_model_default_params = _no_extra
 """
 
-LLAMA = EXTRA_BUFTS_SWITCH + """
-import json, os, resource, sys, time
+LLAMA = EXTRA_BUFTS_SWITCH + PEAK_RSS + """
+import json, os, sys, time
 import numpy as np, gguf
 from llama_cpp import Llama
 path, batch, prompt, new, threads, kv_type = sys.argv[1], *map(int, sys.argv[2:7])
@@ -66,7 +73,7 @@ for _ in range(new - 1):
     llm.eval([nxt])
     nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
 print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1), weight_bytes=weights,
-                      tensor_types=kinds, peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+                      tensor_types=kinds, peak_rss=peak_rss())))
 """
 
 # batch > 1: llama-cpp-python's low-level API (llama_batch_init / llama_decode, one sequence id per row). Each row
@@ -74,8 +81,8 @@ print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1
 # is prefilled for sequence 0 only (in chunks of n_batch) and its cache copied to the other rows with
 # llama_memory_seq_cp (between streams: a data copy), to keep a long-context prefill affordable; the decode steps then
 # run all rows at once.
-LLAMA_BATCH = """
-import ctypes, json, os, resource, sys, time
+LLAMA_BATCH = PEAK_RSS + """
+import ctypes, json, os, sys, time
 import numpy as np, gguf, llama_cpp as L
 path, batch, prompt, new, threads, kv_type = sys.argv[1], *map(int, sys.argv[2:7])
 reader = gguf.GGUFReader(path)
@@ -128,7 +135,7 @@ for k in range(1, new - 1):
 step = (time.perf_counter() - t) / (new - 2)
 print(json.dumps(dict(prefill=prefill, step=step, weight_bytes=weights, tensor_types=kinds,
                       note="prefill: sequence 0, its cache copied to the other rows",
-                      peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+                      peak_rss=peak_rss())))
 """
 
 CONVERT = """

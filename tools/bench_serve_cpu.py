@@ -21,10 +21,10 @@ Floor: the bytes a decode step must read (the weights its MatMuls read, the LM h
 mean context, read once, in the row's cache format: float32 4 bytes a value, our int8 (head_dim + 4) / head_dim,
 llama.cpp f16 2, q8_0 34 / 32) over this machine's read bandwidth measured in the same run
 (paddle_vha.machine.read_bandwidth: a 256 MB numpy reduction, bytes read; the copy bandwidth is printed beside it).
-Peak RSS: each row's own process (its getrusage maximum). Memory: a full-size export holds about 1.7x the float32 weights (Qwen3-0.6B: 4.6 GB; 1.7B: 12.2 GB;
-paddle_vha/export/memory.py), refused up front; run full sizes under the shared lock (flock
-/work/locks/fullsize.lock ...). HF needs the side environment (tools/hf_env.sh); without it that row is skipped.
-llama.cpp (tools/bench_llamacpp.py) needs tools/llama_env.sh's .venv-llama.
+Peak RSS: each row's own process (its VmHWM). Memory: a full-size export holds about 1.7x the float32 weights
+(Qwen3-0.6B: 4.6 GB; 1.7B: 12.2 GB; paddle_vha/export/memory.py), refused up front; run full sizes under the shared
+lock (flock /work/locks/fullsize.lock ...). HF needs the side environment (tools/hf_env.sh); without it that row is
+skipped. llama.cpp (tools/bench_llamacpp.py) needs tools/llama_env.sh's .venv-llama.
 
 Batch > 1 (e.g. --batch 8 --prompt 4096 --cache buffer --new 16): our session and llama.cpp prefill row 0 only (in
 chunks of 512) and copy its cache to the other rows (llama.cpp: llama_memory_seq_cp between per-row KV streams), so a
@@ -54,8 +54,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THREADS = len(os.sched_getaffinity(0))
 TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "100000000000"}
 
-OURS = """
-import json, resource, sys, time
+OURS = bench_llamacpp.PEAK_RSS + """
+import json, sys, time
 import numpy as np
 from paddle_vha.serve.generate import generate
 from paddle_vha.serve.ort_session import OrtDecoder
@@ -65,11 +65,11 @@ ids = np.random.default_rng(0).integers(0, 151643, size=(batch, prompt))
 generate(sess, ids[:, :8], 4, eos_token_id=-1)  # warm-up
 res = generate(sess, ids, new, eos_token_id=-1)
 print(json.dumps(dict(prefill=res.prefill_seconds, step=res.decode_seconds / (new - 1),
-                      peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+                      peak_rss=peak_rss())))
 """
 
-GENAI = """
-import json, resource, sys, time
+GENAI = bench_llamacpp.PEAK_RSS + """
+import json, sys, time
 import numpy as np, onnxruntime_genai as og
 folder, batch, prompt, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 model = og.Model(folder)
@@ -84,13 +84,13 @@ t = time.perf_counter()
 for _ in range(new - 1):
     gen.generate_next_token()
 print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1),
-                      peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+                      peak_rss=peak_rss())))
 """
 
 # batch > 1: as llama.cpp's rows (tools/bench_llamacpp.py), row 0's prompt prefilled (in chunks of 512) and its cache
 # copied to the other rows; then greedy steps of all rows at once through the session's own step().
-OURS_BATCH = """
-import json, resource, sys, time
+OURS_BATCH = bench_llamacpp.PEAK_RSS + """
+import json, sys, time
 import numpy as np
 from paddle_vha.serve.kv_cache import random_cache_fill
 from paddle_vha.serve.ort_session import OrtDecoder
@@ -132,11 +132,11 @@ for k in range(1, new - 1):
 note = ("context: random values (no prefill timed)" if context == "random"
         else "prefill: row 0, its cache copied to the other rows")
 print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 2), note=note,
-                      peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+                      peak_rss=peak_rss())))
 """
 
-HF = """
-import json, os, resource, sys, time
+HF = bench_llamacpp.PEAK_RSS + """
+import json, os, sys, time
 import numpy as np, torch
 from transformers import AutoModelForCausalLM, DynamicCache
 folder, batch, prompt, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -163,7 +163,7 @@ with torch.no_grad():
         past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
 print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1),
                       note="context: random values (no prefill timed)" if context == "random" else "",
-                      peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+                      peak_rss=peak_rss())))
 """
 
 

@@ -54,10 +54,10 @@ __all__ = ["export_onnx", "ExportError", "validate_onnx", "reference_model", "CO
 COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
               "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
               "chat_template.json", "tokenizer.model")
-OPSETS = range(14, 22)
+OPSETS = range(14, 22)  # Qwen3's causal mask needs Trilu (14); paddle2onnx 2.1.0 converts up to 21
 # --kv-cache's quality gate: 2 held-out windows of KV_GATE_POSITIONS tokens, prefilled KV_GATE_CHUNK at a time through
 # the cache, the last KV_GATE_STEPS one decode step each (paddle_vha/export/kv_quality.py)
-KV_GATE_POSITIONS, KV_GATE_CHUNK, KV_GATE_STEPS = 320, 64, 32  # Qwen3's causal mask needs Trilu (14); paddle2onnx 2.1.0 converts up to 21
+KV_GATE_POSITIONS, KV_GATE_CHUNK, KV_GATE_STEPS = 320, 64, 32
 _run_paddle2onnx = run_paddle2onnx  # the converter's child process (tests/test_export_bad_input.py)
 
 
