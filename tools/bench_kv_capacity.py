@@ -1,20 +1,22 @@
 #!/usr/bin/env python
 """How many cached positions fit in a memory budget, measured: for each KV cache (ours float32 / int8, llama.cpp f16 /
-q8_0) and batch, the largest batch x context whose serving process (weights loaded, the cache allocated and filled,
-one decode step of every row run over it) peaks at or under --budget-gb of resident memory.
+q8_0) and context, the largest batch whose serving process (weights loaded, every row's cache allocated and filled,
+one decode step of every row run over it) peaks at or under --budget-gb of resident memory: batch x context.
 
-    python tools/bench_kv_capacity.py WORK [--shape 1.7b] [--weights int4 --block-size 128] [--batch 1 8]
-                                      [--caches fp32 int8] [--llama-kv f16 q8_0] [--budget-gb 24]
+    python tools/bench_kv_capacity.py WORK [--shape 1.7b] [--weights int4 --block-size 128]
+                                      [--contexts 4096 16384 40960] [--caches fp32 int8] [--llama-kv f16 q8_0]
+                                      [--budget-gb 24]
 
 Nothing is computed from formulas: every number is a probe, one fresh process that loads the model, allocates its
 cache for `batch` rows of `context` positions and runs one decode step over it, then reports its peak RSS (VmHWM).
-Per cache and batch the search is: two small probes (--start and twice it) give the measured growth per position; the
-largest context (a multiple of --granule) that growth puts under the budget is then probed itself, and stepped down by
-a granule until a probe peaks under the budget (or stepped up while the next one still does). The answer printed is
-the largest probed context that fit, with its measured peak, and the smallest probed that did not (if one was).
+Per cache and context the search doubles the batch from 1 until a probe peaks over the budget (or fails to
+allocate), then halves the gap until the largest fit and the smallest miss are within 1/16 of each other. The answer printed is the largest probed batch that fit, with its measured peak, and
+the smallest probed that did not; beside them the growth per row of the two largest fits and the batch that growth
+would allow ("predicted", for scale only). A context is at most the model's max_position_embeddings (Qwen3: 40,960;
+its rotary tables end there).
 
-A probe that would pass this machine's available memory (MemAvailable, with --margin-gb to spare) is not started:
-its row says so and shows the context the measured growth predicts, marked "predicted, not measured". On a machine
+A probe that would pass this machine's available memory (MemAvailable, with --margin-gb to spare, as the fits so far
+predict it) is not started: the row says so, and its answer is the largest that was probed. On a machine
 shared with other jobs run it where the budget is free (an idle 24 GB machine measures a 24 GB budget: --budget-gb 22
 leaves the OS its share), one run at a time.
 
@@ -113,48 +115,51 @@ class Prober:
         return peak
 
 
-def search(prober: Prober, batch: int, args, log) -> dict:
-    """For one cache and batch: fit (the largest probed context that peaked under the budget, its peak), miss (the
-    smallest probed that did not, its peak or None for a failed probe), growth (measured bytes per position of the
-    batch), predicted (the largest context the growth puts under the budget), note."""
-    budget, granule = args.budget_gb * 1e9, args.granule
+def search(prober: Prober, context: int, args, log) -> dict:
+    """For one cache and context: fit (the largest probed batch that peaked under the budget, its peak), miss (the
+    smallest probed that did not: its peak, or None for a failed probe), growth (bytes per row, from the two largest
+    fits), predicted (the batch that growth puts under the budget), note. The batch doubles from 1 until a probe
+    misses, then the gap is halved: every answer is a probe."""
+    budget = args.budget_gb * 1e9
     row = dict(fit=None, miss=None, growth=None, predicted=None, note="measured")
-    a, b = args.start, 2 * args.start
-    pa = prober.probe(batch, a, log=log)
-    if pa in (None, "skipped") or pa > budget:
-        row.update(miss=(a, None if pa == "skipped" else pa), note="the smallest probe did not fit")
-        return row
-    row["fit"] = (a, pa)
-    pb = prober.probe(batch, b, pa, log=log)
-    if pb in (None, "skipped") or pb > budget:
-        row.update(miss=(b, None if pb == "skipped" else pb))
-        return row
-    row["fit"] = (b, pb)
-    growth = (pb - pa) / (b - a)
-    base = pa - growth * a
-    row.update(growth=growth, predicted=int((budget - base) / growth) if growth > 0 else None)
-    context = max(b + granule, (row["predicted"] or b) // granule * granule)
-    while context > row["fit"][0]:  # down from the prediction until a probe fits
-        peak = prober.probe(batch, context, base + growth * context, log)
+    fits = []
+
+    def need(batch):  # what the fits so far predict a probe of `batch` rows holds (0: nothing known yet)
+        if len(fits) < 2:
+            return 0.0
+        (a, pa), (b, pb) = fits[-2:]
+        return pb + (pb - pa) / (b - a) * (batch - b)
+
+    def probe(batch):
+        peak = prober.probe(batch, context, need(batch), log)
         if peak == "skipped":
-            row["note"] = f"probes past {context - granule:,} not started here (MemAvailable): see predicted"
-            context -= granule
-            continue
-        if peak is not None and peak <= budget:
-            row["fit"] = (context, peak)
-            break
-        row["miss"] = (context, peak)
-        context -= granule
-    while row["miss"] is None or row["miss"][0] > row["fit"][0] + granule:  # then up while the next one fits
-        nxt = row["fit"][0] + granule
-        peak = prober.probe(batch, nxt, base + growth * nxt, log)
-        if peak == "skipped":
-            row["note"] = f"the probe at {nxt:,} not started here (MemAvailable): see predicted"
-            break
+            row["note"] = f"batches from {batch} on not started here (MemAvailable): see predicted"
+            return None
         if peak is None or peak > budget:
-            row["miss"] = (nxt, peak)
-            break
-        row["fit"] = (nxt, peak)
+            row["miss"] = (batch, peak)
+            return False
+        fits.append((batch, peak))
+        row["fit"] = (batch, peak)
+        return True
+
+    batch = 1
+    while probe(batch):  # double until a probe misses (or is not started)
+        batch *= 2
+    if row["miss"] is not None and row["fit"] is not None:
+        lo, hi = row["fit"][0], row["miss"][0]
+        while hi - lo > max(1, lo // 16):  # then halve the gap, to within 1/16 of the batch
+            mid = (lo + hi) // 2
+            ok = probe(mid)
+            if ok is None:
+                break
+            lo, hi = (mid, hi) if ok else (lo, mid)
+    if len(fits) >= 2:
+        (a, pa), (b, pb) = sorted(fits)[-2:]
+        if pb > pa:
+            row["growth"] = (pb - pa) / (b - a)
+            row["predicted"] = int(b + (budget - pb) / row["growth"])
+    if row["fit"] is None:
+        row["note"] = "one row did not fit"
     return row
 
 
@@ -167,17 +172,16 @@ def main(argv=None) -> int:
     p.add_argument("--kv-heads", type=int, default=2, help="KV heads of the written checkpoint (default 2, GQA-2)")
     p.add_argument("--weights", default="int4", choices=["fp32", "int8", "int4"])
     p.add_argument("--block-size", type=int, default=128, help="MatMulNBits block of int8 / int4 (default 128)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 40960],
+                   help="positions per row (default 4096 16384 40960)")
     p.add_argument("--caches", nargs="*", default=["fp32", "int8"], choices=["fp32", "int8"], help="ours")
     p.add_argument("--llama-kv", nargs="*", default=["f16", "q8_0"], choices=["f16", "q8_0"],
                    help="llama.cpp Q4_0's caches (none: no llama.cpp rows)")
     p.add_argument("--budget-gb", type=float, default=24.0, help="peak resident memory allowed (GB = 1e9 bytes)")
     p.add_argument("--margin-gb", type=float, default=1.0, help="MemAvailable a probe leaves free (default 1)")
-    p.add_argument("--start", type=int, default=1024, help="the first probe's context (the second: twice it)")
-    p.add_argument("--granule", type=int, default=1024, help="contexts probed are multiples of this")
     args = p.parse_args(argv)
-    if min(args.batch + [args.start, args.granule]) < 1 or args.budget_gb <= 0:
-        p.error("--batch, --start, --granule must be >= 1 and --budget-gb > 0")
+    if min(args.contexts) < 1 or args.budget_gb <= 0:
+        p.error("--contexts must be >= 1 and --budget-gb > 0")
     from paddle_vha.cli import quiet
 
     quiet()
@@ -207,28 +211,31 @@ def main(argv=None) -> int:
                     return None
                 return json.loads(r.stdout.strip().splitlines()[-1])
             probers.append(Prober(f"llama.cpp Q4_0, {kv} cache, FA", run, args.margin_gb * 1e9))
+    cfg = json.load(open(os.path.join(ckpt, "config.json")))
+    if max(args.contexts) >= cfg["max_position_embeddings"]:
+        log(f"error: --contexts past the model's {cfg['max_position_embeddings']} positions (a step needs one more)")
+        return 2
     rows = []
     for prober in probers:
-        for batch in args.batch:
-            log(f"{prober.label}, batch {batch}")
-            rows.append((prober.label, batch, search(prober, batch, args, log)))
-    cfg = json.load(open(os.path.join(ckpt, "config.json")))
+        for context in args.contexts:
+            log(f"{prober.label}, context {context}")
+            rows.append((prober.label, context, search(prober, context, args, log)))
     print(f"\n{cpu_line()}; Qwen3 {args.shape} shape ({cfg['num_hidden_layers']} layers, {cfg['num_key_value_heads']} "
           f"KV heads of {cfg['head_dim']}), {args.weights} weights; budget {args.budget_gb:g} GB of peak RSS (weights, "
           "cache filled, one decode step of every row)")
-    hdr = (f"{'cache':<32} | {'batch':>5} | {'largest context':>15} | {'batch x context':>15} | {'its peak':>8} | "
-           f"{'first miss':>16} | {'KB/pos/row':>10} | {'predicted':>9} | note")
+    hdr = (f"{'cache':<32} | {'context':>7} | {'largest batch':>13} | {'batch x context':>15} | {'its peak':>8} | "
+           f"{'first miss':>16} | {'GB / row':>8} | {'predicted':>9} | note")
     print(hdr)
     print("-" * len(hdr))
-    for label, batch, r in rows:
+    for label, context, r in rows:
         fit, miss = r["fit"], r["miss"]
-        fit_s = f"{fit[0]:>15,}" if fit else f"{'none':>15}"
-        bxc = f"{batch * fit[0]:>15,}" if fit else f"{'-':>15}"
+        fit_s = f"{fit[0]:>13,}" if fit else f"{'none':>13}"
+        bxc = f"{fit[0] * context:>15,}" if fit else f"{'-':>15}"
         peak = f"{fit[1] / 1e9:>5.2f} GB" if fit else f"{'-':>8}"
         miss_s = f"{miss[0]:,} ({'failed' if miss[1] is None else f'{miss[1] / 1e9:.1f} GB'})" if miss else "-"
-        grow = f"{r['growth'] / batch / 1e3:>10.1f}" if r["growth"] else f"{'-':>10}"
+        grow = f"{r['growth'] / 1e9:>8.3f}" if r["growth"] else f"{'-':>8}"
         pred = f"{r['predicted']:>9,}" if r["predicted"] else f"{'-':>9}"
-        print(f"{label:<32} | {batch:>5} | {fit_s} | {bxc} | {peak} | {miss_s:>16} | {grow} | {pred} | {r['note']}")
+        print(f"{label:<32} | {context:>7} | {fit_s} | {bxc} | {peak} | {miss_s:>16} | {grow} | {pred} | {r['note']}")
     return 0
 
 

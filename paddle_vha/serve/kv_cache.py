@@ -77,17 +77,21 @@ def slots_from_inputs(args) -> List[CacheSlot]:
     return slots
 
 
-def random_cache_fill(slot: CacheSlot, buf: np.ndarray, length: int, rng) -> None:
+def random_cache_fill(slot: CacheSlot, buf: np.ndarray, length: int, rng, block: int = 1 << 16) -> None:
     """Fill the first `length` positions of `buf` with values a real cache could hold (benchmarks: a step's speed
     does not depend on them): float32 N(0, 1), int8 uniform in -127..127 (uint8: 1..255), and a scale slot (one
-    value per position and head) 1 / 127 times N(1, 0.1)^2."""
-    span = slot.span(0, length)
-    shape = buf[span].shape
-    if np.dtype(slot.dtype) == np.int8:
-        buf[span] = rng.integers(-127, 128, shape, dtype=np.int8)
-    elif np.dtype(slot.dtype) == np.uint8:
-        buf[span] = rng.integers(1, 256, shape, dtype=np.uint8)
-    elif slot.bytes_per_position == 4 * slot.heads:  # a scale per head
-        buf[span] = ((1 + 0.1 * rng.standard_normal(shape)) ** 2 / 127).astype(np.float32)
-    else:
-        buf[span] = rng.standard_normal(shape, np.float32)
+    value per position and head) 1 / 127 times N(1, 0.1)^2. Written `block` positions of one row at a time, so the
+    fill adds no cache-sized temporary to the process's peak memory (tools/bench_kv_capacity.py measures it)."""
+    scale = np.dtype(slot.dtype) == np.float32 and slot.bytes_per_position == 4 * slot.heads
+    for row in range(buf.shape[0]):
+        for start in range(0, length, block):
+            span = (row,) + slot.span(start, min(start + block, length))[1:]
+            shape = buf[span].shape
+            if np.dtype(slot.dtype) == np.int8:
+                buf[span] = rng.integers(-127, 128, shape, dtype=np.int8)
+            elif np.dtype(slot.dtype) == np.uint8:
+                buf[span] = rng.integers(1, 256, shape, dtype=np.uint8)
+            elif scale:  # a scale per head
+                buf[span] = ((1 + 0.1 * rng.standard_normal(shape)) ** 2 / 127).astype(np.float32)
+            else:
+                buf[span] = rng.standard_normal(shape, np.float32)
