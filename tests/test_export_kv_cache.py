@@ -130,8 +130,9 @@ def test_int8_entries_are_the_float_cache_quantized_per_token(exports):
 
 def test_int8_attention_matches_float64_over_the_dequantized_cache(exports):
     """A decode step of the int8 export against the float64 oracle over the cache it holds (dequantized): what is
-    left is its own arithmetic, the queries rounded to 8 bits per row (and the probabilities to ~15 bits). Against
-    the oracle over the float cache the int8 cache's own rounding adds about as much."""
+    left is its own arithmetic (queries in two 8-bit digits per row, probabilities in three: about float32's), and in
+    the concat flavour the step's own token, which it attends to quantized and the oracle in float. Against the
+    oracle over the float cache, the int8 cache's rounding (measured 1.6e-2 / 1.1e-2 relative)."""
     cfg = exports["cfg"]
     state, ocfg = load_checkpoint_numpy(exports["root"] / "ckpt"), dict(cfg.to_dict(), rope_theta=cfg.rope_theta)
     ids = np.random.default_rng(3).integers(0, cfg.vocab_size, size=(3, 29))  # B = 3, prime S
@@ -145,8 +146,8 @@ def test_int8_attention_matches_float64_over_the_dequantized_cache(exports):
         ref, _ = oracle.stock_causal_lm(ids[:, 28:], state, ocfg, past=past)
         own = rel_err(step, ref, f"{io}: int8 step vs float64 over its dequantized cache")
         total = rel_err(step, exact, f"{io}: int8 step vs float64 over the float cache")
-        # 8-bit queries: each score off by up to |q|_inf / 254 x |k|_1 (measured 5.7e-3 / 6.3e-3 relative)
-        assert own <= 1.5e-2 and total <= 3e-2
+        # measured: buffer 4.1e-5, concat 1.1e-3 (its own token quantized); the cache's rounding 1.6e-2 / 1.1e-2
+        assert own <= (1e-4 if io == "buffer" else 3e-3) and total <= 3e-2
 
 
 def test_buffer_writes_in_place_across_a_capacity_growth(exports):
