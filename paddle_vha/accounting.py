@@ -18,6 +18,7 @@ training = 3 × forward. Norms, RoPE, softmax and residual adds are not counted.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Dict, List, Optional, Tuple
 
 from .checkpoint.contract import read_json_object
@@ -210,6 +211,10 @@ def arch_from_config(cfg: dict, label: str = "config") -> Arch:
                   vocab_size=_need(cfg, "vocab_size", label),
                   tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                   attention_bias=bool(cfg.get("attention_bias", False)))
+    if fam is not None:  # the base's biases and q/k norms, as its layer spec declares them (Qwen2, Llama, Qwen3)
+        sizes = fam.base.layer.sizes(SimpleNamespace(**dict(cfg, num_attention_heads=n_heads, num_key_value_heads=n_kv,
+                                                            head_dim=head_dim)), 0)
+        common.update(attention_bias=sizes.bias, o_bias=sizes.o_bias, qk_norm=fam.base.has("self_attn.q_norm.weight"))
     common.update(_window_fields(cfg, L, label))
     n_exp = cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
     if n_exp:

@@ -23,14 +23,21 @@ from typing import Dict, List, Optional
 
 from .checkpoint.contract import CheckpointError, Shapes, compare_shapes
 from .checkpoint.folder import CheckpointFolder
+from .llama.base import LLAMA_BASE
+from .llama.gguf import LLAMA_GGUF
+from .llama.spec import LLAMA, LLAMA_MEA, LLAMA_VHA
 from .mea import cost as mea_cost
 from .mea import tp_plan as mea_tp_plan
 from .mea.spec import QWEN3_MEA
 from .moe.base import NO_MODEL, QWEN3_MOE_BASE
 from .moe.spec import QWEN3_MOE
 from .moe_vha.spec import QWEN3_MOE_VHA
+from .qwen2.base import QWEN2_BASE
+from .qwen2.gguf import QWEN2_GGUF
+from .qwen2.spec import QWEN2, QWEN2_MEA, QWEN2_VHA
 from .qwen3 import cost as qwen3_cost
 from .qwen3.base import QWEN3_BASE
+from .qwen3.gguf import QWEN3_GGUF
 from .qwen3.spec import QWEN3
 from .shared_kv import cost as shared_kv_cost
 from .shared_kv import tp_plan as shared_kv_tp_plan
@@ -39,13 +46,15 @@ from .sinks import cost as sinks_cost
 from .sinks import tp_plan as sinks_tp_plan
 from .sinks.spec import QWEN3_SINKS
 from .spec.base import Base
+from .spec.gguf import GGUFForm, GGUFPre
 from .spec.params import ModelSpec
 from .spec.validate import load_config, validate
 from .vha import cost as vha_cost
 from .vha import tp_plan as vha_tp_plan
 from .vha.spec import QWEN3_VHA
 
-__all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily"]
+__all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily", "variant_over",
+           "convertible", "GGUF_FORMS", "GGUF_BPE", "GGUF_SENTENCEPIECE", "gguf_form", "gguf_form_of", "gguf_pre"]
 
 
 class UnknownFamily(CheckpointError):
@@ -83,6 +92,7 @@ class Family:
     # None: the family is not folded.
     fold_ref: Optional[str] = None
     architecture: Optional[str] = None  # config.json's architectures entry, where the causal LM is not model_ref's
+    variant: Optional[str] = None  # "vha", "mea": the variant over `base` a converter writes (None: stock or other)
 
     def tensor_shapes(self, cfg) -> Shapes:
         """The on-disk tensor contract for config `cfg`: name -> HF-layout shape."""
@@ -172,6 +182,24 @@ class Family:
         return validate(folder, self.model_type, self.label, self.config_class, self.base, self.spec)
 
 
+def _stock_and_variants(base: Base, prefix: str, spec: ModelSpec, vha_spec: ModelSpec, mea_spec: ModelSpec,
+                        serving_ref: str, model_ref: Optional[str] = None) -> tuple:
+    """A dense base's stock family and its VHA and MEA families (their classes in paddle_vha/<base>/vha.py and
+    mea.py, named `prefix` + "VHAConfig", ...): the Qwen3 entries below, over another base."""
+    here = f"paddle_vha.{base.model_type}"
+    return (
+        Family(model_type=base.model_type, label=base.name, config_ref=base.config, model_ref=model_ref or base.causal_lm,
+               spec=spec, cost=qwen3_cost, serving_ref=serving_ref, base=base),
+        Family(model_type=f"{base.model_type}_vha", label=f"{base.name}-VHA", config_ref=f"{here}.vha:{prefix}VHAConfig",
+               model_ref=f"{here}.vha:{prefix}VHAForCausalLM", spec=vha_spec, tp_plan=vha_tp_plan.VHAPlan(vha_spec),
+               not_exported="fold it first (python tools/fold.py IN OUT)", cost=vha_cost,
+               fold_ref=f"{here}.vha:{base.model_type.upper()}_VHA_FOLD", base=base, variant="vha"),
+        Family(model_type=f"{base.model_type}_mea", label=f"{base.name}-MEA", config_ref=f"{here}.mea:{prefix}MEAConfig",
+               model_ref=f"{here}.mea:{prefix}MEAForCausalLM", spec=mea_spec, tp_plan=mea_tp_plan.MEAPlan(mea_spec),
+               serving_ref="paddle_vha.mea.serving:MEA", cost=mea_cost, base=base, variant="mea"),
+    )
+
+
 FAMILIES: Dict[str, Family] = {
     f.model_type: f
     for f in (
@@ -194,6 +222,7 @@ FAMILIES: Dict[str, Family] = {
             not_exported="fold it first (python tools/fold.py IN OUT)",
             cost=vha_cost,
             fold_ref="paddle_vha.vha.fold_form:VHA_FOLD",
+            variant="vha",
         ),
         Family(
             model_type="qwen3_mea",
@@ -204,6 +233,7 @@ FAMILIES: Dict[str, Family] = {
             tp_plan=mea_tp_plan,
             serving_ref="paddle_vha.mea.serving:MEA",
             cost=mea_cost,
+            variant="mea",
         ),
         Family(
             model_type="qwen3_shared_kv",
@@ -249,6 +279,9 @@ FAMILIES: Dict[str, Family] = {
             serving_ref="paddle_vha.qwen3.serving:GQA",
             cost=sinks_cost,
         ),
+        *_stock_and_variants(LLAMA_BASE, "Llama", LLAMA, LLAMA_VHA, LLAMA_MEA, "paddle_vha.llama.serving:STOCK_LLAMA",
+                             model_ref="paddle_vha.llama.modeling:LlamaForCausalLM"),
+        *_stock_and_variants(QWEN2_BASE, "Qwen2", QWEN2, QWEN2_VHA, QWEN2_MEA, "paddle_vha.qwen2.serving:STOCK_QWEN2"),
     )
 }
 
@@ -277,6 +310,42 @@ def family_of(obj) -> Family:
     return family(getattr(obj, "model_type", None))
 
 
+def variant_over(base: Base, variant: str) -> Optional[Family]:
+    """The family of `variant` ("vha", "mea") over `base` (what a converter of its stock checkpoints writes), or None."""
+    return next((f for f in FAMILIES.values() if f.base is base and f.variant == variant and f.has_model), None)
+
+
+def convertible(variant: str) -> List[Family]:
+    """The stock families whose checkpoints convert into `variant` (a Paddle model, and the variant over its base)."""
+    return [f for f in FAMILIES.values() if f.stock and f.has_model and variant_over(f.base, variant) is not None]
+
+
 def trainable_with_plan() -> List[Family]:
     """Families paddle_vha.parallel shards (their label in messages)."""
     return [f for f in FAMILIES.values() if f.tp_plan is not None]
+
+
+# llama.cpp's names (tokenizer.ggml.model) of the vocabularies tools/import_gguf.py converts: a byte-level BPE with
+# merges, and the SentencePiece-style one with scores and byte fallback (named after Llama 1 / 2, whose tokenizer it is)
+GGUF_BPE, GGUF_SENTENCEPIECE = "gpt2", "llama"
+
+# The GGUF architectures tools/import_gguf.py reads: llama.cpp's general.architecture -> the base's GGUFForm.
+GGUF_FORMS: Dict[str, GGUFForm] = {f.arch: f for f in (LLAMA_GGUF, QWEN2_GGUF, QWEN3_GGUF)}
+
+
+def gguf_form(arch) -> GGUFForm:
+    """The GGUF form of llama.cpp architecture `arch`; UnknownFamily (one line) if no base reads it."""
+    if arch not in GGUF_FORMS:
+        raise UnknownFamily(f"GGUF architecture {arch!r} is not one of {', '.join(GGUF_FORMS)}")
+    return GGUF_FORMS[arch]
+
+
+def gguf_form_of(model_type) -> Optional[GGUFForm]:
+    """The GGUF form whose imported checkpoints have `model_type` (what llama.cpp's converter reads back), or None."""
+    return next((f for f in GGUF_FORMS.values() if f.model_type == model_type), None)
+
+
+def gguf_pre(name) -> Optional[GGUFPre]:
+    """The byte-level BPE pre-tokenizer llama.cpp calls `name` (tokenizer.ggml.pre), from the bases' GGUF forms; None
+    for one no base describes."""
+    return next((p for f in GGUF_FORMS.values() for p in f.pre_tokenizers if p.name == name), None)

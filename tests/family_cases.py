@@ -45,6 +45,7 @@ class FamilyCases:
     decode_fields: Dict = field(default_factory=dict)  # the config of the cached-decode checks
     generate_fields: Dict = field(default_factory=dict)  # the config of the generate check
     generate_tokens: int = 8
+    sizes: Dict = field(default_factory=dict)  # fields over DEFAULT_SIZES for every config of the family
 
 
 def _grid(rows: List[Tuple], fields: Callable, name: Callable, must_have=frozenset()) -> Dict[str, LayerCase]:
@@ -285,12 +286,48 @@ def _sinks_cases():
         randomize_model=randomize_sinks, decode_fields=dict(_SINK_MODELS), generate_fields=dict(_SINK_MODELS))
 
 
+# --- the same layers over Llama and Qwen2: no q/k norm; Qwen2's biases on q/k/v only, Llama's with attention_bias ------
+# PaddleFormers' Llama attention requires num_attention_heads x head_dim = hidden_size: every Llama config sets the
+# hidden size from its heads (the oracles are the same functions, which normalise nothing without norm tensors).
+
+def _over_base(cases: FamilyCases, layer_ids, model_ids, gradient_ids, backend_id, llama: bool) -> FamilyCases:
+    """A subset of a Qwen3 family's cases (the grids' ids), over Llama (hidden = heads x d) or Qwen2."""
+    def sized(f):
+        if not llama:
+            return dict(f)
+        heads, d = f.get("num_attention_heads", TINY["num_attention_heads"]), f.get("head_dim", TINY["head_dim"])
+        # LlamaConfig's special ids (pad 0, bos 1, eos 2) fall inside the tiny vocabulary: generate would read a
+        # random prompt's 0 as padding and stop at a 2
+        return dict(f, hidden_size=heads * d, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+
+    layers = {i: LayerCase(c.B, c.S, sized(c.fields), c.must_have) for i, c in cases.layers.items() if i in layer_ids}
+    return FamilyCases(
+        layer_oracle=cases.layer_oracle, lm_oracle=cases.lm_oracle, layers=layers, gradient_cases=tuple(gradient_ids),
+        backend_case=backend_id, randomize_layer=cases.randomize_layer,
+        models={i: sized(f) for i, f in cases.models.items() if i in model_ids}, randomize_model=cases.randomize_model,
+        decode_fields=sized(cases.decode_fields), generate_fields=sized(cases.generate_fields),
+        generate_tokens=cases.generate_tokens, sizes=sized({}))
+
+
+_QWEN3 = _gqa_cases(frozenset({"k_proj.weight", "v_proj.weight"}))
+_GQA_IDS, _VHA_IDS, _MEA_IDS = list(_QWEN3.layers), _vha_ids, _mea_ids
+_GQA_OVER = dict(layer_ids=_GQA_IDS[:4], model_ids=("base", "Hkv1-oddheads-tied"), gradient_ids=_GQA_IDS[2:3],
+                 backend_id=_GQA_IDS[2])
+# VHA: r < d, gated, bias, odd heads, no Premix (shared-KV needs Qwen3's folded form: refused over these bases)
+_VHA_OVER = dict(layer_ids=[_VHA_IDS[i] for i in (0, 1, 3, 4, 5, 12, 13)], model_ids=("base", "gated-bias", "nopremix"),
+                 gradient_ids=(_VHA_IDS[3], _VHA_IDS[5], _VHA_IDS[12]), backend_id=_VHA_IDS[4])
+_MEA_OVER = dict(layer_ids=_MEA_IDS[:5], model_ids=("all-after-gn", "mixed-before-stock6"),
+                 gradient_ids=(_MEA_IDS[2], _MEA_IDS[3]), backend_id=_MEA_IDS[2])
+
 CASES: Dict[str, FamilyCases] = {
-    "qwen3": _gqa_cases(frozenset({"k_proj.weight", "v_proj.weight"})),
+    "qwen3": _QWEN3,
     "qwen3_vha": VHA,
     "qwen3_mea": MEA,
     "qwen3_shared_kv": _gqa_cases(frozenset({"shared_kv_proj.weight"})),
     "qwen3_sinks": _sinks_cases(),
+    **{f"{base}{suffix}": _over_base(cases, **over, llama=base == "llama")
+       for base in ("llama", "qwen2")
+       for suffix, cases, over in (("", _QWEN3, _GQA_OVER), ("_vha", VHA, _VHA_OVER), ("_mea", MEA, _MEA_OVER))},
 }
 
 

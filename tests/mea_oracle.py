@@ -27,6 +27,11 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
+def head_norm(x, w, eps):
+    """The per-head q/k RMSNorm with weight w (Qwen3), or x unchanged where the layer has none (w None: Llama, Qwen2)."""
+    return x if w is None else rms_norm(x, w, eps)
+
+
 def linear(x, w, b=None):
     y = x @ np.asarray(w, np.float64).T
     return y if b is None else y + b
@@ -57,7 +62,8 @@ def mea_layers(cfg):
 
 
 def attention(x, p, cfg, positions, past=None, mea=True):
-    """One attention layer, MEA (mea=True) or stock Qwen3 (mea=False).
+    """One attention layer, MEA (mea=True) or stock Qwen3 (mea=False); without q_norm / k_norm tensors (Llama, Qwen2)
+    nothing is normalised, and the biases are the ones the tensors hold.
 
     x: (B, S, h); p: this layer's tensors keyed like 'q_proj.weight', 'mea_k_lc', ...
     positions: (B, S) absolute positions of x; past: dict of cached per-token tensors (see below) or None.
@@ -69,13 +75,13 @@ def attention(x, p, cfg, positions, past=None, mea=True):
     H, d = cfg["num_attention_heads"], cfg["head_dim"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     b = lambda n: p.get(n + ".bias")  # noqa: E731
-    q = rope(rms_norm(linear(x, p["q_proj.weight"], b("q_proj")).reshape(B, S, H, d), p["q_norm.weight"], eps),
+    q = rope(head_norm(linear(x, p["q_proj.weight"], b("q_proj")).reshape(B, S, H, d), p.get("q_norm.weight"), eps),
              positions, theta)
     k = linear(x, p["k_proj.weight"], b("k_proj")).reshape(B, S, -1, d)
     v = linear(x, p["v_proj.weight"], b("v_proj")).reshape(B, S, -1, d)
     after = mea and cfg.get("mea_k_norm_position", "before_hlc") == "after_hlc"
     if not after:
-        k = rope(rms_norm(k, p["k_norm.weight"], eps), positions, theta)
+        k = rope(head_norm(k, p.get("k_norm.weight"), eps), positions, theta)
     new = {"k": k, "v": v, "pos": np.asarray(positions)}
     if past is not None:
         new = {n: np.concatenate([past[n], new[n]], axis=1) for n in new}
@@ -83,7 +89,7 @@ def attention(x, p, cfg, positions, past=None, mea=True):
     if mea:
         k, v = hlc(k, p["mea_k_lc"]), hlc(v, p["mea_v_lc"])
         if after:  # norm and RoPE on the virtual heads, each key at its own position
-            k = rope(rms_norm(k, p["k_norm.weight"], eps), key_pos, theta)
+            k = rope(head_norm(k, p.get("k_norm.weight"), eps), key_pos, theta)
     n_kv = k.shape[2]
     group = H // n_kv
 
@@ -107,14 +113,14 @@ def layer_params(state, i, sub):
 
 
 def causal_lm(input_ids, state, cfg, positions=None, past=None):
-    """Logits (B, S, vocab) of the whole Qwen3-MEA causal LM (stock Qwen3 if no layer is MEA), and the cache."""
+    """Logits (B, S, vocab) of the whole MEA causal LM (stock if no layer is MEA), and the cache."""
     input_ids = np.asarray(input_ids)
     B, S = input_ids.shape
     if positions is None:
         start = 0 if past is None else past[0]["k"].shape[1]
         positions = np.broadcast_to(np.arange(start, start + S), (B, S))
     eps = cfg["rms_norm_eps"]
-    mea = mea_layers(cfg) if cfg.get("model_type") == "qwen3_mea" else set()
+    mea = mea_layers(cfg) if "mea_kv_heads" in cfg else set()  # an MEA config (over any base), else stock
     x = np.asarray(state["model.embed_tokens.weight"], np.float64)[input_ids]
     cache = []
     for i in range(cfg["num_hidden_layers"]):

@@ -1,4 +1,6 @@
-"""Float64 numpy reference of Qwen3-VHA, written from the method's equations (docs/method.md).
+"""Float64 numpy reference of Qwen3-VHA, written from the method's equations (docs/method.md), and of the same layers
+over Llama and Qwen2: a layer whose tensors hold no q_norm / k_norm (Llama, Qwen2) normalises nothing, and every bias
+the tensors hold (Qwen2: q/k/v only) is added to its projection.
 
 Imports nothing from paddle_vha or paddle. Weights use the on-disk (Hugging Face) layout: Linear
 weights are [out, in], so y = x @ W.T (+ b). `cfg` is a plain dict with config.json's keys.
@@ -11,6 +13,11 @@ import numpy as np
 def rms_norm(x, w, eps):
     x = np.asarray(x, np.float64)
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def head_norm(x, w, eps):
+    """The per-head q/k RMSNorm with weight w (Qwen3), or x unchanged where the layer has none (w None: Llama, Qwen2)."""
+    return x if w is None else rms_norm(x, w, eps)
 
 
 def linear(x, w, b=None):
@@ -129,8 +136,8 @@ def vha_attention(x, p, cfg, positions, past=None, layer=None):
     else:
         q = q_phys  # no Premix: q_proj's H_v heads of width d are the virtual heads
 
-    q = rope(rms_norm(q, p["q_norm.weight"], eps), positions, theta)
-    k = rope(rms_norm(k, p["k_norm.weight"], eps), positions, theta)
+    q = rope(head_norm(q, p.get("q_norm.weight"), eps), positions, theta)
+    k = rope(head_norm(k, p.get("k_norm.weight"), eps), positions, theta)
     if shared:
         v = k  # K = V: the normed, rotated shared projection
     if past is not None:
@@ -207,8 +214,8 @@ def gqa_attention(x, p, cfg, positions, past=None, layer=None):
     q = linear(x, p["q_proj.weight"], b("q_proj")).reshape(B, S, h_q, d)
     k = linear(x, p["shared_kv_proj.weight" if shared else "k_proj.weight"],
                b("shared_kv_proj" if shared else "k_proj")).reshape(B, S, h_kv, d)
-    q = rope(rms_norm(q, p["q_norm.weight"], eps), positions, theta)
-    k = rope(rms_norm(k, p["k_norm.weight"], eps), positions, theta)
+    q = rope(head_norm(q, p.get("q_norm.weight"), eps), positions, theta)
+    k = rope(head_norm(k, p.get("k_norm.weight"), eps), positions, theta)
     v = k if shared else linear(x, p["v_proj.weight"], b("v_proj")).reshape(B, S, h_kv, d)
     if past is not None:
         k, v = np.concatenate([past[0], k], axis=1), np.concatenate([past[1], v], axis=1)

@@ -243,7 +243,8 @@ def test_teacher_frozen_through_the_trainer(tmp_path):
                              "--save_strategy", "no", "--do_eval", "false", "--logging_steps", "1",
                              "--disable_tqdm", "true", "--corpus_mb", "0.5"])
     args.dataloader_shuffle = False
-    config, model_cls = build_config(m, d, args, 1)
+    run_model = build_config(m, d, args, 1)
+    config, model_cls = run_model.config, run_model.model_cls
     fam, tcfg, settings = distill_plan(args, config)
     assert settings == DistillSettings(hidden_weight=1.0)
     train, _, _ = build_data(d, args, config.vocab_size)
@@ -275,12 +276,12 @@ def test_refusals(tmp_path, capsys, monkeypatch):
     other_vocab = _teacher(tmp_path / "vocab512", vocab_size=512)
     alien = tmp_path / "alien"
     alien.mkdir()
-    (alien / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 256}))
+    (alien / "config.json").write_text(json.dumps({"model_type": "gemma3", "vocab_size": 256}))
     deep3 = _teacher(tmp_path / "deep3", num_hidden_layers=3)
     cases = [
         (["--teacher", str(tmp_path / "missing")], f"teacher {tmp_path / 'missing'}: no such folder"),
         (["--teacher", other_vocab], "vocab_size 512 differs from the student's 256"),
-        (["--teacher", str(alien)], "model_type 'llama' is not one of"),
+        (["--teacher", str(alien)], "model_type 'gemma3' is not one of"),
         (["--teacher", deep3, "--distill_hidden_weight", "1"], "2 student and 3 teacher layers"),
         (["--teacher", good, "--distill_temperature", "0"], "distill_temperature must be a finite number > 0"),
         (["--teacher", good, "--distill_schedule", "cosine"], "distill_schedule 'cosine' is not one of"),

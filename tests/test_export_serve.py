@@ -342,3 +342,22 @@ def test_buffer_flavour_left_padding_and_refusals(tmp_path):
     with pytest.raises(ExportError, match="the buffer flavour .* is not offered for sliding-window layers"):
         export_onnx(str(tmp_path / "wgqa"), str(tmp_path / "wout"), cache_io="buffer")
     assert not (tmp_path / "wout").exists()
+
+
+def test_validation_bound_scales_with_the_logits(tmp_path):
+    """The self-validation's bound is per unit of logit: a model whose logits reach the hundreds (its embedding and
+    head scaled up, as a real model's reach tens) exports, while its float32 rounding already exceeds a fixed 1e-4;
+    the bound, the logit scale and the difference are recorded in export_info.json."""
+    paddle.seed(11)
+    cfg = Qwen3Config(**dict(TINY, num_hidden_layers=4, tie_word_embeddings=False))
+    model = Qwen3ForCausalLM(cfg)
+    for n, p in model.named_parameters():
+        if n.endswith("lm_head.weight") or n.endswith("embed_tokens.weight"):
+            p.set_value(paddle.randn(p.shape) * 40.0)
+    model.save_pretrained(str(tmp_path / "in"))
+    val = export_onnx(str(tmp_path / "in"), str(tmp_path / "out"), decode_steps=4, log=print)
+    info = json.load(open(tmp_path / "out" / "export_info.json"))["validation"]
+    print(f"max |logit| {val.logit_scale:.1f}, max abs diff {val.max_abs:.2e}, bound {val.bound(1e-4):.2e}")
+    assert val.logit_scale > 100 and val.max_abs > 1e-4  # a fixed 1e-4 would have refused this export
+    assert val.max_abs <= val.bound(1e-4) and val.tokens_match
+    assert info["bound"] == pytest.approx(1e-4 * val.logit_scale) and info["logit_scale"] == val.logit_scale

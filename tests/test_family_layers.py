@@ -28,7 +28,8 @@ TP_FAMILIES = [m for m in FAMILY_IDS if FAMILIES[m].tp_plan is not None]
 
 def family_config(model_type: str, fields=None, impl: str = "eager"):
     """The family's config: DEFAULT_SIZES with `fields` over them; impl: the attention backend (None: the default)."""
-    cfg = FAMILIES[model_type].config_class(**{**DEFAULT_SIZES, **(fields or {})})
+    sizes = CASES[model_type].sizes if model_type in CASES else {}
+    cfg = FAMILIES[model_type].config_class(**{**DEFAULT_SIZES, **sizes, **(fields or {})})
     if impl is not None:
         cfg._attn_implementation = impl
     return cfg

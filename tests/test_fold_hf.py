@@ -24,14 +24,15 @@ HF_SCRIPT = textwrap.dedent(
     """
     import json, os, sys
     import numpy as np, torch
-    from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.cache_utils import DynamicCache
 
     ckpt, ids_path, out_dir, dtypes = sys.argv[1:5]
+    architecture = json.load(open(os.path.join(ckpt, "config.json")))["architectures"][0]
     for dtype in dtypes.split(","):  # every dtype from one process: importing torch + transformers is ~11 s of CPU
         torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
         model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch_dtype, attn_implementation="sdpa")
-        assert type(model) is Qwen3ForCausalLM, type(model)
+        assert type(model).__name__ == architecture, type(model)  # Hugging Face's own class for the stock model
         model.eval()
         ids = torch.from_numpy(np.load(ids_path))
         with torch.no_grad():
@@ -47,7 +48,7 @@ HF_SCRIPT = textwrap.dedent(
                  cached=torch.cat(steps, 1).double().numpy(),
                  heads=np.array([model.config.num_attention_heads, model.config.num_key_value_heads]),
                  kept=np.array([layer.keys.shape[2] for layer in cache.layers]),
-                 layer_types=np.array(model.config.layer_types))
+                 layer_types=np.array(getattr(model.config, "layer_types", None) or []))
     """
 )
 

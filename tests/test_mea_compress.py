@@ -198,10 +198,10 @@ def test_refusals(tmp_path, stock, capsys):
     assert "neither inside the other" in _refused([path, os.path.join(path, "sub"), "--kv-heads", "2"], capsys)
     os.makedirs(out)
     assert "already exists (pass --force" in _refused([path, out, "--kv-heads", "2"], capsys)
-    # a Qwen3-MEA (or VHA) checkpoint is not a stock Qwen3 one
+    # a Qwen3-MEA (or VHA) checkpoint is not a stock one
     mea_dir = str(tmp_path / "mea")
     compress_kv.main([path, mea_dir, "--kv-heads", "2", "--no-progress", "--eval-batches", "0"])
-    assert "not a stock Qwen3 checkpoint (config.json model_type='qwen3_mea'" in _refused(
+    assert "not a stock checkpoint this converts (config.json model_type='qwen3_mea', expected one of 'qwen3'" in _refused(
         [mea_dir, str(tmp_path / "x"), "--kv-heads", "1"], capsys)
     assert digest(path) == before
 

@@ -1,4 +1,4 @@
-"""RoPE scaling (linear, dynamic NTK, YaRN) as Qwen3 defines it: a float64 numpy reference written from the
+"""RoPE scaling (linear, dynamic NTK, YaRN, Llama 3) as Qwen3 and Llama define it: a float64 numpy reference written from the
 definitions below (importing nothing from paddle_vha) against PaddleFormers' Qwen3RotaryEmbedding (what the trained
 model uses), against paddle_vha.qwen3.rope_scaling (what the exported graph uses), and an export of each type whose
 self-validation (onnxruntime with its KV cache vs PaddleFormers) passes, while the same graph without the scaling is
@@ -10,6 +10,9 @@ The definitions (d = head_dim, i = 0, 2, .., d - 2, theta = rope_theta, M = max_
     yarn   : low / high = the dimension at which a wave makes beta_fast / beta_slow turns over the original context
              O (d ln(O / (2 pi b)) / (2 ln theta)), floored / ceiled; ramp_j = clip((j - low) / (high - low), 0, 1);
              inv_freq_j = theta^(-2j/d) / f * ramp_j + theta^(-2j/d) * (1 - ramp_j); cos and sin times 0.1 ln f + 1.
+    llama3 : with the wavelength w_j = 2 pi theta^(2j/d), original context O, low / high frequency factors l < h: a
+             wave shorter than O / h keeps theta^(-2j/d), one longer than O / l takes theta^(-2j/d) / f, and between
+             them s_j = (O / w_j - l) / (h - l) blends the two: (1 - s_j) theta^(-2j/d) / f + s_j theta^(-2j/d).
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from _utils import TINY
 from hostile import refused, save_stock, tree
 
 
-def reference_rope(kind, theta, d, m, factor=1.0, seq_len=None, original=None, beta_fast=32, beta_slow=1):
+def reference_rope(kind, theta, d, m, factor=1.0, seq_len=None, original=None, beta_fast=32, beta_slow=1, low=1.0,
+                   high=4.0):
     """(inv_freq (d/2,), attention factor) in float64, from the definitions in the module docstring."""
     i = np.arange(0, d, 2, dtype=np.float64)
     plain = theta ** (-i / d)
@@ -39,6 +43,18 @@ def reference_rope(kind, theta, d, m, factor=1.0, seq_len=None, original=None, b
         low, high = max(math.floor(turn(beta_fast)), 0), min(math.ceil(turn(beta_slow)), d - 1)
         ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0, 1)
         return plain / factor * ramp + plain * (1 - ramp), 0.1 * math.log(factor) + 1.0
+    if kind == "llama3":
+        out = np.empty_like(plain)
+        for j, p in enumerate(plain):
+            wave = 2 * math.pi / p
+            if wave < original / high:
+                out[j] = p
+            elif wave > original / low:
+                out[j] = p / factor
+            else:
+                s = (original / wave - low) / (high - low)
+                out[j] = (1 - s) * p / factor + s * p
+        return out, 1.0
     return plain, 1.0
 
 
@@ -47,8 +63,11 @@ CASES = {  # rope_scaling as config.json gives it (the legacy "type" key for one
     "dynamic": {"type": "dynamic", "factor": 2.0},
     "yarn": {"rope_type": "yarn", "factor": 4.0},
     "yarn-original": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    # O = 64 puts the 8 frequencies of head_dim 16 (wavelengths 6.3 .. 20,000) in all three bands
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
 }
-KIND = {"linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "yarn-original": "yarn"}
+KIND = {"linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "yarn-original": "yarn", "llama3": "llama3"}
 
 
 def _cfg(case, m=256):
@@ -95,11 +114,11 @@ def test_scaled_rope_matches_the_definition(case):
 
 HF_ROPE = r"""
 import json, sys
-from transformers import Qwen3Config
+from transformers import LlamaConfig, Qwen3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 out = {}
 for name, (fields, seq_len) in json.loads(sys.argv[1]).items():
-    cfg = Qwen3Config(**fields)
+    cfg = (LlamaConfig if fields["rope_scaling"].get("rope_type") == "llama3" else Qwen3Config)(**fields)
     inv, att = ROPE_INIT_FUNCTIONS[cfg.rope_scaling["rope_type"]](cfg, "cpu", seq_len=seq_len)
     out[name] = [inv.double().tolist(), float(att)]
 print(json.dumps(out))
@@ -129,7 +148,7 @@ def test_scaled_rope_matches_hugging_face(hf_python, tmp_path):
         assert err < 2e-6 and abs(att - want_att) < 1e-6
 
 
-@pytest.mark.parametrize("case", ["linear", "dynamic", "yarn-original"])
+@pytest.mark.parametrize("case", ["linear", "dynamic", "yarn-original", "llama3"])
 def test_export_carries_the_scaled_rope(tmp_path, case):
     """The export of a scaled-RoPE checkpoint passes its self-validation against PaddleFormers (onnxruntime with its
     KV cache; for dynamic NTK the text passes max_position_embeddings = 16, where the base changes every step, and
@@ -140,7 +159,8 @@ def test_export_carries_the_scaled_rope(tmp_path, case):
     from paddle_vha.export.validation import reference_run
 
     m = 16 if case == "dynamic" else 256  # yarn-original: 256 = factor x its original 64, as both libraries need
-    src = save_stock(tmp_path / "in", max_position_embeddings=m, rope_scaling=dict(CASES[case]))
+    save = save_llama if case == "llama3" else save_stock  # Llama 3's scaling on the Llama base
+    src = save(tmp_path / "in", max_position_embeddings=m, rope_scaling=dict(CASES[case]))
     lines = []
     val = export_onnx(src, str(tmp_path / "out"), decode_steps=12, log=lines.append)
     print("\n".join(lines))
@@ -151,7 +171,7 @@ def test_export_carries_the_scaled_rope(tmp_path, case):
     length = 11 + 12  # the validation's text; past M = 16 for dynamic NTK
     prompt = np.random.default_rng(0).integers(0, TINY["vocab_size"], (2, length)).astype(np.int64)
     scaled = reference_run(plan, CheckpointTensors(plan.folder), prompt, 0).prefill
-    plain_src = save_stock(tmp_path / "plain", max_position_embeddings=m)
+    plain_src = save(tmp_path / "plain", max_position_embeddings=m)
     plain_plan = serving_plan(plain_src)
     plain = reference_run(plain_plan, CheckpointTensors(plan.folder), prompt, 0).prefill
     gap = np.abs(scaled - plain).max()
@@ -159,11 +179,22 @@ def test_export_carries_the_scaled_rope(tmp_path, case):
     assert gap > 100 * val.max_abs
 
 
+def save_llama(path, **overrides):
+    """A stock Llama checkpoint over TINY (hidden = heads x head_dim, as PaddleFormers' Llama needs)."""
+    from paddle_vha.families import family
+
+    paddle.seed(4)
+    fam = family("llama")
+    fam.model_class(fam.config_class(**dict(TINY, hidden_size=64, tie_word_embeddings=False, **overrides))
+                    ).save_pretrained(str(path))
+    return str(path)
+
+
 REFUSED = {
     "longrope": ({"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
                  "rope_type 'longrope' is not implemented"),
-    "llama3": ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64}, "rope_type 'llama3' is not implemented"),
+    "llama3-incomplete": ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0},
+                          "llama3: high_freq_factor must be a finite number > 0"),
     "unknown": ({"rope_type": "magic", "factor": 2.0}, "rope_type 'magic' is not implemented"),
     "yarn-ambiguous": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
                        "PaddleFormers 1.0.0 scales by the ratio"),

@@ -83,7 +83,7 @@ def run_cases(n: int, tmp_path_factory) -> tuple:
     out = str(tmp_path_factory.mktemp(f"tp{n}"))
     cases = (["base", "gated-bias-r9", "kv4"] + (["fused"] if _fused_available() else [])
              + ["shared-kv", "skv-folded", "window", "fp64", "premix-off", "premix-off-fp64", "mea", "mea-rep",
-                "mea-fp64"])
+                "mea-fp64", "llama-vha", "qwen2-vha", "qwen2-mea"])
     results = launch(n, out, ",".join(cases))
     return n, results.pop("out_dir", out), cases, results
 
@@ -98,10 +98,10 @@ def tp_run(request, tmp_path_factory):
 def expected_cache_heads(case: str, t: int) -> list:
     """KV heads each rank caches per decoder layer, from the plan's rules (docs/tensor_parallel.md), not the code:
     split KV heads -> n_kv / t (one replicated head when t > n_kv); an MEA layer caches all its n_p physical heads."""
-    if case.startswith("mea"):
-        stock = {"mea": 4, "mea-rep": 2, "mea-fp64": 4}[case]  # mea_stock_kv_heads (defaults to mea_kv_heads)
-        n_p = {"mea": 2, "mea-rep": 1, "mea-fp64": 2}[case]
-        mea_layers = {"mea": [1], "mea-rep": [0], "mea-fp64": [1]}[case]
+    if "mea" in case:
+        stock = {"mea": 4, "mea-rep": 2, "mea-fp64": 4, "qwen2-mea": 4}[case]  # mea_stock_kv_heads (= mea_kv_heads)
+        n_p = {"mea": 2, "mea-rep": 1, "mea-fp64": 2, "qwen2-mea": 2}[case]
+        mea_layers = {"mea": [1], "mea-rep": [0], "mea-fp64": [1], "qwen2-mea": [1]}[case]
         return [n_p if i in mea_layers else max(stock // t, 1) for i in range(2)]
     h_kv = 4 if case == "kv4" else 2
     return [max(h_kv // t, 1)] * 2
@@ -194,14 +194,8 @@ def check_sharded_save_merge_fold(tp_run) -> None:
     import paddle
 
     from _utils import TINY
-    from paddle_vha import Qwen3VHAConfig, Qwen3VHAForCausalLM
+    from paddle_vha.families import family, family_of
     from paddle_vha.transform import fold
-    from _utils import validate_vha_checkpoint
-    from _utils import validate_mea_checkpoint
-    from paddle_vha.mea.config import Qwen3MEAConfig
-    from paddle_vha.mea.modeling import Qwen3MEAForCausalLM
-    from paddle_vha.shared_kv.config import Qwen3SharedKVConfig
-    from paddle_vha.shared_kv.modeling import Qwen3SharedKVForCausalLM
 
     n, out, cases, _ = tp_run
     for i, case in enumerate(cases):
@@ -210,9 +204,8 @@ def check_sharded_save_merge_fold(tp_run) -> None:
             overrides = json.load(f)
         dtype = overrides.pop("dtype")
         kind = overrides.pop("model")
-        mea = kind == "mea"
-        config_cls, model_cls = {"mea": (Qwen3MEAConfig, Qwen3MEAForCausalLM), "vha": (Qwen3VHAConfig, Qwen3VHAForCausalLM),
-                                 "skv": (Qwen3SharedKVConfig, Qwen3SharedKVForCausalLM)}[kind]
+        fam = family({"mea": "qwen3_mea", "vha": "qwen3_vha", "skv": "qwen3_shared_kv"}.get(kind, kind))
+        config_cls, model_cls = fam.config_class, fam.model_class
         tol = 1e-12 if dtype == "float64" else TOL
         paddle.set_default_dtype(dtype)
         cfg = config_cls(**{**TINY, **overrides})
@@ -231,12 +224,8 @@ def check_sharded_save_merge_fold(tp_run) -> None:
             from paddle_vha.parallel import merge_tp_checkpoint
 
             merge_tp_checkpoint(os.path.join(d, "shards"), merged)
-        if kind == "skv":
-            from paddle_vha.families import family_of
-
-            family_of(merged).validate(merged)
-        else:
-            (validate_mea_checkpoint if mea else validate_vha_checkpoint)(merged)
+        assert family_of(merged) is fam
+        fam.validate(merged)
         if i == 0:  # refusals: one line each, nothing written
             import shutil
 
@@ -276,7 +265,7 @@ def check_sharded_save_merge_fold(tp_run) -> None:
             print(f"t={n} {case}: merged checkpoint reloaded, logits vs the TP model's: rel {e:.2e}")
             assert e <= tol
 
-        if kind != "vha":  # nothing to fold: the merged checkpoint is what export / serving read
+        if fam.fold_form is None:  # nothing to fold: the merged checkpoint is what export / serving read
             continue
         if cfg.vha_gated_attention or not cfg.stock_shaped_window_layers():  # no stock-Qwen3 form
             with pytest.raises(fold.FoldError):
@@ -383,8 +372,8 @@ def test_parallelize_refuses_other_models():
     from _utils import TINY
     from paddle_vha.parallel import parallelize_model
 
-    with pytest.raises(TypeError, match="Qwen3-VHA, Qwen3-MEA, Qwen3 shared-KV and Qwen3 with sinks attention only; "
-                                        "this model has Qwen3Attention"):
+    with pytest.raises(TypeError, match="Qwen3-VHA, Qwen3-MEA, Qwen3 shared-KV, Qwen3 with sinks, Llama-VHA, Llama-MEA, "
+                                        "Qwen2-VHA and Qwen2-MEA attention only; this model has Qwen3Attention"):
         parallelize_model(Qwen3ForCausalLM(Qwen3Config(**TINY)))
 
 

@@ -316,7 +316,7 @@ def test_bad_inputs(tmp_path, capsys, monkeypatch):
     p.write_text("{")
     cases.append(([str(p)], "not valid JSON"))
     cases.append((["configs/tiny-vha.yaml"], "must be a JSON trainer config"))
-    cases.append((["configs/tiny-vha.json", "--model_type", "llama"], "model_type 'llama' is not one of"))
+    cases.append((["configs/tiny-vha.json", "--model_type", "gemma3"], "model_type 'gemma3' is not one of"))
     cases.append((["configs/tiny-vha.json", "--dataset", "pretrain"], "dataset=pretrain needs input_dir"))
     cases.append((["configs/tiny-vha.json", "--max_steps", "ten"], "invalid int value: 'ten'"))
     cases.append((["configs/vha-1.7b.json", "--tensor_model_parallel_size", "3"],

@@ -4,7 +4,8 @@
 #
 #   bash tools/llama_env.sh                      # create/refresh .venv-llama, print its python
 #   bash tools/llama_env.sh src                  # print the unpacked sdist (convert_hf_to_gguf.py, models/*.gguf)
-#   bash tools/llama_env.sh python script.py     # run a command inside it (LLAMA_SRC set to the unpacked sdist)
+#   bash tools/llama_env.sh python script.py     # run a command inside it (LLAMA_SRC set to the unpacked sdist), in
+#                                                # the caller's folder: relative paths mean what the caller meant
 #
 # Separate from .venv (PaddlePaddle) and .venv-hf: the vendored gguf-py wants numpy >= 2.2.6, the converter imports
 # torch and transformers. Pins: llama-cpp-python 0.3.36 (built from the sdist, CPU only; llama.cpp's tests, examples,
@@ -65,5 +66,4 @@ fi
 export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"
 export LLAMA_SRC="$SRC"
-cd "$ROOT"
 exec "$@"

@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 
 from .contract import CheckpointError
 
-__all__ = ["MARKER", "atomic_dir", "check_output_dir", "check_no_overlap", "linked_view", "remove_stale_temporaries",
+__all__ = ["MARKER", "atomic_dir", "atomic_file", "check_output_dir", "check_output_file", "check_no_overlap", "linked_view", "remove_stale_temporaries",
            "scratch_dir"]
 
 MARKER = ".paddle_vha_output"  # in every folder a paddle-vha tool writes: {"tool", "pid", "start", "created"}
@@ -237,6 +237,53 @@ def atomic_dir(dest: str, tool: str = "paddle-vha", replace: bool = True, error=
                 os.rename(os.path.join(old, "x"), dest)  # our rename failed: the previous folder goes back
             shutil.rmtree(old, ignore_errors=True)
         raise
+
+
+def check_output_file(out_file: str, inputs: Iterable[str] = (), force: bool = False, error=CheckpointError,
+                      input_label: str = "IN_DIR", out_label: str = "OUT") -> None:
+    """The output-folder rule for a tool that writes one file (export_gguf's OUT.gguf): not inside an input nor
+    holding one, not the current folder; an existing OUT is replaced only with `force`, and never a folder."""
+    check_no_overlap(out_file, inputs, error, input_label, out_label)
+    if os.path.lexists(out_file):
+        if os.path.isdir(out_file) or os.path.islink(out_file):
+            raise error(f"{out_file}: exists and is not a regular file; refusing to replace it")
+        if not force:
+            raise error(f"{out_file}: already exists (pass --force to replace it)")
+
+
+@contextmanager
+def atomic_file(dest: str, tool: str = "paddle-vha", replace: bool = False, error=CheckpointError, log=None):
+    """Yield a path inside a temporary folder beside `dest` (with MARKER, so a killed run's leftovers are removed by
+    the next run, as atomic_dir's); when the block succeeds the file written there becomes `dest` (replacing an
+    existing one only if `replace`; without it a `dest` that appeared meanwhile wins, with one line). If the block
+    raises, the temporary folder is removed and `dest` is left as it was."""
+    dest = os.path.abspath(dest)
+    parent, base = os.path.split(dest)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        remove_stale_temporaries(dest, log)
+        tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
+    except OSError as e:
+        raise error(f"{dest}: cannot create a temporary folder in {parent} ({e.strerror or e})") from None
+    try:
+        _write_marker(tmp, tool)
+        path = os.path.join(tmp, base)
+        yield path
+        if not os.path.isfile(path):
+            raise error(f"{dest}: nothing was written (a bug)")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(path, 0o666 & ~umask)
+        if replace:
+            os.replace(path, dest)
+        else:
+            try:
+                os.link(path, dest)  # fails if dest exists: a concurrent run finished first
+            except FileExistsError:
+                raise error(f"{dest}: appeared while this run was writing it (another run?); nothing replaced") \
+                    from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def linked_view(src: str, dst: str) -> str:

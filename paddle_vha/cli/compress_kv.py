@@ -1,4 +1,5 @@
-"""Compress the KV cache of a stock Qwen3 checkpoint into a Qwen3-MEA checkpoint (the MEA paper's SVD).
+"""Compress the KV cache of a stock Qwen3, Llama or Qwen2 checkpoint into an MEA checkpoint over the same base (the MEA
+paper's SVD).
 
 In the chosen layers, k_proj / v_proj keep only N physical KV heads (the top N singular directions of the
 per-head weight matrix); HLC coefficients rebuild the original KV heads from them, so the cache of those
@@ -28,12 +29,13 @@ from paddle_vha.cli import (add_converter_options, add_eval_options, command, co
 
 
 def parse_args(argv=None):
-    p = converter_parser(__doc__, "stock Qwen3", "Qwen3-MEA")
+    p = converter_parser(__doc__, "stock Qwen3 / Llama / Qwen2", "MEA")
     p.add_argument("--kv-heads", type=int, required=True, metavar="N", help="physical KV heads kept in compressed layers")
     p.add_argument("--layers", default="all", help="all | deep | A-B | i,j,k (default all)")
     p.add_argument("--k-norm", default="after", choices=["after", "before"],
-                   help="Qwen3's k_norm after HLC (default; exact at N = original heads) or before it "
-                        "(cache post-norm/post-RoPE, multi-query serving form); see docs/mea.md")
+                   help="Qwen3's k_norm after HLC (default; exact at N = original heads) or before it (cache "
+                        "post-norm/post-RoPE, multi-query serving form); Llama and Qwen2 have no k_norm: the same "
+                        "function either way; see docs/mea.md")
     add_converter_options(p)
     add_eval_options(p, "text batches for the logit KL; 0 skips it (default 4)")
     return parse_converter_args(p, argv)

@@ -1,10 +1,12 @@
-"""Convert a stock Qwen3 checkpoint (GQA or MHA) into a Qwen3-VHA checkpoint with N KV heads, to uptrain.
+"""Convert a stock Qwen3, Llama or Qwen2 checkpoint (GQA or MHA) into a VHA checkpoint over the same base (Qwen3-VHA,
+Llama-VHA, Qwen2-VHA) with N KV heads, to uptrain.
 
 Every query head becomes a virtual head: physical query heads x one Premix map per KV group, found by a factorization
 shared across heads (in weight space, or weighted by the attention inputs of calibration text); the KV heads of each
 new group are merged (mean, or a best low-rank fit for the values, absorbed into o_proj); Postmix starts as the
 identity. After uptraining (tools/train.py --model_name_or_path OUT_DIR) the model folds back (tools/fold.py) into a
-stock GQA-N Qwen3 with the original's query heads. docs/conversion.md says what each method does and why.
+stock GQA-N model of the original's base with the original's query heads (biases, where the base has them, are
+factorized and merged with their weights). docs/conversion.md says what each method does and why.
 
 Before writing, prints the logit KL of the converted model from the original on held-out text, for every method (so
 the choice is informed; --no-compare: the chosen one only). Calibration and the KL read --calib-data FILE (.txt, or
@@ -48,7 +50,7 @@ from paddle_vha.cli import (add_converter_options, add_eval_options, command, co
 
 
 def parse_args(argv=None):
-    p = converter_parser(__doc__, "stock Qwen3", "Qwen3-VHA")
+    p = converter_parser(__doc__, "stock Qwen3 / Llama / Qwen2", "VHA")
     p.add_argument("--kv-heads", type=int, required=True, metavar="N", help="KV heads (= Premix groups) of the result")
     p.add_argument("--q-head-dim", type=int, default=None, metavar="r",
                    help="width of the physical query heads (default: head_dim)")
@@ -105,13 +107,12 @@ def _reference(args, plan, text):
     if args.eval_batches == 0:
         return None
     import numpy as np
-    from paddleformers.transformers import Qwen3ForCausalLM
 
     from paddle_vha.transform import layerwise as lw
 
     windows = text.windows("val", args.eval_batches, args.eval_len)
     ids, labels = lw.passes([x for x, _ in windows], args.pass_tokens), np.concatenate([y for _, y in windows])
-    ref = lw.folder_weights(plan.source, Qwen3ForCausalLM)
+    ref = lw.folder_weights(plan.source, plan.source_family.model_class)
     print(f"logit KL(original || converted) on {text.describe(labels.size, 'val')}, and the mean (max) relative "
           "fit error over layers of q, k, v:")
     return ref, ids, labels, lw.final_hidden(ref, ids)

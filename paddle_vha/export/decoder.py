@@ -1,4 +1,5 @@
-"""A Qwen3 decoder with an explicit KV-cache interface, written for static-graph export from the library's math.
+"""A decoder (any base: Qwen3, Llama, Qwen2) with an explicit KV-cache interface, written for static-graph export from
+the library's math.
 
 Same function as the family's PaddleFormers model (checked by the export's self-validation), with the cache passed
 in and out as tensors, named as onnxruntime-genai / Optimum expect:
@@ -19,7 +20,9 @@ width_i) and its present the last W - 1 positions of past + new, so its bytes st
 are the last columns of attention_mask.
 
 Each layer is the stock Qwen3 layer (paddle_vha/qwen3/functional.py) with its family's export form (asked from the
-registry): a stock GQA layer caches its KV heads as they are (paddle_vha/qwen3/serving.py); a Qwen3-MEA layer caches
+registry), over the tensors its base declares: the per-head q/k RMSNorm where the checkpoint holds q_norm / k_norm
+(Qwen3; not Llama or Qwen2), each projection's bias where it holds one (Qwen2: q/k/v; Qwen3 and Llama: all four with
+attention_bias): a stock GQA layer caches its KV heads as they are (paddle_vha/qwen3/serving.py); a Qwen3-MEA layer caches
 one wide head and carries its HLC coefficients in the queries and outputs (paddle_vha/mea/serving.py); a shared-KV
 layer caches one tensor, both keys and values, and rotates its output back (paddle_vha/shared_kv/serving.py).
 Attention runs in the grouped layout (B, H_kv, G*S, w), so each cached head is read once per step, not once per query
@@ -38,16 +41,16 @@ from ..qwen3.functional import (apply_rope, grouped_attention, grouped_attention
                                 swiglu_mlp)
 from .plan import CACHE_IO, cache_windows, io_names  # noqa: F401 - re-exported: the graph's names and windows
 
-__all__ = ["Qwen3KVDecoder", "io_names", "cache_windows", "CACHE_IO"]
+__all__ = ["KVDecoder", "io_names", "cache_windows", "CACHE_IO"]
 
 NEG_INF = -1e9  # additive mask value; finite so fully-masked (padding) rows stay NaN-free
-_LAYER_WEIGHTS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
-                  "self_attn.k_norm.weight", "self_attn.q_proj.weight", "self_attn.o_proj.weight",
-                  "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
-_ATTENTION_BIASES = ("self_attn.q_proj.bias", "self_attn.o_proj.bias")
+_LAYER_WEIGHTS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                  "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+_IF_PRESENT = ("self_attn.q_norm.weight", "self_attn.k_norm.weight", "self_attn.q_proj.bias",
+               "self_attn.o_proj.bias")  # what one base declares and another does not
 
 
-class Qwen3KVDecoder(nn.Layer):
+class KVDecoder(nn.Layer):
     """The family's causal LM over on-disk (HF layout) tensors, with tensor KV-cache I/O (see the module docstring),
     for the checkpoint and cache interface of a serving plan (paddle_vha/export/plan.py)."""
 
@@ -60,7 +63,6 @@ class Qwen3KVDecoder(nn.Layer):
         self.num_layers = cfg.num_hidden_layers
         self.h_q, self.d = cfg.num_attention_heads, cfg.head_dim
         self.eps = float(cfg.rms_norm_eps)
-        self.bias = bool(getattr(cfg, "attention_bias", False))
         self.rope = plan.rope  # the config's RoPE scaling (paddle_vha/qwen3/rope_scaling.py)
         self.inv_freq = self._const(self.rope.inv_freq.astype(np.float32).reshape(1, 1, -1))  # (1, 1, d/2)
         if self.rope.dynamic:  # the exponents i/d of dynamic NTK's base, (1, 1, d/2)
@@ -85,8 +87,8 @@ class Qwen3KVDecoder(nn.Layer):
             p = f"model.layers.{i}."
             form = plan.export_form(i, tensors, self._const)
             names = _LAYER_WEIGHTS + tuple(f"self_attn.{n}.weight" for n in form.kv_projections)
-            if self.bias:
-                names += _ATTENTION_BIASES + tuple(f"self_attn.{n}.bias" for n in form.kv_projections)
+            names += tuple(n for n in _IF_PRESENT + tuple(f"self_attn.{k}.bias" for k in form.kv_projections)
+                           if p + n in tensors)
             self.layer_weights.append({k: w(p + k, transpose=k.endswith("proj.weight")) for k in names})
             self.forms.append(form)
 
@@ -104,7 +106,12 @@ class Qwen3KVDecoder(nn.Layer):
 
     def _lin(self, x, lw, name):
         y = paddle.matmul(x, lw[f"{name}.weight"])
-        return y + lw[f"{name}.bias"] if self.bias and f"{name}.bias" in lw else y
+        return y + lw[f"{name}.bias"] if f"{name}.bias" in lw else y
+
+    def _head_norm(self, x, lw, name):
+        """The per-head RMSNorm `name` ("self_attn.q_norm") over x (..., d), or x where the layer has none."""
+        w = lw.get(f"{name}.weight")
+        return x if w is None else rms_norm(x, w, self.eps)
 
     def forward(self, input_ids, attention_mask, position_ids, past_key_values):
         past = list(past_key_values)  # the cache inputs in order: key_0, value_0, key_1, ... (key_i only if shared)
@@ -172,8 +179,8 @@ class Qwen3KVDecoder(nn.Layer):
         q = self._lin(hdn, lw, "self_attn.q_proj").reshape([0, 0, h_q, d])  # (B, S, H, d)
         kv = [self._lin(hdn, lw, f"self_attn.{n}").reshape([0, 0, form.kv_heads, d])  # (B, S, n_k, d) each
               for n in form.kv_projections]
-        q = apply_rope(rms_norm(q, lw["self_attn.q_norm.weight"], self.eps), cos, sin)
-        k = apply_rope(rms_norm(kv[0], lw["self_attn.k_norm.weight"], self.eps), cos, sin)
+        q = apply_rope(self._head_norm(q, lw, "self_attn.q_norm"), cos, sin)
+        k = apply_rope(self._head_norm(kv[0], lw, "self_attn.k_norm"), cos, sin)
         new = form.to_cache(k, kv[1] if len(kv) > 1 else None)  # (B, heads, S, width) each: the cached layout
         return form.queries(q.transpose([0, 2, 1, 3])), new  # (B, H, S, width)
 

@@ -1,8 +1,10 @@
-"""Qwen3MEAAttention: Qwen3 attention with Multi-head Explicit Attention (HLC over K and V, head norm).
+"""MEA attention (HLC over K and V, head norm) over a base's attention class: `MEAAttention` and `StockKVAttention`,
+put before the base's own (Qwen3's here; Llama's and Qwen2's in paddle_vha/llama/, paddle_vha/qwen2/).
 
 Single-device math (docs/mea.md), with n_p physical KV heads, n_v virtual KV heads, H query heads:
 
-    Q    = RoPE(q_norm(x W_Q))                                   (B, H, S, d)       as Qwen3
+    Q    = RoPE(q_norm(x W_Q))                                   (B, H, S, d)       as Qwen3 (no q/k norm: Llama,
+                                                                                    Qwen2)
     K_p  = x W_K,  V_p = x W_V                                    (B, n_p, S, d)     what the cache stores
     K_v  = HLC(K_p, mea_k_lc),  V_v = HLC(V_p, mea_v_lc)          (B, n_v, T, d)     composed when read
            HLC(t, lc)[j] = sum_p t[p] * lc[p, j],  lc: [n_p, n_v]
@@ -12,7 +14,7 @@ Single-device math (docs/mea.md), with n_p physical KV heads, n_v virtual KV hea
     Y    = RMSNorm_head(Y) * mea_norm   per head over d        only with mea_group_norm
     out  = Y W_O
 
-Every deviation from PaddleFormers' Qwen3Attention is marked `# MEA:`.
+Every deviation from PaddleFormers' attention is marked `# MEA:`.
 """
 from __future__ import annotations
 
@@ -28,16 +30,19 @@ from paddleformers.transformers.qwen3.modeling import (
 )
 
 from ..modeling.parameters import build_declared
-from ..qwen3.modeling import attention_core
+from ..qwen3.modeling import attention_core, head_norm
 from .config import MEAConfigError, Qwen3MEAConfig
 from .functional import head_rms_norm, hlc, multiquery_attention
 from .spec import MEA_LAYER, MEA_STOCK_LAYER
 
-__all__ = ["Qwen3MEAAttention", "Qwen3StockKVAttention", "use_multiquery_form"]
+__all__ = ["MEAAttention", "StockKVAttention", "Qwen3MEAAttention", "Qwen3StockKVAttention", "use_multiquery_form"]
 
 
-class Qwen3StockKVAttention(Qwen3Attention):
-    """Stock Qwen3 attention in a layer that MEA leaves alone, with mea_stock_kv_heads KV heads (its original count)."""
+class StockKVAttention:
+    """A base's stock attention in a layer that MEA leaves alone, with mea_stock_kv_heads KV heads (its original count).
+    Put before the base's attention class; `layer_spec` is the variant's stock layer over that base."""
+
+    layer_spec = MEA_STOCK_LAYER
 
     def __init__(self, config: Qwen3MEAConfig, layer_idx: int = 0):
         super().__init__(config, layer_idx)
@@ -46,11 +51,16 @@ class Qwen3StockKVAttention(Qwen3Attention):
             self.num_key_value_heads = n_s
             self.num_key_value_groups = config.num_attention_heads // n_s
             self.gqa_or_mqa = config.num_attention_heads != n_s
-        build_declared(self, MEA_STOCK_LAYER, config, layer_idx, "self_attn.")  # k_proj / v_proj of n_s heads
+        build_declared(self, self.layer_spec, config, layer_idx, "self_attn.")  # k_proj / v_proj of n_s heads
 
 
-class Qwen3MEAAttention(Qwen3Attention):
-    """Qwen3 attention whose n_v KV heads are virtual: HLC compositions of the n_p cached physical heads."""
+class MEAAttention:
+    """A base's attention whose n_v KV heads are virtual: HLC compositions of the n_p cached physical heads. Put before
+    the base's attention class; `layer_spec` is the variant's MEA layer over that base, `rotary_class` the base's
+    rotary embedding (the angles of cached keys, 'after_hlc')."""
+
+    layer_spec = MEA_LAYER
+    rotary_class = Qwen3RotaryEmbedding
 
     def __init__(self, config: Qwen3MEAConfig, layer_idx: int = 0):
         config.check_runtime_support()
@@ -64,11 +74,11 @@ class Qwen3MEAAttention(Qwen3Attention):
         self.gqa_or_mqa = config.num_attention_heads != n_v
         # MEA: the tensors paddle_vha/mea/spec.py declares: the HLC coefficients mea_k_lc, mea_v_lc [n_p, n_v] (virtual
         # head j starts as physical head j % n_p plus noise) and, with mea_group_norm, the head norm's weight [H*d].
-        build_declared(self, MEA_LAYER, config, layer_idx, "self_attn.")
+        build_declared(self, self.layer_spec, config, layer_idx, "self_attn.")
         if self.k_norm_after_hlc:
             # MEA: k_norm/RoPE run on cached keys too, so the layer needs angles for every cached position.
             # Held outside the sublayer tree: it has no parameters and nothing to save.
-            self._rotary = (Qwen3RotaryEmbedding(config),)
+            self._rotary = (self.rotary_class(config),)
         self.serving_form = False  # MEA: set by use_multiquery_form
         self.hlc_columns = None  # MEA: (a, b) under tensor parallelism with replicated virtual heads (mea/tp_plan.py)
 
@@ -85,7 +95,7 @@ class Qwen3MEAAttention(Qwen3Attention):
         k_lc, v_lc = self.hlc_coefficients()
         k_v, v_v = hlc(k_p, k_lc), hlc(v_p, v_lc)
         if self.k_norm_after_hlc:
-            k_v = self.k_norm(k_v)  # RMSNorm over d, the last axis: no transpose needed
+            k_v = head_norm(self, "k_norm", k_v)  # RMSNorm over d, the last axis: no transpose needed
             # RoPE with cos/sin expanded over the heads (broadcasting them is ~3x slower on CPU)
             shape = k_v.shape
             cos_k = cos_keys.unsqueeze(1).expand(shape).astype(k_v.dtype)
@@ -119,13 +129,13 @@ class Qwen3MEAAttention(Qwen3Attention):
         k_p = self.k_proj(hidden_states).reshape([0, 0, n_p, d])  # MEA: n_p physical heads
         v_p = self.v_proj(hidden_states).reshape([0, 0, n_p, d]).transpose([0, 2, 1, 3])  # (B, n_p, S, d)
         cos, sin = position_embeddings
-        q = self.q_norm(q).transpose([0, 2, 1, 3])  # (B, H, S, d)
+        q = head_norm(self, "q_norm", q).transpose([0, 2, 1, 3])  # (B, H, S, d)
         if self.k_norm_after_hlc:
             # MEA: K_p stays before norm and RoPE; both act on the virtual heads after HLC.
             k_p = k_p.transpose([0, 2, 1, 3])
             q, _ = apply_rotary_pos_emb(q, q, cos, sin)
         else:
-            q, k_p = apply_rotary_pos_emb(q, self.k_norm(k_p).transpose([0, 2, 1, 3]), cos, sin)
+            q, k_p = apply_rotary_pos_emb(q, head_norm(self, "k_norm", k_p).transpose([0, 2, 1, 3]), cos, sin)
 
         if past_key_values is not None:  # MEA: the cache stores the n_p physical heads only
             k_p, v_p = past_key_values.update(k_p, v_p, self.layer_idx)
@@ -147,9 +157,17 @@ class Qwen3MEAAttention(Qwen3Attention):
         return self.o_proj(attn_output), attn_weights
 
 
+class Qwen3StockKVAttention(StockKVAttention, Qwen3Attention):
+    """Stock Qwen3 attention with its own KV heads in a Qwen3-MEA model."""
+
+
+class Qwen3MEAAttention(MEAAttention, Qwen3Attention):
+    """Qwen3 attention with MEA (MEAAttention over PaddleFormers' Qwen3Attention)."""
+
+
 def use_multiquery_form(model, enabled: bool = True):
-    """Switch every MEA layer of `model` (a Qwen3MEA model or layer) to the multi-query serving form (or back)."""
-    layers = [m for m in model.sublayers(include_self=True) if isinstance(m, Qwen3MEAAttention)]
+    """Switch every MEA layer of `model` (an MEA model or layer) to the multi-query serving form (or back)."""
+    layers = [m for m in model.sublayers(include_self=True) if isinstance(m, MEAAttention)]
     if enabled:
         bad = [m.layer_idx for m in layers if m.k_norm_after_hlc]
         if bad:

@@ -1,4 +1,5 @@
-"""Qwen3MEAConfig: PaddleFormers' Qwen3Config plus the Multi-head Explicit Attention fields.
+"""The Multi-head Explicit Attention fields over a base's config: `MEAConfigMixin` and Qwen3MEAConfig, PaddleFormers'
+Qwen3Config with them (Llama-MEA and Qwen2-MEA: paddle_vha/llama/, paddle_vha/qwen2/).
 
 Notation (docs/mea.md):
     H     num_attention_heads        query heads
@@ -15,7 +16,7 @@ from paddleformers.transformers import Qwen3Config
 from ..qwen3.runtime import RuntimeSupport
 from .layers import MEAConfigError, is_mea_layer, parse_layer_spec
 
-__all__ = ["Qwen3MEAConfig", "MEAConfigError", "K_NORM_POSITIONS", "parse_layer_spec"]
+__all__ = ["Qwen3MEAConfig", "MEAConfigMixin", "MEAConfigError", "K_NORM_POSITIONS", "parse_layer_spec"]
 
 K_NORM_POSITIONS = ("after_hlc", "before_hlc")
 
@@ -24,10 +25,10 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-class Qwen3MEAConfig(RuntimeSupport, Qwen3Config):
-    r"""Configuration of a Qwen3-MEA model.
+class MEAConfigMixin:
+    r"""The MEA fields, put before RuntimeSupport and a base's config class.
 
-    Everything Qwen3Config accepts (`num_key_value_heads` is n_p, the physical KV heads of MEA layers), plus:
+    Everything the base's config accepts (`num_key_value_heads` is n_p, the physical KV heads of MEA layers), plus:
 
     Args:
         mea_kv_heads (int, optional): n_v virtual KV heads, n_p <= n_v, dividing num_attention_heads.
@@ -38,12 +39,11 @@ class Qwen3MEAConfig(RuntimeSupport, Qwen3Config):
             SVD conversion needs: a compressed layer's virtual heads are the original KV heads).
         mea_k_norm_position (str): 'after_hlc' (default; k_norm and RoPE on the virtual heads, cache holds raw
             physical K) or 'before_hlc' (on the physical heads: cache holds normed, rotated K; allows the
-            multi-query serving form). docs/mea.md gives the measurements behind the default.
+            multi-query serving form). docs/mea.md gives the measurements behind the default. On a base without
+            q/k norms (Llama, Qwen2) the two are the same function (RoPE commutes with HLC).
     """
 
-    model_type = "qwen3_mea"
-    # what check_runtime_support refuses (paddle_vha/qwen3/runtime.py), and why
-    runtime_label, runtime_error, causal_lm_name = "Qwen3-MEA", MEAConfigError, "Qwen3MEAForCausalLM"
+    runtime_error = MEAConfigError  # what check_runtime_support raises (paddle_vha/qwen3/runtime.py)
     fused_qkv_reason = " (layers differ in KV heads)"
     tensor_parallel_reason = " (fleet's mp layers would split the HLC matrices' physical heads)"
 
@@ -111,4 +111,11 @@ class Qwen3MEAConfig(RuntimeSupport, Qwen3Config):
         """RuntimeSupport's refusals (paddle_vha/qwen3/runtime.py), and sliding-window layers."""
         super().check_runtime_support(tensor_parallel_plan)
         if getattr(self, "sliding_window", None) and "sliding_attention" in (getattr(self, "layer_types", None) or []):
-            raise MEAConfigError("sliding-window layers are not supported by Qwen3-MEA")
+            raise MEAConfigError(f"sliding-window layers are not supported by {self.runtime_label}")
+
+
+class Qwen3MEAConfig(MEAConfigMixin, RuntimeSupport, Qwen3Config):
+    """Configuration of a Qwen3-MEA model: Qwen3Config plus the MEA fields (MEAConfigMixin)."""
+
+    model_type = "qwen3_mea"
+    runtime_label, causal_lm_name = "Qwen3-MEA", "Qwen3MEAForCausalLM"

@@ -10,17 +10,24 @@ heads); the HLC columns (virtual heads) split when t <= n_v, else whole with sum
 """
 from __future__ import annotations
 
-from ..qwen3.spec import QWEN3_LAYER, TOP, stock_sizes, top_sizes
-from ..spec.params import SUMMED, ModelSpec, Param, TensorShard, linear, split_kv
+from typing import Tuple
+
+from ..qwen3.spec import QWEN3, QWEN3_LAYER
+from ..spec.params import SUMMED, LayerSpec, ModelSpec, Param, TensorShard, linear, split_kv
 from .layers import is_mea_layer
 
-__all__ = ["tensor_shapes", "MEA_LAYER", "MEA_STOCK_LAYER", "QWEN3_MEA", "mea_sizes", "HLC_PART"]
+__all__ = ["tensor_shapes", "MEA_LAYER", "MEA_STOCK_LAYER", "QWEN3_MEA", "mea_sizes_over", "mea_layers", "mea_model_spec",
+           "HLC_PART"]
 
 
-def mea_sizes(cfg, layer_idx: int):
-    s = stock_sizes(cfg, layer_idx)  # kv_heads = num_key_value_heads = n_p
-    s.virtual, s.group_norm = cfg.mea_kv_heads, bool(getattr(cfg, "mea_group_norm", True))  # Qwen3MEAConfig's default
-    return s
+def mea_sizes_over(base_sizes):
+    """The sizes function of an MEA layer over a base layer's: the base's (kv_heads = num_key_value_heads = n_p), the
+    virtual heads n_v and the head-norm flag."""
+    def mea_sizes(cfg, layer_idx: int):
+        s = base_sizes(cfg, layer_idx)
+        s.virtual, s.group_norm = cfg.mea_kv_heads, bool(getattr(cfg, "mea_group_norm", True))  # the config's default
+        return s
+    return mea_sizes
 
 
 def _lc_init(s, cfg):
@@ -43,23 +50,33 @@ HLC_PART = "hlc"  # the cost model's part for mea_k_lc and mea_v_lc, the head li
 _kv = lambda s: s.kv_heads * s.head_dim  # noqa: E731
 _lc = lambda s: (s.kv_heads, s.virtual)  # noqa: E731
 
-MEA_LAYER = QWEN3_LAYER.replace(
-    "qwen3_mea",
-    sizes=mea_sizes,
-    add=(
-        *linear("self_attn.k_proj", _kv, lambda s: s.h, SUMMED),  # all n_p physical heads on every rank
-        *linear("self_attn.v_proj", _kv, lambda s: s.h, SUMMED),
-        Param("self_attn.mea_k_lc", _lc, split_kv(TensorShard(1)), init=_lc_init),  # columns = virtual heads
-        Param("self_attn.mea_v_lc", _lc, split_kv(TensorShard(1)), init=_lc_init),
-        Param("self_attn.mea_norm.weight", lambda s: (s.heads * s.head_dim,), TensorShard(0),  # by query head
-              when=lambda s: s.group_norm, init=_ones),  # the head norm's affine weight
-    ),
-)
+def mea_layers(base: LayerSpec) -> Tuple[LayerSpec, LayerSpec]:
+    """(MEA layer, stock layer with mea_stock_kv_heads KV heads) over a base's decoder layer."""
+    mea = base.replace(
+        f"{base.name}_mea",
+        sizes=mea_sizes_over(base.sizes),
+        add=(
+            *linear("self_attn.k_proj", _kv, lambda s: s.h, SUMMED),  # all n_p physical heads on every rank
+            *linear("self_attn.v_proj", _kv, lambda s: s.h, SUMMED),
+            Param("self_attn.mea_k_lc", _lc, split_kv(TensorShard(1)), init=_lc_init),  # columns = virtual heads
+            Param("self_attn.mea_v_lc", _lc, split_kv(TensorShard(1)), init=_lc_init),
+            Param("self_attn.mea_norm.weight", lambda s: (s.heads * s.head_dim,), TensorShard(0),  # by query head
+                  when=lambda s: s.group_norm, init=_ones),  # the head norm's affine weight
+        ),
+    )
+    stock = base.replace(f"{base.name}_mea_stock",
+                         sizes=lambda cfg, i: base.sizes(cfg, i, kv_heads=cfg.mea_stock_kv_heads))
+    return mea, stock
 
-MEA_STOCK_LAYER = QWEN3_LAYER.replace(
-    "qwen3_mea_stock", sizes=lambda cfg, i: stock_sizes(cfg, i, kv_heads=cfg.mea_stock_kv_heads))
 
-QWEN3_MEA = ModelSpec(top=TOP, top_sizes=top_sizes,
-                      layer=lambda cfg, i: MEA_LAYER if is_mea_layer(cfg.mea_layers, i) else MEA_STOCK_LAYER)
+def mea_model_spec(base: ModelSpec, mea: LayerSpec, stock: LayerSpec) -> ModelSpec:
+    """An MEA family's tensors over a base's: MEA layers (`mea`) in mea_layers, stock layers (`stock`, their own KV
+    heads) elsewhere; the pair from mea_layers."""
+    return ModelSpec(top=base.top, top_sizes=base.top_sizes,
+                     layer=lambda cfg, i: mea if is_mea_layer(cfg.mea_layers, i) else stock)
+
+
+MEA_LAYER, MEA_STOCK_LAYER = mea_layers(QWEN3_LAYER)
+QWEN3_MEA = mea_model_spec(QWEN3, MEA_LAYER, MEA_STOCK_LAYER)
 
 tensor_shapes = QWEN3_MEA.tensor_shapes  # the on-disk contract: name -> HF-layout shape

@@ -32,9 +32,10 @@ from typing import Dict
 from ..qwen3.tp_plan import gqa_attention_attributes, stock_layer_plan
 from ..spec.sharding import HeadLayout, LayerPlan, TensorShard, TPPlanError, check_head_split, check_mlp_split, check_size, gqa_layout
 from .layers import is_mea_layer
+from ..spec.params import ModelSpec
 from .spec import QWEN3_MEA
 
-__all__ = ["check", "layer_kind", "layer_layout", "layer_shards", "layer_plan", "TPPlanError"]
+__all__ = ["check", "layer_kind", "layer_layout", "layer_shards", "layer_plan", "MEAPlan", "TPPlanError"]
 
 
 def layer_kind(cfg, layer_idx: int) -> str:
@@ -65,16 +66,28 @@ def layer_layout(cfg, t: int, rank: int, layer_idx: int) -> HeadLayout:
     return gqa_layout(cfg.num_attention_heads, n_kv, t, rank)
 
 
-def layer_shards(cfg, t: int, layer_idx: int) -> Dict[str, TensorShard]:
+def layer_shards(cfg, t: int, layer_idx: int, spec: ModelSpec = QWEN3_MEA) -> Dict[str, TensorShard]:
     """Parameter name (relative to decoder layer `layer_idx`) -> shard on rank 0 of t (the split is the same on every
-    rank); as declared in paddle_vha/mea/spec.py."""
-    return QWEN3_MEA.layer_shards(cfg, layer_idx, layer_layout(cfg, t, 0, layer_idx))
+    rank); as declared in `spec` (paddle_vha/mea/spec.py over the family's base)."""
+    return spec.layer_shards(cfg, layer_idx, layer_layout(cfg, t, 0, layer_idx))
 
 
-def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
+def layer_plan(cfg, t: int, rank: int, layer_idx: int, spec: ModelSpec = QWEN3_MEA) -> LayerPlan:
     lay = layer_layout(cfg, t, rank, layer_idx)
     if layer_kind(cfg, layer_idx) == "stock":
-        return stock_layer_plan(cfg, layer_idx, lay, spec=QWEN3_MEA)
+        return stock_layer_plan(cfg, layer_idx, lay, spec=spec)
     attrs = dict(gqa_attention_attributes(lay), num_virtual_heads=lay.num_kv_heads,  # the HLC columns it composes
                  hlc_columns=None if lay.kv_sharded else lay.kv)
-    return LayerPlan(params=QWEN3_MEA.layer_shards(cfg, layer_idx, lay), attributes={"self_attn": attrs})
+    return LayerPlan(params=spec.layer_shards(cfg, layer_idx, lay), attributes={"self_attn": attrs})
+
+
+class MEAPlan:
+    """This module's plan over an MEA family's spec (MEA over another base), as the registry's `tp_plan` asks for it."""
+
+    check = staticmethod(check)
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+
+    def layer_plan(self, cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
+        return layer_plan(cfg, t, rank, layer_idx, self.spec)

@@ -17,12 +17,23 @@ import os
 from ..checkpoint.folder import remove_save_marker
 from ..spec.validate import validate
 
-__all__ = ["ContractCheckpointMixin", "linear_rules", "declare_tp_shards"]
+__all__ = ["ContractCheckpointMixin", "linear_rules", "drop_tied_head", "declare_tp_shards"]
+
+
+def drop_tied_head(aoa: dict, config) -> dict:
+    """`aoa` (rules to disk) with a tied LM head not written: Hugging Face's layout holds the embedding only.
+    PaddleFormers' Qwen2 / Qwen3 rules drop it; its Llama's do not, and an unmentioned parameter is written as it is."""
+    if getattr(config, "tie_word_embeddings", False) and not any(
+            s.split("->")[0].strip() == "lm_head.weight" for s in aoa["aoa_statements"]):
+        aoa["aoa_statements"].append("lm_head.weight -> _")
+    return aoa
 
 
 def linear_rules(cls, aoa: dict, config, to_disk: bool) -> dict:
     """`aoa` (the base's rules for model class `cls`) adapted to the family's tensors (cls.family_spec)."""
     spec = cls.family_spec
+    if to_disk:
+        drop_tied_head(aoa, config)
     dropped = [f".{name}." for name in spec.dropped_base_linears(config)]
     aoa["aoa_statements"] = [s for s in aoa["aoa_statements"] if not any(d in s for d in dropped)]
     prefix = "" if cls == cls.base_model_class else "model."

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..qwen3.contract import check_config, check_config_fields
 from ..spec.base import Base
 from .fields import check_moe_fields
+from ..qwen3.spec import QWEN3_LAYER
 from .spec import QWEN3_MOE
 
 __all__ = ["QWEN3_MOE_BASE", "NO_MODEL"]
@@ -22,11 +23,13 @@ def _check_fields(fields: dict) -> None:
 
 QWEN3_MOE_BASE = Base(
     name="Qwen3-MoE",
+    model_type="qwen3_moe",
     module="paddleformers.transformers.qwen3_moe.modeling",
     classes=dict(attention="Qwen3MoeAttention", decoder_layer="Qwen3MoeDecoderLayer",
                  pretrained="Qwen3MoePretrainedModel", model="Qwen3MoeModel", causal_lm="Qwen3MoeForCausalLM"),
     config="paddle_vha.moe.config:Qwen3MoeConfig",
     spec=QWEN3_MOE,
+    layer=QWEN3_LAYER,  # its attention and norms (the MLP of a MoE layer is swapped: moe/spec.py)
     check_fields=_check_fields,
     check_config=check_config,  # the typed config's MoE fields are checked by MoEFields when it is built
 )

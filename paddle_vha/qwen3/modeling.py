@@ -10,8 +10,15 @@ from paddle import nn
 from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS
 from paddleformers.transformers.qwen3.modeling import Qwen3RotaryEmbedding
 
-__all__ = ["CacheContinuingPositionsMixin", "cache_continuation_positions", "single_device_linear", "attention_core",
+__all__ = ["head_norm", "CacheContinuingPositionsMixin", "cache_continuation_positions", "single_device_linear", "attention_core",
            "update_shared_kv_cache", "RoPETables", "LayerwiseRotaryEmbedding", "with_sink_column"]
+
+
+def head_norm(layer, name: str, x):
+    """The layer's per-head norm `name` ("q_norm", "k_norm") applied to x (..., d), or x itself where the base's
+    attention has none (Llama, Qwen2: its spec declares no such tensor)."""
+    norm = getattr(layer, name, None)
+    return x if norm is None else norm(x)
 
 
 def single_device_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:

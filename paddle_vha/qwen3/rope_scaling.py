@@ -13,12 +13,17 @@ theta = rope_theta, M = max_position_embeddings, f = factor):
     yarn      inv_freq = interpolated theta^(-i/d)/f blended with extrapolated theta^(-i/d) by a linear ramp over the
               dimensions between the correction range of beta_fast / beta_slow rotations at the original context;
               cos and sin multiplied by the attention factor (0.1 ln f + 1 unless given, or its mscale ratio)
+    llama3    (Llama 3.1+) with wavelength w_i = 2 pi / theta^(-i/d), original context O, low / high frequency factors
+              l / h: w_i < O/h keeps theta^(-i/d), w_i > O/l divides it by f, and between the two it is blended,
+              (1 - a) theta^(-i/d) / f + a theta^(-i/d) with a = (O / w_i - l) / (h - l)
 
-Yarn with `original_max_position_embeddings` is read differently by the two libraries: PaddleFormers 1.0.0 replaces f
+Llama 3's scaling needs factor, low_freq_factor, high_freq_factor and original_max_position_embeddings (both libraries
+assert them). Yarn with `original_max_position_embeddings` is read differently by the two libraries: PaddleFormers 1.0.0 replaces f
 by M / original_max_position_embeddings, transformers 4.57 keeps f. Such a config is refused unless both agree
-(M = f x original). Types other than these four (longrope, llama3, unknown names) and `partial_rotary_factor` != 1 are
+(M = f x original). Types other than these five (longrope, unknown names) and `partial_rotary_factor` != 1 are
 refused. The effective parameters are `rope_parameters` when the config has them, else `rope_scaling` (as
-PaddleFormers' Qwen3Config reads config.json). Pure Python and numpy.
+PaddleFormers' configs read config.json). Every base takes its RoPE from here (Qwen3, Llama, Qwen2). Pure Python and
+numpy.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ import numpy as np
 
 __all__ = ["RopeScaling", "rope_scaling_of", "rope_fields_problem", "IMPLEMENTED"]
 
-IMPLEMENTED = ("default", "linear", "dynamic", "yarn")
+IMPLEMENTED = ("default", "linear", "dynamic", "yarn", "llama3")
 _YARN_NUMBERS = ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 
 
@@ -68,7 +73,7 @@ def rope_fields_problem(fields: dict) -> Optional[str]:
     key = "rope_parameters" if fields.get("rope_parameters") is not None else "rope_scaling"
     if kind not in IMPLEMENTED:
         return (f"{key} rope_type {kind!r} is not implemented (paddle-vha serves {', '.join(IMPLEMENTED)}, the "
-                "types Qwen3 uses)")
+                "types Qwen3, Qwen2 and Llama configs use)")
     if kind == "default":
         return None
     f = r.get("factor")
@@ -76,6 +81,21 @@ def rope_fields_problem(fields: dict) -> Optional[str]:
         return f"{key} {kind}: factor must be a finite number >= 1, got {f!r}"
     if kind == "yarn":
         return _yarn_problem(r, key, fields)
+    if kind == "llama3":
+        return _llama3_problem(r, key)
+    return None
+
+
+def _llama3_problem(r: dict, key: str) -> Optional[str]:
+    for name in ("low_freq_factor", "high_freq_factor"):
+        if not (_number(r.get(name)) and r[name] > 0):
+            return f"{key} llama3: {name} must be a finite number > 0, got {r.get(name)!r}"
+    if not r["high_freq_factor"] > r["low_freq_factor"]:
+        return (f"{key} llama3: high_freq_factor {r['high_freq_factor']!r} must exceed low_freq_factor "
+                f"{r['low_freq_factor']!r}")
+    orig = r.get("original_max_position_embeddings")
+    if not (isinstance(orig, int) and not isinstance(orig, bool) and orig >= 1):
+        return f"{key} llama3: original_max_position_embeddings must be a positive int, got {orig!r}"
     return None
 
 
@@ -146,7 +166,18 @@ def rope_scaling_of(cfg) -> RopeScaling:
         inv = base / f
     elif kind == "yarn":
         inv, scaling = _yarn(r, theta, d, f, m)
+    elif kind == "llama3":
+        inv = _llama3(r, base, f)
     return RopeScaling(kind, theta, d, f, m, inv, scaling)
+
+
+def _llama3(r: dict, base: np.ndarray, f: float) -> np.ndarray:
+    """Llama 3's inverse frequencies (see the module docstring)."""
+    orig, low, high = r["original_max_position_embeddings"], r["low_freq_factor"], r["high_freq_factor"]
+    wavelen = 2 * math.pi / base
+    a = (orig / wavelen - low) / (high - low)  # 0 at the long-wavelength end, 1 at the short one
+    blended = (1 - a) * base / f + a * base
+    return np.where(wavelen < orig / high, base, np.where(wavelen > orig / low, base / f, blended))
 
 
 def _yarn(r: dict, theta: float, d: int, f: float, m: int):

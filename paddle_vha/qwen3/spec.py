@@ -11,17 +11,19 @@ from types import SimpleNamespace
 
 from ..spec.params import COLUMN, ROW, SUMMED, LayerSpec, ModelSpec, Param, linear, split_kv
 
-__all__ = ["tensor_shapes", "QWEN3_LAYER", "QWEN3", "TOP", "stock_sizes", "top_sizes"]
+__all__ = ["tensor_shapes", "QWEN3_LAYER", "QWEN3", "TOP", "stock_sizes", "top_sizes", "O_PROJ"]
 
 
 def stock_sizes(cfg, layer_idx: int, kv_heads: int = None) -> SimpleNamespace:
-    """A stock layer's sizes: h, MLP width, H query heads and H_kv KV heads of width d, the bias flag. The widths are
-    read only if the config has them (a plan's shards need the head counts and flags alone: the TP plans take any
-    object with the fields they read; a shape computed from a missing width is None and fails any shape check)."""
+    """A stock layer's sizes: h, MLP width, H query heads and H_kv KV heads of width d, the bias flags (`bias`: q / k /
+    v_proj's and any other projection of the queries, keys or values; `o_bias`: o_proj's; Qwen3's attention_bias sets
+    both). The widths are read only if the config has them (a plan's shards need the head counts and flags alone: the
+    TP plans take any object with the fields they read; a shape computed from a missing width is None and fails any
+    shape check)."""
+    bias = bool(getattr(cfg, "attention_bias", False))
     return SimpleNamespace(h=getattr(cfg, "hidden_size", None), inter=getattr(cfg, "intermediate_size", None),
                            heads=cfg.num_attention_heads, head_dim=getattr(cfg, "head_dim", None),
-                           kv_heads=cfg.num_key_value_heads if kv_heads is None else kv_heads,
-                           bias=bool(getattr(cfg, "attention_bias", False)))
+                           kv_heads=cfg.num_key_value_heads if kv_heads is None else kv_heads, bias=bias, o_bias=bias)
 
 
 def top_sizes(cfg) -> SimpleNamespace:
@@ -37,7 +39,9 @@ TOP = (
 _q_w, _q_b = linear("self_attn.q_proj", lambda s: s.heads * s.head_dim, lambda s: s.h, COLUMN)
 _k_w, _k_b = linear("self_attn.k_proj", lambda s: s.kv_heads * s.head_dim, lambda s: s.h, split_kv(COLUMN))
 _v_w, _v_b = linear("self_attn.v_proj", lambda s: s.kv_heads * s.head_dim, lambda s: s.h, split_kv(COLUMN))
-_o_w, _o_b = linear("self_attn.o_proj", lambda s: s.h, lambda s: s.heads * s.head_dim, ROW)
+_o_w, _o_b = linear("self_attn.o_proj", lambda s: s.h, lambda s: s.heads * s.head_dim, ROW, bias=lambda s: s.o_bias)
+
+O_PROJ = (_o_w, _o_b)  # o_proj as every base declares it: H heads of width d in, its bias where o_bias holds
 
 QWEN3_LAYER = LayerSpec(
     "qwen3",

@@ -39,7 +39,9 @@ class Arch:
     intermediate_size: int
     vocab_size: int
     tie_word_embeddings: bool = True
-    attention_bias: bool = False
+    attention_bias: bool = False  # q / k / v biases (and o_proj's unless o_bias says otherwise)
+    o_bias: Optional[bool] = None  # o_proj's bias; None: as attention_bias (Qwen2: q/k/v biased, o_proj not)
+    qk_norm: bool = True  # per-head q/k RMSNorm weights (Qwen3; not Llama or Qwen2)
     # VHA (kind "vha"): H_p = num_heads / num_kv_heads physical query heads of width r, Postmix rank R.
     vha_q_head_dim: Optional[int] = None
     vha_postmix_rank: int = 0
@@ -200,14 +202,17 @@ class AttentionCost:
         return parts
 
     def biases_and_norms(self, a: Arch, parts: Dict[str, int]) -> Dict[str, int]:
-        """`parts` with the biases (attention_bias) added to their Linears and the norm weights as parts."""
+        """`parts` with the biases (attention_bias, o_bias) added to their Linears and the norm weights (qk_norm) as
+        parts."""
         h, d = a.hidden_size, a.head_dim
         if a.attention_bias:
             parts["q_proj"] += self.physical_heads(a) * a.q_head_dim
             for name in a.kv_projections:
                 parts[name] += a.num_kv_heads * d
+        if a.attention_bias if a.o_bias is None else a.o_bias:
             parts["o_proj"] += h
-        parts["qk_norm"] = 2 * d
+        if a.qk_norm:
+            parts["qk_norm"] = 2 * d
         return parts
 
     def part_flops(self, a: Arch, name: str, n: int) -> float:

@@ -1,8 +1,10 @@
 """PaddleFormers' Trainer for any registered family: build, train, evaluate and save one run (the glue behind
 tools/train.py).
 
-The arguments come from the trainer config (paddle_vha/train/arguments.py). The model class, its checkpoint contract
-and whether paddle_vha.parallel shards it (tensor_model_parallel_size > 1) come from the registry. The model is
+The arguments come from the trainer config (paddle_vha/train/arguments.py). What the run trains is resolved once, by
+build_config, into a RunModel (the family asked from the registry once: its config checked by its base's rules, its
+model class and checkpoint contract, and whether paddle_vha.parallel shards it at tensor_model_parallel_size > 1) and
+passed forward; nothing after it asks the registry again. The model is
 written to OUTPUT_DIR/model (and each checkpoint-N/model, paddle_vha/train/callbacks.py) in the documented checkpoint
 format. Guide: docs/training.md.
 
@@ -16,11 +18,11 @@ import errno
 import json
 import math
 import os
+from dataclasses import dataclass
 
 from ..checkpoint.contract import CheckpointError, read_json_object
 from ..checkpoint.fsutil import MARKER, check_no_overlap
-from ..families import UnknownFamily, family
-from ..qwen3.contract import check_config, check_config_fields
+from ..families import Family, UnknownFamily, family
 from .memory import refuse_raw_fields
 from .arguments import tensor_parallel_degree
 from .callbacks import TrainLog, nonfinite_parameter
@@ -31,7 +33,23 @@ from .paddleformers_trainer import LlmMetaConfig, get_last_checkpoint, set_seed
 from .resume import CheckpointTrainer
 from .teacher import distill_plan, load_teacher
 
-__all__ = ["run", "build_config", "build_data", "describe", "check_arguments"]
+__all__ = ["run", "build_config", "RunModel", "build_data", "describe", "check_arguments"]
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """What one run trains, resolved once by build_config: the family (Qwen3-VHA, Llama-VHA, ...), its checked config,
+    the tensor-parallel degree asked for, and whether paddle_vha.parallel shards the model (the family has a plan and
+    tp > 1)."""
+
+    family: Family
+    config: object
+    tp: int
+    plan_tp: bool
+
+    @property
+    def model_cls(self):
+        return self.family.model_class
 
 
 def model_family(model_type: str):
@@ -69,11 +87,12 @@ def model_config_dict(model_args) -> dict:
     return cfg
 
 
-def build_config(model_args, data_args, training_args, tp: int):
-    """The model's config (validated, one line on error) and its causal-LM class, for a run at tensor-parallel degree
-    tp."""
+def build_config(model_args, data_args, training_args, tp: int) -> RunModel:
+    """The run's model (RunModel: the family, its config validated by its base's rules with one line on error, and how
+    it is sharded) at tensor-parallel degree tp."""
     fam = model_family(model_args.model_type)
-    config_cls, model_cls = fam.config_class, fam.model_class
+    config_cls = fam.config_class
+    plan_tp = tp > 1 and fam.tp_plan is not None
     fields = model_config_dict(model_args)
     if data_args.dataset == "stdlib":
         from .corpus import BYTE_VOCAB_SIZE
@@ -87,10 +106,10 @@ def build_config(model_args, data_args, training_args, tp: int):
         raise TrainError(f"max_seq_len={data_args.max_seq_len} exceeds the model's max_position_embeddings="
                          f"{fields['max_position_embeddings']}")
     try:
-        check_config_fields(fields)  # Qwen3's sizes and numbers as written, then with the class's defaults
+        fam.base.check_fields(fields)  # the base's sizes and numbers as written, then with the class's defaults
         refuse_raw_fields(fields, TrainError)  # a memory bomb before PaddleFormers builds its per-layer lists
         config = config_cls(**fields)
-        check_config(config)
+        fam.base.check_config(config)
     except (ValueError, TypeError) as e:  # VHAConfigError / MEAConfigError are ValueErrors
         raise TrainError(f"model_config: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     LlmMetaConfig.set_llm_config(config, training_args)  # parallel degrees, recompute, fusions: as PaddleFormers does
@@ -98,7 +117,7 @@ def build_config(model_args, data_args, training_args, tp: int):
     if check is not None:  # the model's own refusals, judged on the degrees the config asks for
         saved, config.tensor_model_parallel_size = config.tensor_model_parallel_size, tp
         try:
-            if uses_plan_tensor_parallel(model_args, tp):
+            if plan_tp:
                 from ..parallel.apply import check_plan
 
                 check(tensor_parallel_plan=True)  # sharded by paddle_vha.parallel, not by fleet's layers
@@ -115,7 +134,7 @@ def build_config(model_args, data_args, training_args, tp: int):
     if tp > max(1, training_args.world_size) and not training_args.dry_run:
         raise TrainError(f"tensor_model_parallel_size={tp} needs at least {tp} processes: launch with "
                          f"python -m paddle.distributed.launch --nproc_per_node N tools/train.py ...")
-    return config, model_cls
+    return RunModel(fam, config, tp, plan_tp)
 
 
 def check_vocab_parallel_run(config, training_args, tp: int) -> None:
@@ -151,12 +170,6 @@ def vocab_parallel_here(training_args) -> bool:
     """The plan splits the embedding and LM head by vocabulary row (`vocab_parallel`; under PP x TP the first
     stage's embedding and the last stage's head, paddle_vha/parallel/pipe_vocab.py)."""
     return bool(getattr(training_args, "vocab_parallel", True))
-
-
-def uses_plan_tensor_parallel(model_args, tp: int) -> bool:
-    """Families with a plan (Qwen3-VHA, Qwen3-MEA) are built and saved through paddle_vha.parallel at t > 1
-    (docs/tensor_parallel.md)."""
-    return tp > 1 and model_family(model_args.model_type).tp_plan is not None
 
 
 def check_data_fits(model_args, data_args, config) -> None:
@@ -279,11 +292,12 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     # resumed run, which skips the batches already consumed, sees the same batches as an uninterrupted one.
     training_args.dataloader_shuffle = False
     tp = tensor_parallel_degree(requested, training_args)
-    config, model_cls = build_config(model_args, data_args, training_args, tp)
+    run_model = build_config(model_args, data_args, training_args, tp)  # the registry asked once, here
+    config = run_model.config
     distill = distill_plan(training_args, config)  # None, or (teacher family, teacher config, settings)
     check_data_fits(model_args, data_args, config)
     train, val, data_desc = build_data(data_args, training_args, config.vocab_size)
-    _print_run(config, model_args, data_args, training_args, tp, (train, val, data_desc))
+    _print_run(run_model, data_args, training_args, (train, val, data_desc))
     if distill is not None:
         print(_distill_line(training_args.teacher, *distill))
     memory_line = check_memory(config, data_args, training_args, tp, refuse=not training_args.dry_run,
@@ -296,9 +310,8 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     lock = hold_run_lock(training_args.output_dir)  # noqa: F841 - held until this function returns
     _quiet_checkpoint_io()
     resume = resume_point(training_args)
-    plan_tp = uses_plan_tensor_parallel(model_args, tp)
     set_seed(training_args.seed)
-    model = build_model(model_cls, config, model_args, training_args, plan_tp)
+    model = build_model(run_model.model_cls, config, model_args, training_args, run_model.plan_tp)
     # With tensor / pipeline parallelism each rank holds a slice of the weights, so a rank-0 save_pretrained would
     # write a partial model: the checkpoint-N/model copies are skipped and the final model goes through the Trainer.
     sharded = max(training_args.tensor_model_parallel_size, training_args.pipeline_model_parallel_size) > 1
@@ -311,18 +324,19 @@ def _run(model_args, data_args, training_args, requested: dict) -> int:
     if training_args.do_eval:
         evaluate(trainer, log)
     if training_args.do_train:
-        save_trained_model(save, trainer, model_args, training_args, plan_tp, sharded)
+        save_trained_model(save, trainer, run_model, training_args, sharded)
     return 0
 
 
-def _print_run(config, model_args, data_args, training_args, tp: int, data) -> None:
+def _print_run(run_model: RunModel, data_args, training_args, data) -> None:
     """The model, data and parallel lines printed before training (and by a dry run)."""
     train, val, data_desc = data
-    print(describe(config, data_args, training_args))
+    tp = run_model.tp
+    print(describe(run_model.config, data_args, training_args))
     print(f"data: {data_desc}; {len(train):,} train samples of {data_args.max_seq_len} tokens, "
           f"{len(val):,} validation samples")
     if tp > 1:
-        how = " (sharded by paddle_vha.parallel)" if uses_plan_tensor_parallel(model_args, tp) else ""
+        how = " (sharded by paddle_vha.parallel)" if run_model.plan_tp else ""
         print(f"parallel: tensor_model_parallel_size={tp}{how}; launch with python -m paddle.distributed.launch "
               f"--nproc_per_node N tools/train.py ..., N a multiple of {tp}")
 
@@ -604,24 +618,24 @@ def model_saver(model, model_args):
     return save
 
 
-def save_trained_model(save, trainer, model_args, training_args, plan_tp: bool, sharded: bool) -> None:
-    """OUTPUT_DIR/model in the documented format: merged from paddle_vha.parallel's shards (plan_tp), gathered by
-    the Trainer (other model parallelism), or saved and validated from rank 0."""
+def save_trained_model(save, trainer, run_model: RunModel, training_args, sharded: bool) -> None:
+    """OUTPUT_DIR/model in the documented format: merged from paddle_vha.parallel's shards (run_model.plan_tp),
+    gathered by the Trainer (other model parallelism), or saved and validated from rank 0."""
     dest = os.path.join(training_args.output_dir, "model")
     if training_args.pipeline_model_parallel_size > 1:  # PP, PP x TP: one shard per stage (paddle_vha.parallel)
         from ..parallel.pipe_save import save_pipeline_model
 
         save_pipeline_model(save.model, dest, save.finish)
         if training_args.process_index == 0:
-            model_family(model_args.model_type).validate(dest)
-    elif plan_tp:
+            run_model.family.validate(dest)
+    elif run_model.plan_tp:
         _save_plan_parallel(save.model, training_args.output_dir, dest, save.finish)
     elif sharded:  # stock models under fleet's model parallelism: the Trainer gathers (not run by this project)
         trainer.save_model(dest)
     elif training_args.should_save or training_args.world_size > 1:  # collective with several ranks (saving.py)
         save(dest)
         if training_args.should_save:
-            model_family(model_args.model_type).validate(dest)  # the folder must meet its documented contract
+            run_model.family.validate(dest)  # the folder must meet its documented contract
     if training_args.should_save:
         print(f"saved the trained model to {dest}")
 

@@ -1,4 +1,5 @@
-"""Stock Qwen3 -> Qwen3-MEA by the MEA paper's SVD (eq. 23): fewer cached KV heads, HLC rebuilds the originals.
+"""A stock checkpoint -> MEA over its base (Qwen3 -> Qwen3-MEA, Llama -> Llama-MEA, Qwen2 -> Qwen2-MEA) by the MEA
+paper's SVD (eq. 23): fewer cached KV heads, HLC rebuilds the originals.
 
 For one projection of a compressed layer (W_K or W_V, HF layout [H*d, h], H = the original KV heads):
 
@@ -13,7 +14,8 @@ so HLC(x W_phys) = x (U_n S_n V_n^T) ~= x W, exactly when n_p = H. The relative 
 k_norm (docs/mea.md): with 'after_hlc' (default) it acts on the rebuilt virtual heads, exactly as in the
 original model. With 'before_hlc' it acts on each physical head, whose weights are unit-norm columns of U, so the
 K-side coefficients of virtual head j are divided by ||M[:, j]|| (a data-free rescale; without it the virtual
-keys come out ||W^(j)|| times too large).
+keys come out ||W^(j)|| times too large). A base without k_norm (Llama, Qwen2) has no such choice: RoPE commutes with
+HLC, and both positions are the same function.
 
 IN_DIR is only read (tensors through safetensors headers and pread; models for the KL check load through a
 folder of symlinks); OUT_DIR appears only when complete (temporary folder, then rename).
@@ -27,13 +29,12 @@ import numpy as np
 
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError
-from ..qwen3.source import open_stock_qwen3
 from ..transform import Description, Entry, TransformPlan, check_dtype, output_code, write_plan
 from ..transform.describe import kv_cache_line, output_line
 from ..transform.plan import open_output
-from ..mea.config import K_NORM_POSITIONS, MEAConfigError, Qwen3MEAConfig
-from ..mea.spec import tensor_shapes as mea_tensor_shapes
+from ..mea.config import K_NORM_POSITIONS, MEAConfigError
 from ..mea.layers import parse_layer_spec
+from .source import open_stock
 
 __all__ = ["CompressError", "CompressPlan", "svd_compress", "plan_compress", "compress_layer", "LayerTensors",
            "compress_checkpoint", "logit_kl"]
@@ -68,19 +69,22 @@ def svd_compress(w: np.ndarray, bias: Optional[np.ndarray], n_heads: int, head_d
 
 @dataclass(kw_only=True)
 class CompressPlan(TransformPlan):
-    """plan_compress's plan: cfg is the Qwen3-MEA config written; `layers` the compressed layers."""
+    """plan_compress's plan: cfg is the MEA config written (of `target`, the MEA family over the source's base);
+    `layers` the compressed layers."""
 
     tool, verb = "compress_kv", "compress"
     error = CompressError
 
     layers: List[int]
+    source_family: object = None  # paddle_vha.families.Family of the stock checkpoint read
+    target: object = None  # ... of the MEA checkpoint written
     errors: Dict[int, Tuple[float, float]] = field(default_factory=dict)  # layer -> (rel err W_K, rel err W_V)
 
     def describe(self) -> Description:
         c = self.cfg
         H_kv, n_p, L, d = c.mea_kv_heads, c.num_key_value_heads, c.num_hidden_layers, c.head_dim
         return Description(f"compress {self.in_dir} -> {self.out_dir}", [
-            f"Qwen3: {L} layers, {c.num_attention_heads} query heads, {H_kv} KV heads, head_dim {d}, "
+            f"{self.source_family.label}: {L} layers, {c.num_attention_heads} query heads, {H_kv} KV heads, head_dim {d}, "
             f"hidden {c.hidden_size}",
             f"MEA layers ({len(self.layers)} of {L}): {_ranges(self.layers)}; KV heads there {H_kv} -> {n_p} physical "
             f"(HLC rebuilds {H_kv} virtual); k_norm {c.mea_k_norm_position}",
@@ -90,15 +94,15 @@ class CompressPlan(TransformPlan):
 
 
 def _compressed_config(raw: dict, in_dir: str, kv_heads: int, stock_kv: int, layers: List[int], k_norm: str,
-                       code: str):
-    """(config.json, Qwen3MEAConfig) of the compressed model."""
+                       code: str, target):
+    """(config.json, config object) of the compressed model, of family `target`."""
     out_raw = {k: v for k, v in raw.items() if k not in ("_name_or_path", "transformers_version")}
-    out_raw.update(model_type=Qwen3MEAConfig.model_type, architectures=["Qwen3MEAForCausalLM"],
+    out_raw.update(model_type=target.model_type, architectures=[target.causal_lm_name],
                    num_key_value_heads=kv_heads, mea_kv_heads=stock_kv, mea_stock_kv_heads=stock_kv, mea_layers=layers,
                    mea_group_norm=False, mea_k_norm_position=k_norm, dtype=st.dtype_name(code))
     out_raw.pop("torch_dtype", None)
     try:
-        return out_raw, Qwen3MEAConfig.from_dict(out_raw)
+        return out_raw, target.config_class.from_dict(out_raw)
     except (ValueError, TypeError) as e:
         raise CompressError(f"{in_dir}/config.json: cannot describe the compressed model ({e})") from None
 
@@ -112,12 +116,13 @@ def _svd_names(layers: List[int], bias: bool) -> set:
 
 def plan_compress(src, out_dir: str, kv_heads: int, layers: str = "all", k_norm: str = "after_hlc",
                   dtype: str = "auto", force: bool = False, max_shard_size="5GB") -> CompressPlan:
-    """Validate `src` (a stock Qwen3 checkpoint: path or CheckpointFolder) and the request from headers alone; reads no
-    tensor data."""
+    """Validate `src` (a stock checkpoint of a base with an MEA variant: path or CheckpointFolder) and the request from
+    headers alone; reads no tensor data."""
     check_dtype(dtype, CompressError)
     if k_norm not in K_NORM_POSITIONS:
         raise CompressError(f"--k-norm {k_norm!r}: expected one of {', '.join(K_NORM_POSITIONS)}")
-    ck, src_cfg = open_stock_qwen3(src, CompressError)
+    source = open_stock(src, CompressError, "mea")
+    ck, src_cfg = source.folder, source.config
     H_kv = src_cfg.num_key_value_heads
     if not (isinstance(kv_heads, int) and 1 <= kv_heads <= H_kv):
         raise CompressError(f"--kv-heads {kv_heads}: must be between 1 and the checkpoint's {H_kv} KV heads")
@@ -127,12 +132,12 @@ def plan_compress(src, out_dir: str, kv_heads: int, layers: str = "all", k_norm:
         raise CompressError(f"--layers: {e}") from None
     open_output(ck, out_dir, force, CompressError)
     code = output_code(dtype, ck.tensors)
-    out_raw, cfg = _compressed_config(ck.config, ck.path, kv_heads, H_kv, layer_list, k_norm, code)
-    made = _svd_names(layer_list, cfg.attention_bias)
+    out_raw, cfg = _compressed_config(ck.config, ck.path, kv_heads, H_kv, layer_list, k_norm, code, source.target)
+    made = _svd_names(layer_list, "model.layers.0.self_attn.k_proj.bias" in ck.tensors)  # the base's k/v biases
     entries = [Entry(n, tuple(shape), code, "svd" if n in made else "copy", (n,))
-               for n, shape in mea_tensor_shapes(cfg).items()]
+               for n, shape in source.target.tensor_shapes(cfg).items()]
     return CompressPlan.build(ck, out_dir, entries, max_shard_size, cfg=cfg, out_config=out_raw, out_code=code,
-                              force=force, layers=layer_list)
+                              force=force, layers=layer_list, source_family=source.family, target=source.target)
 
 
 def _ranges(layers: List[int]) -> str:
@@ -154,7 +159,7 @@ def compress_layer(plan: CompressPlan, i: int) -> Dict[str, np.ndarray]:
     out: Dict[str, np.ndarray] = {}
     errs = []
     for t in ("k", "v"):
-        bias = read(p + f"{t}_proj.bias") if c.attention_bias else None
+        bias = read(p + f"{t}_proj.bias") if p + f"{t}_proj.bias" in plan.source.tensors else None
         w_phys, b_phys, lc, err = svd_compress(read(p + f"{t}_proj.weight"), bias, H_kv, d, n_p,
                                                norm_columns=(t == "k" and c.mea_k_norm_position == "before_hlc"))
         out[p + f"{t}_proj.weight"], out[p + f"mea_{t}_lc"] = w_phys, lc
@@ -195,24 +200,20 @@ def compress_checkpoint(plan: CompressPlan, progress: bool = True, check=None) -
 
 def logit_kl(in_dir: str, out_dir: str, batches: int = 4, seq_len: int = 128, batch_size: int = 4,
              text=None, pass_tokens: int = 4096) -> Dict[str, float]:
-    """Original (IN_DIR, stock Qwen3) vs compressed (OUT_DIR, Qwen3-MEA) on held-out text, in fp32 Paddle, one
-    decoder layer at a time (transform/layerwise.py).
+    """Original (IN_DIR, stock) vs compressed (OUT_DIR, MEA) on held-out text, in fp32 Paddle, one decoder layer at a
+    time (transform/layerwise.py), each as its family's model.
 
     text: transform.text.load_text's (default: the embedded corpus as the checkpoint's tokens). Returns mean_kl =
     mean over positions of KL(original || compressed) in nats, max_rel = max |logit diff| / max |logit|, the
     original's own cross-entropy (nats/token) for scale, and the text in words (`text`)."""
-    from paddleformers.transformers import Qwen3ForCausalLM
-
-    from ..mea.modeling import Qwen3MEAForCausalLM
     from .layerwise import compare_weights, folder_weights, passes
     from .text import load_text
 
-    ref = folder_weights(in_dir, Qwen3ForCausalLM)
+    ref = folder_weights(in_dir)
     text = text or load_text(in_dir, ref.config.vocab_size, None, CompressError)
     windows = text.windows("val", batches, seq_len, batch_size)
     labels = np.concatenate([y for _, y in windows])
-    r = compare_weights(ref, folder_weights(out_dir, Qwen3MEAForCausalLM), passes([x for x, _ in windows],
-                                                                                   pass_tokens), labels)
+    r = compare_weights(ref, folder_weights(out_dir), passes([x for x, _ in windows], pass_tokens), labels)
     if r["nonfinite"]:
         names = r["nonfinite"].replace("reference", "the original model's").replace("compared",
                                                                                     "the compressed model's")

@@ -1,7 +1,8 @@
-"""Stock Qwen3 (GQA or MHA) -> Qwen3-VHA with N KV heads: a start for uptraining (docs/conversion.md).
+"""A stock GQA or MHA checkpoint -> VHA over its base with N KV heads (Qwen3 -> Qwen3-VHA, Llama -> Llama-VHA,
+Qwen2 -> Qwen2-VHA): a start for uptraining (docs/conversion.md).
 
 The converted model keeps every query head as a virtual head (virtual head j = g*H_p + i keeps old query head j,
-H_p = H_q / N physical heads), so after uptraining it folds back to a stock GQA-N Qwen3 of the original's shape.
+H_p = H_q / N physical heads), so after uptraining it folds back to a stock GQA-N model of the original's shape and base.
 In on-disk layout (Linear weights [out, in]), per attention layer:
 
     queries   old block j (d x h) ~= Premix[g]^T W^(i)   for j = g*H_p + i: one factorization shared by all heads.
@@ -18,7 +19,10 @@ In on-disk layout (Linear weights [out, in]), per attention layer:
     Postmix   the identity (V = 0; U small and seeded, as a fresh layer's, so V receives gradients).
     premix="off" (the research fork's kv_postmix_only): q_proj is copied (its H_q heads are the virtual heads, no
               Premix); keys, values and Postmix as above. Exact when N = H_kv_old (then only Postmix is added).
-    q_norm, k_norm, o_proj (but for the T_t above), MLPs, embeddings: copied.
+    biases    (Qwen2's q/k/v; attention_bias) are one more input column of their projection, [W | b] acting on [x; 1]:
+              factorized, averaged or fitted with the weight (a calibrated metric adds E[1 * 1] = 1 to the
+              moment's diagonal and no cross term); o_proj's bias is copied.
+    q_norm, k_norm (Qwen3), o_proj (but for the T_t above), MLPs, embeddings: copied.
 
 Exact where the model allows it: a checkpoint that came from a fold (tools/fold.py) has rank-r query blocks in exactly
 this structure, so converting it back with the same N and r gives the original function (Postmix then lives in
@@ -34,14 +38,12 @@ import numpy as np
 
 from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError
-from ..qwen3.source import open_stock_qwen3
 from ..transform import Description, Entry, TransformPlan, check_dtype, output_code, write_plan
 from ..transform.describe import kv_cache_line, output_line
 from ..transform.plan import open_output
-from ..vha.config import Qwen3VHAConfig
 from ..vha.spec import POSTMIX_TENSORS, PREMIX_TENSORS
-from ..vha.spec import tensor_shapes as vha_tensor_shapes
 from . import regroup as rg
+from .source import open_stock
 
 __all__ = ["ConvertError", "ConvertPlan", "METHODS", "PREMIX", "factor_queries", "merge_kv", "plan_convert", "convert_layer",
            "LayerTensors", "convert_state", "calibration_moments", "candidate_weights", "convert_checkpoint",
@@ -50,8 +52,9 @@ __all__ = ["ConvertError", "ConvertPlan", "METHODS", "PREMIX", "factor_queries",
 METHODS = ("mean", "svd", "calibrated")
 PREMIX = ("on", "off")  # --premix: off keeps the stock query heads (the research fork's kv_postmix_only)
 (_PREMIX_W,), (_POSTMIX_U, _POSTMIX_V) = PREMIX_TENSORS, POSTMIX_TENSORS  # their names: the VHA spec's
-# what convert_state computes in every attention layer; every other tensor is copied
-CONVERTED = ("q_proj.weight", _PREMIX_W, "k_proj.weight", "v_proj.weight", "o_proj.weight", _POSTMIX_U, _POSTMIX_V)
+# what convert_state computes in every attention layer (the biases where the base has them); every other tensor is copied
+CONVERTED = ("q_proj.weight", _PREMIX_W, "k_proj.weight", "v_proj.weight", "o_proj.weight", _POSTMIX_U, _POSTMIX_V,
+             "q_proj.bias", "k_proj.bias", "v_proj.bias")
 
 
 class ConvertError(CheckpointError):
@@ -59,6 +62,28 @@ class ConvertError(CheckpointError):
 
 
 # --- one layer (float64 numpy, on-disk layout) ----------------------------------------------------------------
+
+def with_bias(w: np.ndarray, b: Optional[np.ndarray]) -> np.ndarray:
+    """[W | b] (out, in + 1): the projection with its bias as one more input column (acting on [x; 1]); W if b is
+    None."""
+    return w if b is None else np.concatenate([np.asarray(w, np.float64), np.asarray(b, np.float64)[:, None]], axis=1)
+
+
+def moment_with_bias(moment: Optional[np.ndarray], biased: bool) -> Optional[np.ndarray]:
+    """The (h + 1) x (h + 1) moment of [x; 1] for a biased projection: E[x x^T], E[1 * 1] = 1, no cross term (the
+    calibration keeps no E[x]); the moment itself otherwise."""
+    if moment is None or not biased:
+        return moment
+    h = moment.shape[0]
+    out = np.zeros((h + 1, h + 1))
+    out[:h, :h], out[h, h] = moment, 1.0
+    return out
+
+
+def split_bias(w: np.ndarray, biased: bool) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """with_bias's inverse: (W, b), b None when the projection has none."""
+    return (w[:, :-1], w[:, -1]) if biased else (w, None)
+
 
 def _whitener(moment: Optional[np.ndarray]) -> Optional[np.ndarray]:
     """L^T with L L^T = moment (h x h, symmetric PSD): ||L^T x||^2 = x^T moment x. None -> None (plain metric)."""
@@ -138,13 +163,16 @@ def absorb_value_maps(w_o: np.ndarray, maps: np.ndarray, num_heads: int, n_old: 
 
 @dataclass(kw_only=True)
 class ConvertPlan(TransformPlan):
-    """plan_convert's plan: cfg is the Qwen3-VHA config written, src_cfg the stock Qwen3 one read."""
+    """plan_convert's plan: cfg is the VHA config written (of `target`, the VHA family over the source's base), src_cfg
+    the stock one read (of `source_family`)."""
 
     tool, verb = "convert_to_vha", "convert"
     error = ConvertError
 
     src_cfg: object
     method: str
+    source_family: object = None  # paddle_vha.families.Family of the stock checkpoint read
+    target: object = None  # ... of the VHA checkpoint written
     seed: int = 0
     errors: Dict[int, Tuple[float, float, float]] = field(default_factory=dict)  # layer -> (q, k, v) rel fit error
     regroup: str = "contiguous"  # how the old KV heads of each new one are chosen (transform/regroup.py)
@@ -156,9 +184,9 @@ class ConvertPlan(TransformPlan):
         queries = (f"{h_p} physical heads (width {c.vha_q_head_dim}) x {c.num_key_value_heads} Premix groups"
                    if c.vha_premix else "the query heads kept, no Premix (--premix off)")
         return Description(f"convert {self.in_dir} -> {self.out_dir} (method {self.method})", [
-            f"Qwen3: {s.num_hidden_layers} layers, {s.num_attention_heads} query heads over {s.num_key_value_heads} "
+            f"{self.source_family.label}: {s.num_hidden_layers} layers, {s.num_attention_heads} query heads over {s.num_key_value_heads} "
             f"KV heads, head_dim {s.head_dim}, hidden {s.hidden_size}",
-            f"Qwen3-VHA: {c.num_attention_heads} virtual heads = {queries} over {c.num_key_value_heads} KV heads; "
+            f"{self.target.label}: {c.num_attention_heads} virtual heads = {queries} over {c.num_key_value_heads} KV heads; "
             f"Postmix rank {c.vha_postmix_rank} (starts as the identity)",
             kv_cache_line(self),
             output_line(self),
@@ -167,9 +195,6 @@ class ConvertPlan(TransformPlan):
 
 def _check_request(src_cfg, in_dir: str, kv_heads, q_head_dim, postmix_rank, premix: bool = True) -> int:
     """The physical query head width r of the request, checked against the stock model; ConvertError otherwise."""
-    if src_cfg.attention_bias:
-        raise ConvertError(f"{in_dir}/config.json: attention_bias=true: the query bias would need its own "
-                           "factorization; convert_to_vha supports Qwen3's bias-free attention only")
     h_q, h_kv, d = src_cfg.num_attention_heads, src_cfg.num_key_value_heads, src_cfg.head_dim
     if not (isinstance(kv_heads, int) and 1 <= kv_heads <= h_kv and h_kv % kv_heads == 0):
         raise ConvertError(f"--kv-heads {kv_heads}: must divide the checkpoint's {h_kv} KV heads "
@@ -181,22 +206,22 @@ def _check_request(src_cfg, in_dir: str, kv_heads, q_head_dim, postmix_rank, pre
         raise ConvertError(f"--q-head-dim {r} with --premix off: without Premix the query heads stay head_dim = {d} "
                            "wide")
     if not (isinstance(r, int) and 1 <= r <= d):
-        raise ConvertError(f"--q-head-dim {r}: must be between 1 and head_dim = {d} (Qwen3-VHA's physical query "
-                           "heads are at most head_dim wide)")
+        raise ConvertError(f"--q-head-dim {r}: must be between 1 and head_dim = {d} (VHA's physical query heads "
+                           "are at most head_dim wide)")
     if not (isinstance(postmix_rank, int) and 1 <= postmix_rank <= h_q):
         raise ConvertError(f"--postmix-rank {postmix_rank}: must be between 1 and the {h_q} query heads")
     return r
 
 
-def _converted_config(raw: dict, in_dir: str, kv_heads: int, r: int, postmix_rank: int, code: str,
+def _converted_config(raw: dict, in_dir: str, kv_heads: int, r: int, postmix_rank: int, code: str, target,
                       premix: bool = True):
-    """(config.json, Qwen3VHAConfig) of the converted model."""
+    """(config.json, config object) of the converted model, of family `target`."""
     out_raw = {k: v for k, v in raw.items() if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
-    out_raw.update(model_type=Qwen3VHAConfig.model_type, architectures=["Qwen3VHAForCausalLM"],
+    out_raw.update(model_type=target.model_type, architectures=[target.causal_lm_name],
                    num_key_value_heads=kv_heads, vha_q_head_dim=r, vha_postmix_rank=postmix_rank,
                    dtype=st.dtype_name(code), **({} if premix else dict(vha_premix=False)))
     try:
-        return out_raw, Qwen3VHAConfig.from_dict(out_raw)
+        return out_raw, target.config_class.from_dict(out_raw)
     except (ValueError, TypeError) as e:
         raise ConvertError(f"{in_dir}/config.json: cannot describe the converted model ({e})") from None
 
@@ -204,7 +229,8 @@ def _converted_config(raw: dict, in_dir: str, kv_heads: int, r: int, postmix_ran
 def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = None, postmix_rank: int = 4,
                  method: str = "svd", dtype: str = "auto", force: bool = False, seed: int = 0,
                  max_shard_size="5GB", premix="on", regroup="contiguous") -> ConvertPlan:
-    """Validate `src` (a stock Qwen3 checkpoint: path or CheckpointFolder) and the request from headers alone.
+    """Validate `src` (a stock checkpoint of a base with a VHA variant: path or CheckpointFolder) and the request from
+    headers alone.
     premix "off": keep q_proj as it is, no Premix (the research fork's kv_postmix_only); regroup: transform/regroup.py."""
     if method not in METHODS:
         raise ConvertError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
@@ -214,15 +240,17 @@ def plan_convert(src, out_dir: str, kv_heads: int, q_head_dim: Optional[int] = N
         raise ConvertError(f"--premix {premix!r}: expected one of {', '.join(PREMIX)}")
     premix = premix == "on"
     check_dtype(dtype, ConvertError)
-    ck, src_cfg = open_stock_qwen3(src, ConvertError, hint="; a Qwen3-VHA checkpoint folds first (tools/fold.py)")
+    source = open_stock(src, ConvertError, "vha", hint="; a VHA checkpoint folds first (tools/fold.py)")
+    ck, src_cfg = source.folder, source.config
     r = _check_request(src_cfg, ck.path, kv_heads, q_head_dim, postmix_rank, premix)
     open_output(ck, out_dir, force, ConvertError)
     code = output_code(dtype, ck.tensors)
-    out_raw, cfg = _converted_config(ck.config, ck.path, kv_heads, r, postmix_rank, code, premix)
+    out_raw, cfg = _converted_config(ck.config, ck.path, kv_heads, r, postmix_rank, code, source.target, premix)
     entries = [Entry(n, tuple(shape), code, "convert" if n.rsplit("self_attn.", 1)[-1] in CONVERTED else "copy",
-                     (n,)) for n, shape in vha_tensor_shapes(cfg).items()]
+                     (n,)) for n, shape in source.target.tensor_shapes(cfg).items()]
     return ConvertPlan.build(ck, out_dir, entries, max_shard_size, cfg=cfg, out_config=out_raw, out_code=code,
-                             force=force, src_cfg=src_cfg, method=method, seed=seed, regroup=regroup)
+                             force=force, src_cfg=src_cfg, method=method, source_family=source.family,
+                             target=source.target, seed=seed, regroup=regroup)
 
 
 def convert_layer(plan: ConvertPlan, i: int, method: str, moment: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
@@ -240,19 +268,28 @@ def convert_layer(plan: ConvertPlan, i: int, method: str, moment: Optional[np.nd
         plan.groups[i] = rg.choose_groups(plan.regroup, read(p + "k_proj.weight"), read(p + "v_proj.weight"),
                                           n_old, n_new, d, moment, low_rank=method != "mean", value_moment=mom)
         read = rg.permuted_reader(read, p, rg.head_order(plan.groups[i]), h_v, n_old, d)  # groups made contiguous
+    have = set(plan.source.tensors)
+
+    def projection(name):  # [W | b] and whether it has a bias (the bias as one more input column)
+        biased = f"{p}{name}.bias" in have
+        return with_bias(read(f"{p}{name}.weight"), read(f"{p}{name}.bias") if biased else None), biased
+
+    (wq, q_biased), (wk, k_biased), (wv, v_biased) = map(projection, ("q_proj", "k_proj", "v_proj"))
     if c.vha_premix:
-        wq, premix, eq = factor_queries(read(p + "q_proj.weight"), h_v, n_new, d, c.vha_q_head_dim, mom)
+        wq, premix, eq = factor_queries(wq, h_v, n_new, d, c.vha_q_head_dim, moment_with_bias(mom, q_biased))
     else:  # no Premix: the stock query heads are kept as they are
-        wq, premix, eq = read(p + "q_proj.weight"), None, 0.0
-    wk, _, ek = merge_kv(read(p + "k_proj.weight"), n_old, n_new, d, low_rank=False)
-    wv, maps, ev = merge_kv(read(p + "v_proj.weight"), n_old, n_new, d, low_rank=method != "mean", moment=mom)
+        premix, eq = None, 0.0
+    wk, _, ek = merge_kv(wk, n_old, n_new, d, low_rank=False)
+    wv, maps, ev = merge_kv(wv, n_old, n_new, d, low_rank=method != "mean", moment=moment_with_bias(mom, v_biased))
+    (wq, bq), (wk, bk), (wv, bv) = split_bias(wq, q_biased), split_bias(wk, k_biased), split_bias(wv, v_biased)
     wo = read(p + "o_proj.weight")
     if maps is not None:
         wo = absorb_value_maps(wo, maps, h_v, n_old, d)
     rank = c.vha_postmix_rank
     plan.errors[i] = (eq, ek, ev)
     out = {p + "q_proj.weight": wq, p + _PREMIX_W: premix, p + "k_proj.weight": wk,
-           p + "v_proj.weight": wv, p + "o_proj.weight": wo,
+           p + "v_proj.weight": wv, p + "o_proj.weight": wo, p + "q_proj.bias": bq, p + "k_proj.bias": bk,
+           p + "v_proj.bias": bv,
            p + _POSTMIX_U: rng.normal(0.0, c.vha_postmix_u_init_std, (h_v, rank)),  # (H_v, R)
            p + _POSTMIX_V: np.zeros((h_v, rank))}  # (H_v, R): M = I + V U^T starts as the identity
     return {k: v for k, v in out.items() if v is not None}
@@ -303,12 +340,10 @@ def calibration_moments(in_dir: str, tokens: int, seq_len: int = 128, seed: int 
     """E[x x^T] (float64, h x h) of every layer's attention input (q_proj's input: the input_layernorm output) over
     `tokens` tokens of random windows of the calibration text (`text`: transform.text.load_text's; default the
     embedded corpus as the checkpoint's tokens), run through the original model in fp32 one layer at a time."""
-    from paddleformers.transformers import Qwen3ForCausalLM
-
     from .layerwise import attention_moments, folder_weights, passes
     from .text import load_text
 
-    w = folder_weights(in_dir, Qwen3ForCausalLM)
+    w = folder_weights(in_dir)  # the stock family's model
     text = text or load_text(in_dir, w.config.vocab_size, None, ConvertError)
     batch = 4
     windows = text.windows("train", max(1, -(-tokens // (batch * seq_len))), seq_len, batch, seed)
@@ -318,11 +353,9 @@ def calibration_moments(in_dir: str, tokens: int, seq_len: int = 128, seed: int 
 def candidate_weights(plan: ConvertPlan, tensors) -> "object":
     """The converted model before it is written (layerwise.Weights): converted tensors from `tensors` (LayerTensors),
     the rest read from IN_DIR, every tensor rounded to the output dtype as the write rounds it."""
-    from ..families import family
     from .layerwise import folder_weights
 
-    return folder_weights(plan.source, family(Qwen3VHAConfig.model_type).model_class, override=tensors,
-                          code=plan.out_code, config=plan.cfg)
+    return folder_weights(plan.source, plan.target.model_class, override=tensors, code=plan.out_code, config=plan.cfg)
 
 
 def convert_checkpoint(plan: ConvertPlan, converted, progress: bool = True, check=None) -> str:
@@ -340,7 +373,7 @@ def write_candidate(plan: ConvertPlan, converted, folder: str) -> str:
 # --- GQA -> GQA by mean pooling (the GQA paper's uptraining start; used by tools/uptrain_study.py) ----------------
 
 def pool_kv_heads_state(state: Dict[str, np.ndarray], n_old: int, n_new: int, head_dim: int) -> Dict[str, np.ndarray]:
-    """A stock Qwen3 state dict (on-disk layout) with each group of n_old / n_new KV heads mean-pooled into one."""
+    """A stock state dict (on-disk layout, bias-free) with each group of n_old / n_new KV heads mean-pooled into one."""
     out = dict(state)
     for name, value in state.items():
         if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):

@@ -285,15 +285,13 @@ def refine_and_write(plan, tensors, text, settings: RefineSettings, tokens: int,
     import tempfile
     import dataclasses
 
-    from paddleformers.transformers import Qwen3ForCausalLM
-
     from .convert_to_vha import candidate_weights, convert_checkpoint
 
     fit = _token_rows(text, "train", tokens, seq_len, settings.seed + 1)
     held = _token_rows(text, "val", max(seq_len, tokens // 4), seq_len, 0)
     spill = tempfile.mkdtemp(prefix=".refine-", dir=os.path.dirname(os.path.abspath(plan.out_dir)))
     try:
-        teacher = lw.folder_weights(plan.source, Qwen3ForCausalLM)
+        teacher = lw.folder_weights(plan.source)  # the stock family's model
         refined, reports = refine_layers(teacher, candidate_weights(plan, tensors), fit, held, settings, tensors,
                                          spill, log)
         written = dataclasses.replace(plan, entries=refined_entries(plan.entries, refined))

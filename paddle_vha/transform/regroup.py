@@ -33,7 +33,8 @@ __all__ = ["REGROUP", "key_similarity", "choose_groups", "head_order", "permute_
 
 REGROUP = ("contiguous", "key-similarity", "fit-error")
 EXHAUSTIVE_LIMIT = 20000  # partitions searched exhaustively; more -> greedy + swaps
-PERMUTED = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
+PERMUTED = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "q_proj.bias", "k_proj.bias",
+            "v_proj.bias")  # (a bias, where the base has one, moves with its heads' rows)
 
 
 def partition_count(n: int, m: int) -> int:
@@ -162,14 +163,15 @@ def head_order(groups: Sequence[Sequence[int]]) -> List[int]:
 def permute_heads(name: str, w: np.ndarray, order: Sequence[int], num_heads: int, n_kv: int,
                   head_dim: int) -> np.ndarray:
     """One attention tensor (on-disk layout) with the KV heads reordered to `order` and each query head following
-    its KV head; tensors other than q/k/v/o_proj are returned unchanged (q_norm / k_norm are shared by all heads)."""
+    its KV head (their biases too); tensors other than q/k/v/o_proj are returned unchanged (q_norm / k_norm are shared
+    by all heads, o_proj's bias is per hidden unit)."""
     d, group = head_dim, num_heads // n_kv
     q_order = [t * group + a for t in order for a in range(group)]  # new query head -> old query head
     w = np.asarray(w)
-    if name.endswith(("k_proj.weight", "v_proj.weight")):
-        return w.reshape(n_kv, d, -1)[list(order)].reshape(w.shape)  # (H_kv, d, h) rows reordered
-    if name.endswith("q_proj.weight"):
-        return w.reshape(num_heads, d, -1)[q_order].reshape(w.shape)  # (H_q, d, h)
+    if name.endswith(("k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias")):
+        return w.reshape(n_kv, d, -1)[list(order)].reshape(w.shape)  # (H_kv, d, h or 1) rows reordered
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return w.reshape(num_heads, d, -1)[q_order].reshape(w.shape)  # (H_q, d, h or 1)
     if name.endswith("o_proj.weight"):
         return w.reshape(w.shape[0], num_heads, d)[:, q_order].reshape(w.shape)  # (h, H_q, d) columns reordered
     return w

@@ -43,11 +43,13 @@ def _blocks(plan: TransformPlan, entry: Entry, make, chunk_bytes: int) -> Iterat
 
 def write_plan(plan: TransformPlan, make: Optional[Callable[[Entry], np.ndarray]] = None, progress: bool = True,
                chunk_bytes: int = 8 << 20, on_tensor: Optional[Callable[[Entry], None]] = None,
-               check: Optional[Callable[[str], None]] = None) -> str:
+               check: Optional[Callable[[str], None]] = None,
+               side_files: Optional[Callable[[str], None]] = None) -> str:
     """Write the checkpoint `plan` describes to a temporary folder beside OUT_DIR, then rename it to OUT_DIR.
 
     make(entry): the tensor of every entry that is not a copy (numpy, any float dtype). on_tensor(entry) runs once an
-    entry's last rows are written; check(folder) on the complete folder before it becomes OUT_DIR (if it raises,
+    entry's last rows are written; side_files(folder) writes the files the transform makes itself (import_gguf: the
+    tokenizer) beside the weights; check(folder) on the complete folder before it becomes OUT_DIR (if it raises,
     nothing is written). The source is only read. An existing OUT_DIR (allowed by plan.force) is replaced only by a
     complete new folder; without force a concurrent run that finished first wins. Returns OUT_DIR (absolute).
     """
@@ -68,6 +70,8 @@ def write_plan(plan: TransformPlan, make: Optional[Callable[[Entry], np.ndarray]
                                     plan.copy_files, on_written=lambda name, nbytes: bar.update(nbytes))
         finally:
             bar.close()
+        if side_files is not None:
+            side_files(tmp)
         if check is not None:
             check(tmp)
     return out_dir

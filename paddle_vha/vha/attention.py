@@ -1,10 +1,11 @@
-"""Qwen3VHAAttention: Qwen3 attention with Virtual Head Attention (Premix + Postmix).
+"""VHA attention (Premix + Postmix) over a base's attention class: `VHAAttention`, put before the base's own
+(Qwen3VHAAttention over Qwen3Attention here; Llama's and Qwen2's in paddle_vha/llama/, paddle_vha/qwen2/).
 
 Single-device math, read top to bottom as the method's equations (docs/method.md):
 
     Q_p  = x W_Q                          (B, S, H_p, r)     physical query heads
     Q_v  = Q_p[i] W_premix[g]             (B, S, H_v, d)     virtual head j = g*H_p + i (group-major)
-    Q_v  = RoPE(q_norm(Q_v)),  K = RoPE(k_norm(x W_K)),  V = x W_V
+    Q_v  = RoPE(q_norm(Q_v)),  K = RoPE(k_norm(x W_K)),  V = x W_V     (no q/k norm over Llama / Qwen2)
     Y    = Attention(Q_v, K, V)           (B, S, H_v, d)     head j reads KV head j // H_p (stock GQA); on a window
                                                              layer with sinks, softmax_t(a_jt) -> e^a_jt / (sum e^a + e^s_j)
     Y'   = M Y along heads, M = I + V_pm U_pm^T              Postmix (low-rank or dense form, same result)
@@ -18,7 +19,8 @@ it once, and the attention output is rotated back to the query's position before
 Without Premix (vha_premix=false, the research fork's kv_postmix_only): q_proj emits the H_v heads of width d
 themselves (H_p = H_v, r = d), Q_v = Q_p, and the layer is stock GQA attention followed by Postmix.
 
-Every deviation from PaddleFormers' Qwen3Attention is marked `# VHA:`.
+Every deviation from PaddleFormers' attention is marked `# VHA:`. Biases are the base's (Qwen2: q/k/v; Qwen3 and Llama:
+all four with attention_bias); Premix maps q_proj's whole output, its bias included.
 """
 from __future__ import annotations
 
@@ -31,14 +33,14 @@ from paddleformers.transformers.qwen3.modeling import Qwen3Attention, apply_rota
 
 from ..qwen3.functional import inverse_rope
 from ..modeling.parameters import build_declared
-from ..qwen3.modeling import RoPETables, attention_core, update_shared_kv_cache
+from ..qwen3.modeling import RoPETables, attention_core, head_norm, update_shared_kv_cache
 from . import postmix_form
 from .config import Qwen3VHAConfig, VHAConfigError
 from .spec import VHA_LAYER
 from ..kernels.dispatch import should_use_fused
 from ..kernels.prologue import fused_prologue
 
-__all__ = ["Qwen3VHAAttention", "postmix", "postmix_dense", "premix"]
+__all__ = ["VHAAttention", "Qwen3VHAAttention", "postmix", "postmix_dense", "premix"]
 
 
 def premix(q_phys: paddle.Tensor, premix_weight: paddle.Tensor) -> paddle.Tensor:
@@ -72,8 +74,11 @@ def postmix_dense(y: paddle.Tensor, u: paddle.Tensor, v: paddle.Tensor) -> paddl
     return paddle.matmul(m, y)  # (H_v, H_v) @ (B, S, H_v, d) -> (B, S, H_v, d)
 
 
-class Qwen3VHAAttention(Qwen3Attention):
-    """Qwen3 attention whose H_v query heads are virtual: H_p physical heads times H_kv Premix maps."""
+class VHAAttention:
+    """A base's attention whose H_v query heads are virtual: H_p physical heads times H_kv Premix maps. Put before the
+    base's attention class; `layer_spec` is the variant's layer over that base (paddle_vha/vha/spec.py vha_layer)."""
+
+    layer_spec = VHA_LAYER
 
     def __init__(self, config: Qwen3VHAConfig, layer_idx: int = 0):
         config.check_runtime_support()
@@ -88,7 +93,10 @@ class Qwen3VHAAttention(Qwen3Attention):
         # VHA: the tensors paddle_vha/vha/spec.py declares: q_proj emits H_p physical heads of width r; Premix, one
         # (r, d) map per KV group; Postmix U, V over the H_v heads (V = 0: the identity at step 0); one shared K = V
         # projection in place of k_proj and v_proj (vha_shared_kv); the sigmoid output gate (vha_gated_attention).
-        build_declared(self, VHA_LAYER, full_config, layer_idx, "self_attn.")
+        build_declared(self, self.layer_spec, full_config, layer_idx, "self_attn.")
+        if config.vha_fused_prologue is True and getattr(self, "q_norm", None) is None:
+            raise VHAConfigError("vha_fused_prologue=true: the fused operator is Premix + q/k RMSNorm + RoPE, and this "
+                                 "base's attention has no q/k norm; leave it unset (None) or false")
         # VHA: hooks for tensor parallelism (paddle_vha/vha/tp_plan.py sets them; single-device: unused).
         self.premix_groups = None  # (a, b): this rank reads Premix groups [a, b) of the whole parameter
         self.postmix_reduce = None  # applied to Postmix's Z = U^T Y (the all-reduce of the ranks' parts)
@@ -126,15 +134,16 @@ class Qwen3VHAAttention(Qwen3Attention):
         # VHA: one fused operator when enabled and available (paddle_vha/kernels/); the composed chain below
         # stays the reference and the fallback.
         if not self.has_premix:  # VHA: no Premix: the physical heads are the virtual heads (B, S, H_v, d)
-            q = self.q_norm(q_phys).transpose([0, 2, 1, 3])  # (B, H_v, S, d)
-            return apply_rotary_pos_emb(q, self.k_norm(k).transpose([0, 2, 1, 3]), cos, sin)
+            q = head_norm(self, "q_norm", q_phys).transpose([0, 2, 1, 3])  # (B, H_v, S, d)
+            return apply_rotary_pos_emb(q, head_norm(self, "k_norm", k).transpose([0, 2, 1, 3]), cos, sin)
         w = self.premix_weight()
-        if should_use_fused(getattr(self.config, "vha_fused_prologue", None), q_phys):
+        normed = getattr(self, "q_norm", None) is not None  # the fused operator includes the q/k norms
+        if normed and should_use_fused(getattr(self.config, "vha_fused_prologue", None), q_phys):
             return fused_prologue(q_phys, k, w, self.q_norm.weight, self.k_norm.weight, cos, sin,
                                   self.q_norm.variance_epsilon, heads_first=True)
         q = premix(q_phys, w)  # (B, S, H_v, d)
-        q = self.q_norm(q).transpose([0, 2, 1, 3])  # (B, H_v, S, d)
-        k = self.k_norm(k).transpose([0, 2, 1, 3])  # (B, H_kv, S, d)
+        q = head_norm(self, "q_norm", q).transpose([0, 2, 1, 3])  # (B, H_v, S, d)
+        k = head_norm(self, "k_norm", k).transpose([0, 2, 1, 3])  # (B, H_kv, S, d)
         return apply_rotary_pos_emb(q, k, cos, sin)
 
     def forward(
@@ -183,3 +192,7 @@ class Qwen3VHAAttention(Qwen3Attention):
         if self.config.vha_gated_attention:
             y = y * nn.functional.sigmoid(self.gate_proj(hidden_states))
         return self.o_proj(y), attn_weights
+
+
+class Qwen3VHAAttention(VHAAttention, Qwen3Attention):
+    """Qwen3 attention with VHA (VHAAttention over PaddleFormers' Qwen3Attention)."""

@@ -1,4 +1,6 @@
-"""Qwen3VHAConfig: PaddleFormers' Qwen3Config plus the Virtual Head Attention fields.
+"""The Virtual Head Attention fields over a base's config: `VHAConfigMixin` (the fields, their defaults, upstream's
+names, their checks) and Qwen3VHAConfig, PaddleFormers' Qwen3Config with them (Llama-VHA and Qwen2-VHA put the same
+mixin over their bases' configs: paddle_vha/llama/, paddle_vha/qwen2/).
 
 Notation used throughout the package (see docs/method.md):
     h     hidden_size
@@ -27,7 +29,7 @@ from ..qwen3.runtime import RuntimeSupport
 from . import fleet_config, postmix_form
 from .cost import DEFAULT_POSTMIX_RANK
 
-__all__ = ["Qwen3VHAConfig", "VHAConfigError", "LayerDims"]
+__all__ = ["Qwen3VHAConfig", "VHAConfigMixin", "VHAConfigError", "LayerDims"]
 
 
 class VHAConfigError(ValueError):
@@ -61,23 +63,23 @@ class LayerDims:
 
 
 @functools.lru_cache(maxsize=None)
-def _qwen3_defaults() -> dict:
-    return {k: p.default for k, p in inspect.signature(Qwen3Config.__init__).parameters.items()}
+def _defaults_of(config_class: type) -> dict:
+    return {k: p.default for k, p in inspect.signature(config_class.__init__).parameters.items()}
 
 
-def _qwen3_default(name: str):
-    """Qwen3Config's default for a field not given (what upstream configs leave out)."""
-    return _qwen3_defaults().get(name)
+def _parent_config(cls: type) -> type:
+    """The base's own config class under a VHA config class (Qwen3Config under Qwen3VHAConfig)."""
+    return next(c for c in cls.__mro__[1:] if "model_type" in vars(c) and not issubclass(c, VHAConfigMixin))
 
 
 _WINDOW_FIELDS = ("vha_window_num_attention_heads", "vha_window_num_key_value_heads", "vha_window_head_dim",
                   "vha_window_rope_theta")
 
 
-class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
-    r"""Configuration of a Qwen3-VHA model.
+class VHAConfigMixin:
+    r"""The Virtual Head Attention fields, put before RuntimeSupport and a base's config class.
 
-    Everything Qwen3Config accepts, plus:
+    Everything the base's config accepts, plus:
 
     Args:
         vha_q_head_dim (int, optional): width r of a physical query head, 1 <= r <= head_dim.
@@ -116,9 +118,10 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
     physical num_attention_heads), with upstream's defaults, and saved under ours: paddle_vha/vha/fleet_config.py.
     """
 
-    model_type = "qwen3_vha"
-    # what check_runtime_support refuses (paddle_vha/qwen3/runtime.py), and why
-    runtime_label, runtime_error, causal_lm_name = "Qwen3-VHA", VHAConfigError, "Qwen3VHAForCausalLM"
+    runtime_error = VHAConfigError  # what check_runtime_support raises (paddle_vha/qwen3/runtime.py)
+    # Why vha_shared_kv, sliding-window layers and sinks are refused over this base (None: they are not): their folded
+    # forms (Qwen3 shared-KV, Qwen3 with sinks) exist over Qwen3 only.
+    stock_fold_only: Optional[str] = None
     fused_qkv_reason = ": q_proj emits H_p*r features, which the fused [q|k|v] layout cannot express"
     tensor_parallel_reason = (" (fleet's mp layers would split q_proj, Premix and Postmix as if they were stock "
                               "heads)")
@@ -152,7 +155,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
                     vha_window_head_dim=vha_window_head_dim, vha_window_rope_theta=vha_window_rope_theta,
                     window_attention_sinks=window_attention_sinks)
         try:  # upstream PaddleFleet names (use_vha_attention, vha_q_lora_rank, swa_*, ...) -> ours
-            ours, kwargs = fleet_config.translate(ours, kwargs, _qwen3_default)
+            ours, kwargs = fleet_config.translate(ours, kwargs, _defaults_of(_parent_config(type(self))).get)
         except ValueError as e:
             raise VHAConfigError(str(e)) from None
         super().__init__(**kwargs)
@@ -280,6 +283,16 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         if not (_is_int(rank) and rank >= 1):
             raise VHAConfigError(f"{prefix or 'vha_'}postmix_rank must be an int >= 1{where}, got {rank!r}")
 
+    def _check_base_options(self) -> None:
+        """The options whose folded forms this base does not have, refused in one line (stock_fold_only)."""
+        if self.stock_fold_only is None:
+            return
+        used = [name for name, on in (("vha_shared_kv=true", self.vha_shared_kv is True),
+                                      ("sliding-window layers (layer_types)", bool(self.window_layers())),
+                                      ("window_attention_sinks=true", self.window_attention_sinks is True)) if on]
+        if used:
+            raise VHAConfigError(f"{used[0]}: {self.stock_fold_only}")
+
     def _check_premix(self) -> None:
         """vha_premix is a bool; without Premix the physical query heads are the virtual ones, of width d (r = d)."""
         if not isinstance(self.vha_premix, bool):
@@ -298,6 +311,7 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
 
     def _check_options(self) -> None:
         self._check_premix()
+        self._check_base_options()
         if not isinstance(self.vha_gated_attention, bool):
             raise VHAConfigError(f"vha_gated_attention must be a bool, got {self.vha_gated_attention!r}")
         for name in ("vha_premix_init_alpha", "vha_postmix_u_init_std", "vha_postmix_v_init_std"):
@@ -321,3 +335,10 @@ class Qwen3VHAConfig(RuntimeSupport, Qwen3Config):
         fused = getattr(self, "vha_fused_prologue", None)
         if fused is not None and not isinstance(fused, bool):
             raise VHAConfigError(f"vha_fused_prologue must be None (auto), True or False, got {fused!r}")
+
+
+class Qwen3VHAConfig(VHAConfigMixin, RuntimeSupport, Qwen3Config):
+    """Configuration of a Qwen3-VHA model: Qwen3Config plus the VHA fields (VHAConfigMixin)."""
+
+    model_type = "qwen3_vha"
+    runtime_label, causal_lm_name = "Qwen3-VHA", "Qwen3VHAForCausalLM"

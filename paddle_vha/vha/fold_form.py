@@ -36,9 +36,14 @@ def _has_sinks(raw: Mapping) -> bool:
 
 
 class VHAFold(FoldForm):
-    """Qwen3-VHA's fold, over its config object (cfg) or its config.json (raw): every vha_* key dropped."""
+    """A VHA family's fold into its base's stock model (`into`, named `label` in messages), over its config object
+    (cfg) or its config.json (raw): every vha_* key dropped."""
 
     drop_prefix = "vha_"
+
+    def __init__(self, into: str, label: str = "Qwen3"):
+        super().__init__(into)
+        self.label = label
 
     def refusal(self, cfg) -> Optional[str]:
         """Why `cfg` has no exact folded form (one line, without the path), or None. Reads only the fields it needs,
@@ -48,11 +53,11 @@ class VHAFold(FoldForm):
             full, win = cfg.full_dims(), cfg.layer_dims(windows[0])
             return (f"sliding-window layer {windows[0]} has {win.num_heads} heads over {win.num_kv_heads} KV heads of "
                     f"width {win.head_dim} (RoPE base {win.rope_theta:g}), the full layers {full.num_heads} / "
-                    f"{full.num_kv_heads} / {full.head_dim} ({full.rope_theta:g}): stock Qwen3 has one set of sizes "
-                    "for all layers")
+                    f"{full.num_kv_heads} / {full.head_dim} ({full.rope_theta:g}): stock {self.label} has one set of "
+                    "sizes for all layers")
         if cfg.vha_gated_attention:
             return (f"vha_gated_attention=true: {GATE_REASON} (the elementwise gate sits between Postmix and o_proj), "
-                    "so this model has no exact stock-Qwen3 form")
+                    f"so this model has no exact stock-{self.label} form")
         return None
 
     def target(self, raw: Mapping) -> str:

@@ -20,22 +20,28 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from ..qwen3.spec import QWEN3_LAYER, TOP, top_sizes
+from ..qwen3.spec import O_PROJ, QWEN3, QWEN3_LAYER
 from ..sinks.spec import sinks_param
-from ..spec.params import COLUMN, ROW, SUMMED, ModelSpec, Param, TensorShard, linear, split_kv
+from ..spec.params import COLUMN, SUMMED, LayerSpec, ModelSpec, Param, TensorShard, linear, split_kv
 from .fold_rules import POSTMIX, PREMIX
 
-__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes", "tensor_shapes", "kv_projections", "projections_for",
+__all__ = ["VHA_LAYER", "QWEN3_VHA", "vha_sizes_over", "vha_layer", "vha_model_spec", "tensor_shapes", "kv_projections", "projections_for",
            "absorbed_by", "PREMIX_TENSORS", "POSTMIX_TENSORS", "init_premix"]
 
 
-def vha_sizes(cfg, layer_idx: int) -> SimpleNamespace:
-    dims = cfg.layer_dims(layer_idx)
-    return SimpleNamespace(h=cfg.hidden_size, inter=cfg.intermediate_size, heads=dims.num_heads,
-                           kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, physical=dims.num_physical_heads,
-                           q_head_dim=dims.q_head_dim, postmix_rank=dims.postmix_rank, bias=bool(cfg.attention_bias),
-                           shared_kv=bool(cfg.vha_shared_kv), gated=bool(cfg.vha_gated_attention), premix=dims.premix,
-                           sinks=bool(getattr(cfg, "has_sinks", lambda i: False)(layer_idx)))
+def vha_sizes_over(base_sizes):
+    """The sizes function of a VHA layer over a base layer's (its widths and bias flags): the layer's VHA dims
+    (Qwen3VHAConfig.layer_dims) in place of the base's head counts and width."""
+    def vha_sizes(cfg, layer_idx: int) -> SimpleNamespace:
+        dims = cfg.layer_dims(layer_idx)
+        s = base_sizes(cfg, layer_idx)  # h, MLP width, bias flags as the base reads them
+        s.heads, s.kv_heads, s.head_dim, s.physical = dims.num_heads, dims.num_kv_heads, dims.head_dim, \
+            dims.num_physical_heads
+        s.q_head_dim, s.postmix_rank, s.premix = dims.q_head_dim, dims.postmix_rank, dims.premix
+        s.shared_kv, s.gated = bool(cfg.vha_shared_kv), bool(cfg.vha_gated_attention)
+        s.sinks = bool(getattr(cfg, "has_sinks", lambda i: False)(layer_idx))
+        return s
+    return vha_sizes
 
 
 def init_premix(num_groups: int, r: int, d: int, alpha: float):
@@ -77,31 +83,45 @@ _separate_kv = lambda s: not s.shared_kv  # noqa: E731
 # q_proj: whole on every rank with Premix (each rank needs its groups' physical heads), split by head without it
 _q_shard = lambda lay: SUMMED if getattr(lay, "premix", True) else COLUMN  # noqa: E731
 
-VHA_LAYER = QWEN3_LAYER.replace(
-    "qwen3_vha",
-    sizes=vha_sizes,
-    add=(
-        # q_proj emits H_p physical heads of width r (H_v heads of width d without Premix)
-        *linear("self_attn.q_proj", lambda s: s.physical * s.q_head_dim, lambda s: s.h, _q_shard),
-        *linear("self_attn.k_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=_separate_kv),
-        *linear("self_attn.v_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=_separate_kv),
-        *linear("self_attn.o_proj", lambda s: s.h, lambda s: s.heads * s.head_dim, ROW),
-        # one projection that is both keys and values (vha_shared_kv), split as the keys are
-        *linear("self_attn.shared_kv_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=lambda s: s.shared_kv),
-        Param("self_attn.vha_premix_weight", lambda s: (s.kv_heads, s.q_head_dim, s.head_dim),
-              split_kv(TensorShard(0)), fold=PREMIX, init=_premix_init, when=lambda s: s.premix),
-        Param("self_attn.vha_postmix_U", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold=POSTMIX,
-              init=_normal_or_zero("vha_postmix_u_init_std")),
-        Param("self_attn.vha_postmix_V", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold=POSTMIX,
-              init=_normal_or_zero("vha_postmix_v_init_std")),
-        *linear("self_attn.gate_proj", lambda s: s.heads * s.head_dim, lambda s: s.h, COLUMN, bias=None,
-                when=lambda s: s.gated),
-        # a sink logit per virtual head of a window layer (window_attention_sinks), split with the heads; fold keeps it
-        sinks_param(),
-    ),
-)
+def vha_layer(base: LayerSpec) -> LayerSpec:
+    """A VHA layer over a base's decoder layer (Qwen3's, Llama's, Qwen2's): the base's tensors with a narrower q_proj,
+    Premix and Postmix, optionally one shared K = V projection and the gate; the base's q/k norms and biases as it
+    declares them."""
+    return base.replace(
+        f"{base.name}_vha",
+        sizes=vha_sizes_over(base.sizes),
+        add=(
+            # q_proj emits H_p physical heads of width r (H_v heads of width d without Premix)
+            *linear("self_attn.q_proj", lambda s: s.physical * s.q_head_dim, lambda s: s.h, _q_shard),
+            *linear("self_attn.k_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=_separate_kv),
+            *linear("self_attn.v_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=_separate_kv),
+            *O_PROJ,
+            # one projection that is both keys and values (vha_shared_kv), split as the keys are
+            *linear("self_attn.shared_kv_proj", _kv, lambda s: s.h, split_kv(COLUMN), when=lambda s: s.shared_kv),
+            Param("self_attn.vha_premix_weight", lambda s: (s.kv_heads, s.q_head_dim, s.head_dim),
+                  split_kv(TensorShard(0)), fold=PREMIX, init=_premix_init, when=lambda s: s.premix),
+            Param("self_attn.vha_postmix_U", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold=POSTMIX,
+                  init=_normal_or_zero("vha_postmix_u_init_std")),
+            Param("self_attn.vha_postmix_V", lambda s: (s.heads, s.postmix_rank), TensorShard(0), fold=POSTMIX,
+                  init=_normal_or_zero("vha_postmix_v_init_std")),
+            *linear("self_attn.gate_proj", lambda s: s.heads * s.head_dim, lambda s: s.h, COLUMN, bias=None,
+                    when=lambda s: s.gated),
+            # a sink logit per virtual head of a window layer (window_attention_sinks), split with the heads; fold
+            # keeps it
+            sinks_param(),
+        ),
+    )
 
-QWEN3_VHA = ModelSpec(top=TOP, top_sizes=top_sizes, layer=lambda cfg, i: VHA_LAYER)
+
+def vha_model_spec(base: ModelSpec, layer: LayerSpec) -> ModelSpec:
+    """A VHA family's tensors over a base's: the base's top tensors, every decoder layer `layer` (vha_layer of the
+    base's)."""
+    return ModelSpec(top=base.top, top_sizes=base.top_sizes, layer=lambda cfg, i: layer)
+
+
+VHA_LAYER = vha_layer(QWEN3_LAYER)
+
+QWEN3_VHA = vha_model_spec(QWEN3, VHA_LAYER)
 tensor_shapes = QWEN3_VHA.tensor_shapes  # the on-disk contract: name -> HF-layout shape
 
 

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..spec.sharding import LayerPlan, TPPlanError, check_head_split, check_mlp_split, check_size, gqa_layout
+from ..spec.params import ModelSpec
 from .spec import QWEN3_VHA, kv_projections
 
-__all__ = ["AttentionLayout", "attention_layout", "check", "layer_plan", "TPPlanError"]
+__all__ = ["AttentionLayout", "attention_layout", "check", "layer_plan", "VHAPlan", "TPPlanError"]
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,9 @@ def attention_layout(cfg, t: int, rank: int, layer_idx: int = None) -> Attention
     return AttentionLayout(t, rank, lay.heads, lay.kv, physical, lay.kv_sharded, premix)
 
 
-def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
-    """Rank `rank`'s part of Qwen3-VHA decoder layer `layer_idx` (window layers may have their own sizes)."""
+def layer_plan(cfg, t: int, rank: int, layer_idx: int, spec: ModelSpec = QWEN3_VHA) -> LayerPlan:
+    """Rank `rank`'s part of VHA decoder layer `layer_idx` (window layers may have their own sizes), every tensor's
+    shard as `spec` (the family's: VHA over its base) declares it."""
     lay = attention_layout(cfg, t, rank, layer_idx)
     dims = cfg.layer_dims(layer_idx)
     d, r = dims.head_dim, dims.q_head_dim
@@ -120,5 +122,18 @@ def layer_plan(cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
         if lay.premix:
             columns["self_attn.q_proj"] = (p0 * r, p1 * r)
             attrs["premix_groups"] = lay.groups
-    return LayerPlan(params=QWEN3_VHA.layer_shards(cfg, layer_idx, lay), column_slices=columns, attributes={"self_attn": attrs},
-                     collectives={"self_attn.postmix_reduce": "all_reduce_partial"})
+    return LayerPlan(params=spec.layer_shards(cfg, layer_idx, lay), column_slices=columns,
+                     attributes={"self_attn": attrs}, collectives={"self_attn.postmix_reduce": "all_reduce_partial"})
+
+
+class VHAPlan:
+    """This module's plan over a VHA family's spec (VHA over another base: paddle_vha/llama/, paddle_vha/qwen2/), as
+    the registry's `tp_plan` asks for it: check(cfg, t), layer_plan(cfg, t, rank, i)."""
+
+    check = staticmethod(check)
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+
+    def layer_plan(self, cfg, t: int, rank: int, layer_idx: int) -> LayerPlan:
+        return layer_plan(cfg, t, rank, layer_idx, self.spec)

@@ -83,13 +83,18 @@ CASES = {
                     mea_k_norm_position="before_hlc", mea_group_norm=False),
     "mea-fp64": dict(model="mea", num_attention_heads=8, num_key_value_heads=2, mea_kv_heads=4, mea_layers=[1],
                      attention_bias=True, dtype="float64", attn="eager_fp64"),
+    # the same variants over the other bases: Llama-VHA (no q/k norm; biases on all four projections; r = 9 < d;
+    # PaddleFormers' Llama needs hidden = heads x head_dim), Qwen2-VHA (q/k/v biases), Qwen2-MEA (as "mea")
+    "llama-vha": dict(model="llama_vha", num_attention_heads=8, hidden_size=128, attention_bias=True, vha_q_head_dim=9),
+    "qwen2-vha": dict(model="qwen2_vha", num_attention_heads=8),
+    "qwen2-mea": dict(model="qwen2_mea", num_attention_heads=8, num_key_value_heads=2, mea_kv_heads=4, mea_layers=[1]),
 }
 
 
 def model_classes(kind: str):
     from paddle_vha.families import family
 
-    fam = family({"vha": "qwen3_vha", "mea": "qwen3_mea", "skv": "qwen3_shared_kv"}[kind])
+    fam = family({"vha": "qwen3_vha", "mea": "qwen3_mea", "skv": "qwen3_shared_kv"}.get(kind, kind))  # or a model_type
     return fam.config_class, fam.model_class
 
 
