@@ -293,3 +293,20 @@ def test_sliding_window_and_shared_kv_are_refused(tmp_path):
         with pytest.raises(ExportError, match=needle):
             export_onnx(str(tmp_path / name), str(tmp_path / f"{name}-out"), kv_cache="int8")
         assert not (tmp_path / f"{name}-out").exists()
+
+
+def test_generate_sizes_the_int8_cache_for_its_memory_check(exports, capsys, monkeypatch):
+    """tools/generate.py's up-front memory check counts the int8 cache's bytes (2 layers x 2 x 2 heads x (16 + 4) =
+    160 a position, against float32's 512): with 8,000 bytes available, 23 positions of the float32 cache (11,776)
+    are refused and the int8 cache's (3,680) run."""
+    import paddle_vha.machine as machine
+    from paddle_vha.cli.generate import main
+    from paddle_vha.export.kv_cache import cache_bytes_per_position
+
+    assert [cache_bytes_per_position(kv, [(2, 16)] * 2) for kv in ("int8", "fp32")] == [160, 512]
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 8000)
+    argv = ["--prompt-ids", "1,2,3", "--max-new-tokens", "20"]
+    with pytest.raises(SystemExit) as e:
+        main([exports["out"][("buffer", "fp32")], *argv])
+    assert e.value.code == 2 and "KV cache" in capsys.readouterr().err
+    assert main([exports["out"][("buffer", "int8")], *argv]) in (0, None)

@@ -8,8 +8,9 @@ heads of head_dim 128, vocabulary 151,936) cut to 2 layers to keep the test to m
 norm x 8, q_norm / k_norm x 2: tools/bench_kv_quality.py --sharpen): random weights otherwise give flat logits and
 diffuse attention, which no cache error moves. Exported with external data so a broken copy edits a small graph.
 
-A real checkpoint: PADDLE_VHA_KV_QUALITY_CHECKPOINT=FOLDER (a servable folder, e.g. SmolLM2-135M once its base is
-served) runs the same bound on it as it is (test_a_real_checkpoint; skipped when unset).
+A real checkpoint: PADDLE_VHA_KV_QUALITY_CHECKPOINT=FOLDER (any servable folder, e.g. SmolLM2-135M-Instruct imported
+by `python tools/import_gguf.py "$(bash tools/fetch_smollm2.sh)" runs/smollm2`) runs the same bound on it as it is
+(test_a_real_checkpoint; skipped when unset).
 """
 import os
 import shutil

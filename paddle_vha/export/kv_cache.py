@@ -17,23 +17,21 @@ Only the new positions are written per step, so the buffer flavour keeps its in-
 What the rewrite takes: layers that cache a key and a value tensor (stock GQA, the folded VHA), full attention (no
 sliding window); the new entries come out of the float32 graph as they did, so the current step's own tokens are
 attended in float32 (in the buffer flavour; the concat flavour attends to its present, quantized). Refused in one line
-otherwise (KV_REFUSALS), and so are 16-bit caches (FLOAT16_REFUSAL). The graph then holds MatMulIntegerToFloat
+otherwise (kv_cache_refusal), and so are 16-bit caches (FLOAT16_REFUSAL). The graph then holds MatMulIntegerToFloat
 (contrib domain com.microsoft): onnxruntime and paddle_vha.serve run it; onnxruntime-genai and Paddle Inference do not
 (genai_config.json is not written; paddle_vha/serve/paddle_inference.py refuses the folder).
 """
 from __future__ import annotations
 
 import os
-from typing import List, Optional
-
-import numpy as np
+from typing import Optional
 
 from .errors import ExportError
 from .int8_attention import MS, PROBABILITY_DIGITS, QUERY_DIGITS, Nodes, encode, int8_scores, int8_values
 from .node_edit import GraphIndex, drop_unread_initializers, prune_dead_nodes, splice_nodes
 
 __all__ = ["KV_CACHE_FORMATS", "FLOAT16_REFUSAL", "INT8_NAMES", "check_kv_cache", "kv_cache_refusal",
-           "quantize_cache", "GENAI_REFUSAL", "INT8_LAYOUT", "KV_OPS", "cache_bytes_per_position"]
+           "quantize_cache", "GENAI_REFUSAL", "INT8_LAYOUT", "cache_bytes_per_position"]
 
 KV_CACHE_FORMATS = ("fp32", "int8")
 FLOAT16_REFUSAL = ("onnxruntime 1.32's CPU execution provider has no float16 or bfloat16 MatMul (its MatMul kernels "
@@ -49,7 +47,6 @@ INT8_LAYOUT = {"key": ("uint8", ["batch", "kv_heads", "positions", "head_dim"]),
                "key_scale": ("float32", ["batch", "kv_heads", "positions", 1]),
                "value": ("int8", ["batch", "kv_heads", "positions", "head_dim"]),
                "value_scale": ("float32", ["batch", "kv_heads", "positions", 1])}
-KV_OPS = ("MatMulIntegerToFloat",)  # the contrib ops the rewrite adds (domain com.microsoft)
 
 
 def check_kv_cache(kv_cache: str) -> None:
@@ -239,7 +236,3 @@ def quantize_cache(onnx_path: str, plan) -> dict:
                           f"8-bit digits per row; probabilities x value scales . values in {PROBABILITY_DIGITS}",
                 bytes_per_position=per_position,
                 float32_bytes_per_position=cache_bytes_per_position("fp32", plan.cache_shapes))
-
-
-def int8_cache_names(num_layers: int) -> List[List[str]]:
-    return [list(INT8_NAMES) for _ in range(num_layers)]

@@ -141,7 +141,7 @@ def _quantize_cache(onnx_path, plan, kv_cache, bounds, log) -> dict:
     its logits on held-out text at a longer context checked against the graph's before (ExportError outside the
     bounds, paddle_vha/export/kv_quality.py); returns export_info's "kv_cache" entry."""
     from ..serve.ort_session import OrtDecoder
-    from .kv_quality import cached_logits, check_cache_quality, compare_blocks, quality_line
+    from .kv_quality import CACHE_BOUNDS, cached_logits, check_cache_quality, compare_blocks, quality_line
 
     t0 = time.time()
     chunk, steps = KV_GATE_CHUNK, KV_GATE_STEPS
@@ -168,8 +168,6 @@ def _quantize_cache(onnx_path, plan, kv_cache, bounds, log) -> dict:
     gc.collect()
     log(quality_line(quality, kv_cache, bounds))
     check_cache_quality(quality, kv_cache, bounds)
-    from .kv_quality import CACHE_BOUNDS
-
     return dict(info, quality=quality.as_dict(), bounds=list(bounds or CACHE_BOUNDS[kv_cache]))
 
 
