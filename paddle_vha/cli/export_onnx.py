@@ -2,6 +2,7 @@
 
     python tools/export_onnx.py FOLDED_DIR OUT_DIR [--cache concat|buffer] [--external-data] [--opset 17]
                                 [--decode-steps 16] [--force] [--weights fp32|int8|int4] [--block-size 32]
+                                [--kv-cache fp32|int8]
 
 Goes through Paddle's own route (jit.save of a static program, then paddle2onnx) and checks the result as
 Optimum does: onnx.checker full check, standard ONNX ops only, KV inputs with H_kv heads, and onnxruntime vs
@@ -25,6 +26,16 @@ prints its quality against the float32 graph on held-out text (mean logit KL, gr
 outside the format's bounds (int8: KL <= 0.01 nats, agreement >= 95%; int4: 0.25, 80%). The graph then uses
 onnxruntime's contrib op MatMulNBits (onnxruntime, onnxruntime-genai and paddle_vha.serve run it; paddle/ keeps the
 float32 program). fp16 / bf16 are refused: onnxruntime's CPU EP casts float16 weights back to float32 (no gain).
+
+--kv-cache int8 stores the KV cache in 8 bits (paddle_vha/export/kv_cache.py): each token's key and value per KV head
+in 8 bits with a float32 scale (the largest |x| / 127), 264 bytes a position per KV head at head_dim 128 instead of
+float32's 1,024; attention reads it with onnxruntime's MatMulIntegerToFloat (contrib domain), and each step
+writes only its new tokens (in place, with --cache buffer). The validated graph is rewritten after any weight
+quantization, and its logits over held-out text read through the cache (2 windows of 320 tokens, prefilled 64 at a time,
+the last 32 one step each) must stay within the bounds against the float32 cache (mean KL <= 0.01 nats, agreement >=
+95%), or nothing is written. onnxruntime and paddle_vha.serve run it; onnxruntime-genai (no genai_config.json) and
+Paddle Inference (paddle/ keeps the float32-cache program) do not. fp16 / bf16 are refused: onnxruntime's CPU EP has
+no 16-bit MatMul, so such a cache would be cast to float32 whole every step.
 
 Memory: about 0.5 GB + 1.7 x the float32 weights (4 bytes per parameter: 4.6 GB for Qwen3-0.6B, 12.2 GB for
 Qwen3-1.7B); measured peak RSS 3.8 GB for Qwen3-0.6B (either cache flavour), 9.0 GB for Qwen3-1.7B
@@ -65,16 +76,21 @@ def main(argv=None):
     p.add_argument("--block-size", type=int, default=None,
                    help="values per quantization block for int8 / int4 (a power of two >= 16; default 32)")
     p.add_argument("--float-lm-head", action="store_true", help="keep the LM head float32 when quantizing")
+    p.add_argument("--kv-cache", default="fp32", choices=["fp32", "int8", "fp16", "bf16"],
+                   help="KV cache format (default fp32; int8: per-token scales, a quarter of the bytes; fp16 / bf16 "
+                        "are refused with the reason)")
     args = p.parse_args(argv)
     if args.decode_steps < 1:
         p.error("--decode-steps must be >= 1")
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):  # NaN failed only after the whole export
         p.error(f"--tolerance {args.tolerance}: must be a finite number >= 0")
     from paddle_vha.export.errors import ExportError
+    from paddle_vha.export.kv_cache import check_kv_cache
     from paddle_vha.export.quantize import check_weights
 
     try:  # before Paddle is even imported: a refused format costs nothing
         check_weights(args.weights, args.block_size)
+        check_kv_cache(args.kv_cache)
     except ExportError as e:
         fail(str(e))
     quiet()
@@ -85,7 +101,7 @@ def main(argv=None):
         export_onnx(args.folded_dir, args.out_dir, opset=args.opset, decode_steps=args.decode_steps,
                     tolerance=args.tolerance, force=args.force, cache_io=args.cache,
                     external_data=args.external_data or None, weights=args.weights, block_size=args.block_size,
-                    quantize_lm_head=not args.float_lm_head)
+                    quantize_lm_head=not args.float_lm_head, kv_cache=args.kv_cache)
     except (CheckpointError, ExportError) as e:
         fail(str(e))
     print(f"wrote {args.out_dir}")
