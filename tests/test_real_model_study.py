@@ -379,3 +379,17 @@ def test_cost_phase_exports_int4_and_times_each_serving_form(tmp_path, monkeypat
     assert not os.path.exists(tmp_path / "cache" / "cost" / "MEA-int4")  # exports removed once measured
     again = real_cost.cost_rows(args, journal, study.Starts(args, orig, None, lambda: None), print)
     assert [r["key"] for r in again] == [r["key"] for r in rows]  # from the journal, nothing redone
+
+
+def test_a_fresh_cache_starts_from_the_committed_report(tmp_path):
+    from tools.experiments import real_model_study as study
+
+    rec = dict(key=dict(kind="step0", start="MEA", seq_len=8), metrics=dict(kl=1.5), kv_bytes=3)
+    heal = dict(key=dict(kind="heal", start="MEA", loss="kd"), metrics=dict(kl=0.5))
+    (tmp_path / "real_model.json").write_text(json.dumps(dict(step0={"MEA": rec}, healing=[heal], cost=[])))
+    j = study.Log(str(tmp_path / "journal.jsonl"))
+    study.seed_journal(j, str(tmp_path / "real_model.json"))
+    assert study.Log(str(tmp_path / "journal.jsonl")).find(rec["key"]) == rec
+    assert j.find(heal["key"])["metrics"]["kl"] == 0.5
+    study.seed_journal(j, str(tmp_path / "real_model.json"))  # a journal that has records is left alone
+    assert len(study.Log(str(tmp_path / "journal.jsonl")).records) == 2

@@ -534,6 +534,7 @@ def main_phases(args):
     os.makedirs(args.cache, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
     journal = Log(os.path.join(args.cache, "journal.jsonl"))
+    seed_journal(journal, os.path.join(args.out, "real_model.json"))
     orig = original_folder(args)
     train_docs, held_docs, corpus, codec, facts = text_and_codec(args, orig)
     log(f"text: {facts['train_chapters']} training chapters ({facts['train_tokens']:,} tokens), "
@@ -564,6 +565,21 @@ def main_phases(args):
         from .real_report import write_report
 
         write_report(args, journal, facts, bench, time.time() - t0)
+
+
+def seed_journal(journal, report_json: str) -> None:
+    """A fresh --cache (another machine, another session) starts from the records the committed report holds: what
+    a previous session finished is not measured again."""
+    if journal.records or not os.path.isfile(report_json):
+        return
+    with open(report_json) as f:
+        done = json.load(f)
+    records = list(done.get("step0", {}).values()) + done.get("healing", []) + done.get("diverged", []) + \
+        done.get("cost", [])
+    for rec in records:
+        journal.add(rec["key"], {k: v for k, v in rec.items() if k != "key"})
+    if records:
+        log(f"journal: {len(records)} finished records taken from {report_json}")
 
 
 def text_tokens(corpus):
