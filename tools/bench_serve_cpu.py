@@ -61,7 +61,8 @@ from paddle_vha.serve.generate import generate
 from paddle_vha.serve.ort_session import OrtDecoder
 folder, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
 sess = OrtDecoder.from_dir(folder, threads)
-ids = np.random.default_rng(0).integers(0, 151643, size=(batch, prompt))
+vocab = min(151643, json.load(open(folder + "/config.json"))["vocab_size"])  # random ids the model has
+ids = np.random.default_rng(0).integers(0, vocab, size=(batch, prompt))
 generate(sess, ids[:, :8], 4, eos_token_id=-1)  # warm-up
 res = generate(sess, ids, new, eos_token_id=-1)
 print(json.dumps(dict(prefill=res.prefill_seconds, step=res.decode_seconds / (new - 1),
@@ -98,8 +99,9 @@ from paddle_vha.serve.session import CacheBuffers
 folder, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
 context = sys.argv[6]
 sess = OrtDecoder.from_dir(folder, threads)
+vocab = min(151643, json.load(open(folder + "/config.json"))["vocab_size"])  # random ids the model has
 rng = np.random.default_rng(0)
-ids = rng.integers(0, 151643, size=(1, prompt))
+ids = rng.integers(0, vocab, size=(1, prompt))
 sess.step(ids[:, :8], sess.prefill(ids[:, :8])[1])  # warm-up
 t = time.perf_counter()
 if context == "random":  # every row's context: random values where a prefill would write keys and values
@@ -112,7 +114,7 @@ if context == "random":  # every row's context: random values where a prefill wo
         cache = sess.empty_cache(batch, prompt)
         for buf, slot in zip(cache, sess.cache_slots):
             random_cache_fill(slot, buf, prompt, rng)
-    nxt = rng.integers(0, 151643, size=(batch, 1))
+    nxt = rng.integers(0, vocab, size=(batch, 1))
 else:  # row 0's prompt prefilled in chunks of 512, its cache copied to the other rows
     cache = sess.empty_cache(1, CacheBuffers.capacity_for(prompt + new) if sess.cache_io == "buffer" else 0)
     for s in range(0, prompt, 512):
