@@ -1,13 +1,14 @@
 """What this machine can give a tool, read from /proc (Linux): the memory available to allocate, and this process's
 resident memory (every tool that refuses a job up front for want of memory asks here); and for the benchmarks, the CPU
-in one line and the copy bandwidth their floors are measured against."""
+in one line, and the copy and read bandwidths their floors are measured against."""
 from __future__ import annotations
 
 import os
 import time
 from typing import Optional
 
-__all__ = ["available_memory_bytes", "resident_bytes", "shortfall_line", "cpu_line", "copy_bandwidth", "gemm_gflops"]
+__all__ = ["available_memory_bytes", "resident_bytes", "shortfall_line", "cpu_line", "copy_bandwidth", "read_bandwidth",
+           "gemm_gflops"]
 
 
 def _proc_field(path: str, key: str) -> Optional[int]:
@@ -74,6 +75,30 @@ def copy_bandwidth(mb: int = 256, repeats: int = 7) -> float:
         np.copyto(b, a)
         best = min(best, time.perf_counter() - t)
     return 2 * a.nbytes / best
+
+
+def read_bandwidth(mb: int = 256, repeats: int = 7, threads: Optional[int] = None) -> float:
+    """Bytes read per second from a large array on this machine, now: a numpy reduction (bitwise OR over int64 words,
+    the cheapest one numpy has: the read is all it does) over `mb` MB, split over `threads` threads (default: the CPUs
+    this process may run on; numpy releases the GIL in reductions), best of `repeats` after one untimed pass, and the
+    best of that and one thread. A decode step mostly reads (weights, cache), so its floor is its bytes over this:
+    a copy (copy_bandwidth) also writes, and a step's reads can run faster than the copy's rate (docs/deploy.md)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    words = np.ones(mb * 2**20 // 8, np.int64)
+    n = max(1, threads or len(os.sched_getaffinity(0)))
+    parts = np.array_split(words, n)
+    best = float("inf")
+    with ThreadPoolExecutor(n) as pool:
+        for run in (lambda: list(pool.map(np.bitwise_or.reduce, parts)), lambda: np.bitwise_or.reduce(words)):
+            run()
+            for _ in range(repeats):
+                t = time.perf_counter()
+                run()
+                best = min(best, time.perf_counter() - t)
+    return words.nbytes / best
 
 
 def gemm_gflops(m: int = 512, k: int = 1024, n: int = 1024, seconds: float = 0.3) -> Optional[float]:

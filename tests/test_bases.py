@@ -238,3 +238,25 @@ def test_qwen3_only_options_are_refused_in_one_line(base, tmp_path):
         json.dump(cfg, open(tmp_path / "m" / "config.json", "w"))
         with pytest.raises(CheckpointError, match=r"num_attention_heads 4 x head_dim 8 = 32 differs from hidden_size 64"):
             family("llama").validate(str(tmp_path / "m"))
+
+
+def test_regrouping_moves_qwen2s_biases_with_their_heads(tmp_path):
+    """Permuting a Qwen2's KV heads (the query heads following, as --regroup does) with their q/k/v biases leaves the
+    float64 oracle's logits unchanged; leaving the biases in place does not."""
+    from test_fold import read_state
+    from paddle_vha.transform import regroup as rg
+
+    cfg, _ = save_model("qwen2", tmp_path / "m", num_attention_heads=6, num_key_value_heads=3)
+    state, c = read_state(tmp_path / "m"), config_dict(cfg)
+    order, h, kv, d = [2, 0, 1], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    moved, weights_only = dict(state), dict(state)
+    for i in range(cfg.num_hidden_layers):
+        for t in rg.PERMUTED:
+            name = f"model.layers.{i}.self_attn.{t}"
+            moved[name] = rg.permute_heads(name, state[name], order, h, kv, d)
+            if t.endswith(".weight"):
+                weights_only[name] = moved[name]
+    ids = np.random.default_rng(4).integers(0, cfg.vocab_size, (2, 7))
+    ref = oracle.stock_causal_lm(ids, state, c)[0]
+    assert rel_err(oracle.stock_causal_lm(ids, moved, c)[0], ref, "qwen2: heads and biases permuted") <= 1e-12
+    assert np.abs(oracle.stock_causal_lm(ids, weights_only, c)[0] - ref).max() > 1e-3

@@ -243,7 +243,8 @@ def test_the_four_transforms_are_one_pipeline():
     from paddle_vha.transform.fold import FoldPlan
 
     base = {f.name for f in dataclasses.fields(TransformPlan)}
-    assert {"source", "out_dir", "out_config", "entries", "shards", "out_code", "copy_files", "force"} <= base
+    assert {"source", "out_dir", "out_config", "entries", "shards", "out_code", "copy_files", "force", "source_family",
+            "target"} <= base
     own = {cls.__name__: [f.name for f in dataclasses.fields(cls) if f.name not in base]
            for cls in (FoldPlan, ConvertPlan, CompressPlan, ImportPlan)}
     assert own == {"FoldPlan": [], "ConvertPlan": ["src_cfg", "method", "seed", "errors", "regroup", "groups"],

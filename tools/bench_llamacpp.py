@@ -4,6 +4,10 @@ llama-cpp-python in the side environment of tools/llama_env.sh: batch 1 through 
 batch through its low-level batch API (LLAMA_BATCH: one sequence id per row, the prompt prefilled once and its cache
 copied to the other rows).
 
+Its KV cache (KV_TYPES): "default" is llama-cpp-python's own context (an f16 cache; flash attention off at batch 1,
+llama.cpp's "auto" in the batch API), "f16" / "q8_0" set type_k = type_v and turn flash attention on (llama.cpp keeps
+a quantized V cache only with flash attention). A q8_0 cache holds 34 bytes per 32 values (int8 and an f16 scale).
+
 The converter recognises a tokenizer by hashing the ids it gives a fixed text, so it reads the checkpoint through
 WORK/llama-src: links to the checkpoint's config and weights beside Qwen's real tokenizer, rebuilt from llama.cpp's
 models/ggml-vocab-qwen2.gguf (tools/fixtures/qwen2_vocab.py; speed does not depend on the tokenizer).
@@ -19,6 +23,15 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = ("F32", "F16", "Q8_0", "Q4_0")
+# every side script's peak memory: this process's resident high-water mark (VmHWM; getrusage's ru_maxrss carries the
+# parent's over fork + exec, so every child of a large bench reported the bench's own)
+PEAK_RSS = """
+def peak_rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+"""
+# cache type -> (ggml type id, bytes per cached value); "default": the library's own context parameters
+KV_TYPES = {"default": (None, 2.0), "f16": (1, 2.0), "q8_0": (8, 34 / 32)}
 
 # LLAMA_EXTRA_BUFTS=0 in a side script's environment: llama.cpp's extra weight buffer types (AMX, repacked) off, for
 # llama-cpp-python's high-level Llama, which builds its model params inside (llama.cpp 0.3.36 segfaulted through its AMX
@@ -35,11 +48,12 @@ if os.environ.get("LLAMA_EXTRA_BUFTS") == "0":
     _lc.llama_model_default_params = _no_extra
 """
 
-LLAMA = EXTRA_BUFTS_SWITCH + """
+LLAMA = EXTRA_BUFTS_SWITCH + PEAK_RSS + """
 import json, os, sys, time
 import numpy as np, gguf
 from llama_cpp import Llama
-path, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
+path, batch, prompt, new, threads, kv_type = sys.argv[1], *map(int, sys.argv[2:7])
+kv = {} if kv_type < 0 else dict(type_k=kv_type, type_v=kv_type, flash_attn=True)
 reader = gguf.GGUFReader(path)
 names = {t.name: int(t.n_bytes) for t in reader.tensors}
 # a step reads every weight but the embedding table, whose one row is looked up, unless it is also the LM head
@@ -47,7 +61,7 @@ weights = sum(names.values()) - (names["token_embd.weight"] if "output.weight" i
 kinds = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
 del reader
 llm = Llama(model_path=path, n_ctx=prompt + new + 8, n_threads=threads, n_threads_batch=threads, n_batch=512,
-            logits_all=False, verbose=False)
+            logits_all=False, verbose=False, **kv)
 ids = np.random.default_rng(0).integers(0, 151643, size=prompt).tolist()
 llm.eval(ids[:8]); llm.eval([ids[8]]); llm.reset()  # warm-up
 t = time.perf_counter()
@@ -59,7 +73,7 @@ for _ in range(new - 1):
     llm.eval([nxt])
     nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
 print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1), weight_bytes=weights,
-                      kv_bytes_per_value=2, tensor_types=kinds)))
+                      tensor_types=kinds, peak_rss=peak_rss())))
 """
 
 # batch > 1: llama-cpp-python's low-level API (llama_batch_init / llama_decode, one sequence id per row). Each row
@@ -67,10 +81,10 @@ print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1
 # is prefilled for sequence 0 only (in chunks of n_batch) and its cache copied to the other rows with
 # llama_memory_seq_cp (between streams: a data copy), to keep a long-context prefill affordable; the decode steps then
 # run all rows at once.
-LLAMA_BATCH = """
+LLAMA_BATCH = PEAK_RSS + """
 import ctypes, json, os, sys, time
 import numpy as np, gguf, llama_cpp as L
-path, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
+path, batch, prompt, new, threads, kv_type = sys.argv[1], *map(int, sys.argv[2:7])
 reader = gguf.GGUFReader(path)
 names = {t.name: int(t.n_bytes) for t in reader.tensors}
 weights = sum(names.values()) - (names["token_embd.weight"] if "output.weight" in names else 0)
@@ -85,6 +99,9 @@ per_seq = -(-(prompt + new + 8) // 256) * 256
 cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = batch * per_seq, 512, 512, batch
 cp.n_threads = cp.n_threads_batch = threads
 cp.kv_unified = False
+if kv_type >= 0:  # a quantized V cache needs flash attention
+    cp.type_k = cp.type_v = kv_type
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
 ctx = L.llama_init_from_model(model, cp)
 vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 b = L.llama_batch_init(512, 0, batch)
@@ -116,8 +133,9 @@ t = time.perf_counter()
 for k in range(1, new - 1):
     nxt = decode(nxt, [prompt + k] * batch, range(batch), [True] * batch).argmax(-1)
 step = (time.perf_counter() - t) / (new - 2)
-print(json.dumps(dict(prefill=prefill, step=step, weight_bytes=weights, kv_bytes_per_value=2, tensor_types=kinds,
-                      note="prefill: sequence 0, its cache copied to the other rows")))
+print(json.dumps(dict(prefill=prefill, step=step, weight_bytes=weights, tensor_types=kinds,
+                      note="prefill: sequence 0, its cache copied to the other rows",
+                      peak_rss=peak_rss())))
 """
 
 CONVERT = """
@@ -202,14 +220,17 @@ def prepare_gguf(work: str, ckpt: str, formats, env, log) -> dict:
     return {k: v for k, v in paths.items() if k in formats}
 
 
-def time_llama(env, path: str, shape, threads: int, log):
-    """llama.cpp's result dict (prefill, step, weight_bytes, ...) for one GGUF file, or None."""
+def time_llama(env, path: str, shape, threads: int, log, kv: str = "default"):
+    """llama.cpp's result dict (prefill, step, weight_bytes, kv_bytes_per_value, peak_rss, ...) for one GGUF file
+    with the `kv` cache (KV_TYPES), or None."""
     code = LLAMA if shape[0] == 1 else LLAMA_BATCH
-    r, retried = run_side(env[0], code, [path, *shape, threads], log)
+    kv_type, per_value = KV_TYPES[kv]
+    r, retried = run_side(env[0], code, [path, *shape, threads, -1 if kv_type is None else kv_type], log)
     if r.returncode != 0:
         log(f"  failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
         return None
     res = json.loads(r.stdout.strip().splitlines()[-1])
+    res["kv_bytes_per_value"] = per_value
     if retried:
         res["tensor_types"] = res.get("tensor_types", []) + ["no extra buffer types"]
     return res

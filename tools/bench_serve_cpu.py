@@ -4,7 +4,8 @@ GGUF format on the same checkpoint, Hugging Face transformers (torch) fp32 on th
 step and each one's floor, in one run.
 
     python tools/bench_serve_cpu.py WORK [--shape 0.6b] [--layers N] [--checkpoint DIR] [--formats fp32 int8 int4]
-                                    [--llama-formats F32 F16 Q8_0 Q4_0] [--batch 1] [--prompt 128] [--new 128]
+                                    [--kv-caches fp32 int8] [--llama-formats F32 F16 Q8_0 Q4_0]
+                                    [--llama-kv default f16 q8_0] [--batch 1] [--prompt 128] [--new 128]
 
 WORK (created) receives the checkpoint (tools/fixtures/qwen3_shaped.py at --shape, tied, random bf16 weights: speed
 does not depend on their values) unless --checkpoint names one, its float32 export (tools/export_onnx.py's code, 2
@@ -12,13 +13,18 @@ validation steps) and one copy per quantized format, quantized by the export's o
 MatMulNBitsQuantizer path of --weights int8 / int4; the quality gate is the export's, not re-run here). Each runtime
 is timed in a fresh process, one after the other: a prefill of --prompt random tokens, then --new greedy tokens.
 
+--kv-caches int8 adds, per weight format, a copy with the export's int8 KV cache (paddle_vha/export/kv_cache.py's
+rewrite of that copy; the quality gate is the export's, not re-run here); --llama-kv the llama.cpp cache types
+(tools/bench_llamacpp.py: default, or f16 / q8_0 with flash attention on). Each row says its cache.
+
 Floor: the bytes a decode step must read (the weights its MatMuls read, the LM head included; the KV cache at the
-mean context, read once) over this machine's copy bandwidth measured in the same run (a 256 MB numpy copy, bytes
-read + written). Memory: a full-size export holds about 1.7x the float32 weights (Qwen3-0.6B: 4.6 GB; 1.7B: 12.2 GB;
-paddle_vha/export/memory.py), refused up front; run full sizes under the shared lock (flock
-/work/locks/fullsize.lock ...). HF needs the side environment (tools/hf_env.sh); without it that row is skipped.
-llama.cpp (tools/bench_llamacpp.py) needs tools/llama_env.sh's .venv-llama; its floor counts its KV cache at 2 bytes
-a value (llama.cpp's default f16 cache).
+mean context, read once, in the row's cache format: float32 4 bytes a value, our int8 (head_dim + 4) / head_dim,
+llama.cpp f16 2, q8_0 34 / 32) over this machine's read bandwidth measured in the same run
+(paddle_vha.machine.read_bandwidth: a 256 MB numpy reduction, bytes read; the copy bandwidth is printed beside it).
+Peak RSS: each row's own process (its VmHWM). Memory: a full-size export holds about 1.7x the float32 weights
+(Qwen3-0.6B: 4.6 GB; 1.7B: 12.2 GB; paddle_vha/export/memory.py), refused up front; run full sizes under the shared
+lock (flock /work/locks/fullsize.lock ...). HF needs the side environment (tools/hf_env.sh); without it that row is
+skipped. llama.cpp (tools/bench_llamacpp.py) needs tools/llama_env.sh's .venv-llama.
 
 Batch > 1 (e.g. --batch 8 --prompt 4096 --cache buffer --new 16): our session and llama.cpp prefill row 0 only (in
 chunks of 512) and copy its cache to the other rows (llama.cpp: llama_memory_seq_cp between per-row KV streams), so a
@@ -26,8 +32,9 @@ long-context prefill stays affordable on 2 cores; the decode steps then run ever
 session's and HF's caches with random keys and values instead (decode speed does not depend on them); HF otherwise
 prefills every row. onnxruntime-genai is refused at batch > 1 with the memory its one-call prefill of every row would
 need for attention scores, when that does not fit. The KV cache must fit: batch x layers x 2 x KV heads x head_dim x
-(prompt + new) x 4 bytes (x 2 for the concat flavour, whose step writes a new present) + the float32 weights, refused
-up front otherwise (Qwen3-0.6B, batch 8: 7.8 GB at 4K + 16 new in the buffer flavour; 30.3 GB at 16K).
+(prompt + new) x 4 bytes (x 2 for the concat flavour, whose step writes a new present; the largest of --kv-caches)
++ the float32 weights, refused up front otherwise (Qwen3-0.6B, batch 8: 7.8 GB at 4K + 16 new in the buffer flavour;
+30.3 GB at 16K).
 All runtimes use the same threads (one per core this process may run on).
 """
 from __future__ import annotations
@@ -41,26 +48,28 @@ import sys
 import time
 
 import bench_llamacpp  # tools/ is the script's folder, first on the path
-from paddle_vha.machine import copy_bandwidth, cpu_line
+from paddle_vha.machine import copy_bandwidth, cpu_line, read_bandwidth
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THREADS = len(os.sched_getaffinity(0))
 TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "100000000000"}
 
-OURS = """
+OURS = bench_llamacpp.PEAK_RSS + """
 import json, sys, time
 import numpy as np
 from paddle_vha.serve.generate import generate
 from paddle_vha.serve.ort_session import OrtDecoder
 folder, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
 sess = OrtDecoder.from_dir(folder, threads)
-ids = np.random.default_rng(0).integers(0, 151643, size=(batch, prompt))
+vocab = min(151643, json.load(open(folder + "/config.json"))["vocab_size"])  # random ids the model has
+ids = np.random.default_rng(0).integers(0, vocab, size=(batch, prompt))
 generate(sess, ids[:, :8], 4, eos_token_id=-1)  # warm-up
 res = generate(sess, ids, new, eos_token_id=-1)
-print(json.dumps(dict(prefill=res.prefill_seconds, step=res.decode_seconds / (new - 1))))
+print(json.dumps(dict(prefill=res.prefill_seconds, step=res.decode_seconds / (new - 1),
+                      peak_rss=peak_rss())))
 """
 
-GENAI = """
+GENAI = bench_llamacpp.PEAK_RSS + """
 import json, sys, time
 import numpy as np, onnxruntime_genai as og
 folder, batch, prompt, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -75,39 +84,43 @@ prefill = time.perf_counter() - t
 t = time.perf_counter()
 for _ in range(new - 1):
     gen.generate_next_token()
-print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1))))
+print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1),
+                      peak_rss=peak_rss())))
 """
 
 # batch > 1: as llama.cpp's rows (tools/bench_llamacpp.py), row 0's prompt prefilled (in chunks of 512) and its cache
 # copied to the other rows; then greedy steps of all rows at once through the session's own step().
-OURS_BATCH = """
+OURS_BATCH = bench_llamacpp.PEAK_RSS + """
 import json, sys, time
 import numpy as np
+from paddle_vha.serve.kv_cache import random_cache_fill
 from paddle_vha.serve.ort_session import OrtDecoder
 from paddle_vha.serve.session import CacheBuffers
 folder, batch, prompt, new, threads = sys.argv[1], *map(int, sys.argv[2:6])
 context = sys.argv[6]
 sess = OrtDecoder.from_dir(folder, threads)
+vocab = min(151643, json.load(open(folder + "/config.json"))["vocab_size"])  # random ids the model has
 rng = np.random.default_rng(0)
-ids = rng.integers(0, 151643, size=(1, prompt))
+ids = rng.integers(0, vocab, size=(1, prompt))
 sess.step(ids[:, :8], sess.prefill(ids[:, :8])[1])  # warm-up
 t = time.perf_counter()
 if context == "random":  # every row's context: random values where a prefill would write keys and values
-    shapes = [(batch, h, prompt, w) for h, w in sess.cache_shapes]
     if sess.cache_io == "buffer":
         cache = sess.empty_cache(batch, CacheBuffers.capacity_for(prompt + new))
-        for buf in cache.buffers:
-            buf[:, :, :prompt] = rng.standard_normal(buf[:, :, :prompt].shape, np.float32)
-        cache = CacheBuffers(cache.buffers, prompt)
+        for buf, slot in zip(cache.buffers, cache.slots):
+            random_cache_fill(slot, buf, prompt, rng)
+        cache = CacheBuffers(cache.buffers, prompt, cache.slots)
     else:
-        cache = [rng.standard_normal(s, np.float32) for s in shapes]
-    nxt = rng.integers(0, 151643, size=(batch, 1))
+        cache = sess.empty_cache(batch, prompt)
+        for buf, slot in zip(cache, sess.cache_slots):
+            random_cache_fill(slot, buf, prompt, rng)
+    nxt = rng.integers(0, vocab, size=(batch, 1))
 else:  # row 0's prompt prefilled in chunks of 512, its cache copied to the other rows
     cache = sess.empty_cache(1, CacheBuffers.capacity_for(prompt + new) if sess.cache_io == "buffer" else 0)
     for s in range(0, prompt, 512):
         logits, cache = sess.run(ids[:, s: s + 512], cache, np.ones((1, min(prompt, s + 512)), np.int64))
     if sess.cache_io == "buffer":  # (1, H, capacity, d) -> (batch, H, capacity, d), row 0 copied
-        cache = CacheBuffers([np.repeat(b, batch, axis=0) for b in cache.buffers], cache.length)
+        cache = CacheBuffers([np.repeat(b, batch, axis=0) for b in cache.buffers], cache.length, cache.slots)
     else:
         cache = [np.repeat(c, batch, axis=0) for c in cache]
     nxt = np.repeat(logits[:, -1].argmax(-1), batch)[:, None]
@@ -120,10 +133,11 @@ for k in range(1, new - 1):
     logits, cache = sess.step(logits[:, -1].argmax(-1)[:, None], cache, mask)
 note = ("context: random values (no prefill timed)" if context == "random"
         else "prefill: row 0, its cache copied to the other rows")
-print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 2), note=note)))
+print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 2), note=note,
+                      peak_rss=peak_rss())))
 """
 
-HF = """
+HF = bench_llamacpp.PEAK_RSS + """
 import json, os, sys, time
 import numpy as np, torch
 from transformers import AutoModelForCausalLM, DynamicCache
@@ -150,7 +164,8 @@ with torch.no_grad():
         out = model(nxt, past_key_values=past, use_cache=True)
         past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
 print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1),
-                      note="context: random values (no prefill timed)" if context == "random" else "")))
+                      note="context: random values (no prefill timed)" if context == "random" else "",
+                      peak_rss=peak_rss())))
 """
 
 
@@ -186,9 +201,13 @@ def step_weight_bytes(onnx_path: str) -> int:
     return sum(sizes.get(k, 0) for k in read)
 
 
-def kv_bytes(cfg: dict, batch: int, context: int) -> int:
+def kv_bytes(cfg: dict, batch: int, context: int, kv: str = "fp32") -> int:
+    """Bytes of our KV cache at `context` positions: float32, or the int8 cache's (paddle_vha/export/kv_cache.py)."""
+    from paddle_vha.export.kv_cache import cache_bytes_per_position
+
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return batch * cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * context * 4
+    shapes = [(cfg["num_key_value_heads"], head_dim)] * cfg["num_hidden_layers"]
+    return batch * context * cache_bytes_per_position(kv, shapes)
 
 
 def check_memory_first(args) -> None:
@@ -225,12 +244,13 @@ def check_cache_memory(args, float_bytes: int) -> None:
         from fixtures.qwen3_shaped import qwen3_config  # tools/ is the script's folder
 
         cfg = qwen3_config(args.shape, args.layers, kv_heads=args.kv_heads)
-    kv = kv_bytes(cfg, args.batch, args.prompt + args.new)
+    kv = kv_bytes(cfg, args.batch, args.prompt + args.new, "int8" if args.kv_caches == ["int8"] else "fp32")
     need = kv * (2 if args.cache == "concat" else 1) + float_bytes
     free = available_bytes()
     if free is not None and need > free:
         raise ExportError(f"batch {args.batch} x {args.prompt + args.new} positions: the session needs about "
-                          f"{need / 1e9:.1f} GB ({kv / 1e9:.1f} GB of float32 KV cache"
+                          f"{need / 1e9:.1f} GB ({kv / 1e9:.1f} GB of "
+                          f"{'int8' if args.kv_caches == ['int8'] else 'float32'} KV cache"
                           f"{' x 2 for the concat flavour' if args.cache == 'concat' else ''} + "
                           f"{float_bytes / 1e9:.1f} GB of float32 weights); this machine has {free / 1e9:.1f} GB "
                           "available (MemAvailable)")
@@ -250,7 +270,11 @@ def prepare(args, log):
         shutil.rmtree(tmp, ignore_errors=True)
         make_checkpoint(tmp, args.shape, layers=args.layers, kv_heads=args.kv_heads)
         os.replace(tmp, ckpt)
-    ours = {key: export_folder(args, ckpt, args.cache, key, log) for key in variants(args.formats, args.block_size)}
+    ours = {}
+    for key in variants(args.formats, args.block_size):
+        for kv in args.kv_caches:
+            folder = export_folder(args, ckpt, args.cache, key, log)
+            ours[(key, kv)] = folder if kv == "fp32" else int8_cache_copy(args, ckpt, folder, log)
     genai = {}
     if genai_timed(args):
         genai = {key: export_folder(args, ckpt, "concat", key, log)
@@ -319,6 +343,32 @@ def export_folder(args, ckpt, cache_io, key, log) -> str:
     return out
 
 
+def int8_cache_copy(args, ckpt, folder, log) -> str:
+    """<folder>-kvint8: a copy of the export `folder` with the int8 KV cache (paddle_vha/export/kv_cache.py's rewrite
+    of the copy's graph; the export's quality gate is not re-run here)."""
+    from paddle_vha.export.kv_cache import INT8_NAMES, quantize_cache
+    from paddle_vha.export.plan import serving_plan
+
+    out = folder + "-kvint8"
+    if os.path.isfile(os.path.join(out, "export_info.json")):
+        return out
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns("paddle"))
+    t = time.time()
+    info = quantize_cache(os.path.join(tmp, "model.onnx"), serving_plan(ckpt, args.cache))
+    path = os.path.join(tmp, "export_info.json")
+    meta = json.load(open(path))
+    meta["kv_cache"] = dict(info, quality="not checked (bench copy)")
+    meta["cache_names"] = [list(INT8_NAMES)] * meta["num_hidden_layers"]
+    with open(path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=2)
+    os.replace(path + ".tmp", path)
+    os.rename(tmp, out)
+    log(f"{os.path.basename(folder)}: int8 KV cache copy in {time.time() - t:.0f} s")
+    return out
+
+
 def genai_prefill_bytes(cfg: dict, batch: int, prompt: int) -> int:
     """One layer's float32 attention scores in genai's prefill of every row at once (batch x heads x prompt^2 x 4 B):
     onnxruntime-genai takes a batch's prompt in one AppendTokens call (it refuses a second one for batch > 1)."""
@@ -342,14 +392,18 @@ def timings(args, ckpt, ours, genai, cfg, log):
     hf = hf_python()
     have_hf = os.path.isfile(hf)
     rows, shape = [], (args.batch, args.prompt, args.new)
-    for fmt, folder in ours.items():
+    for (fmt, kv), folder in ours.items():
         for malloc, extra in (("", {}), (" (tuned malloc)", TUNED_MALLOC)):
             if malloc and not args.tuned_malloc:
                 continue
-            log(f"timing our session, {label(args, fmt)}{malloc}")
+            name = f"ours {label(args, fmt)}, {kv} cache{malloc}"
+            log(f"timing {name}")
             code, argv = (OURS, [folder, *shape, THREADS]) if args.batch == 1 else \
                 (OURS_BATCH, [folder, *shape, THREADS, args.context])
-            rows.append((f"ours {label(args, fmt)}{malloc}", folder, run_json(sys.executable, code, argv, extra, log)))
+            res = run_json(sys.executable, code, argv, extra, log)
+            if res is not None:
+                res["kv"] = kv
+            rows.append((name, folder, res))
     for fmt, folder in genai.items():
         scores, free = genai_prefill_bytes(cfg, args.batch, args.prompt), available_bytes()
         if args.batch > 1 and free is not None and 3 * scores > free:
@@ -358,11 +412,11 @@ def timings(args, ckpt, ours, genai, cfg, log):
                 f"3 x {scores / 1e9:.1f} GB per layer; this machine has {free / 1e9:.1f} GB available")
             continue
         log(f"timing onnxruntime-genai, {label(args, fmt)}")
-        rows.append((f"genai {label(args, fmt)}", folder, run_json(hf, GENAI, [folder, *shape], log=log)))
+        rows.append((f"genai {label(args, fmt)}, fp32 cache", folder, run_json(hf, GENAI, [folder, *shape], log=log)))
     if have_hf and not args.no_hf:
         log(f"timing HF transformers (torch) fp32{', random context' if args.context == 'random' else ''}")
         fp32 = os.path.join(args.work, "fp32" + ("-buffer" if args.cache == "buffer" else ""))
-        rows.append(("HF torch fp32", fp32, run_json(hf, HF, [ckpt, *shape, args.context], log=log)))
+        rows.append(("HF torch fp32, fp32 cache", fp32, run_json(hf, HF, [ckpt, *shape, args.context], log=log)))
     if not have_hf:
         log(f"onnxruntime-genai and HF transformers: not timed ({hf} missing: bash tools/hf_env.sh)")
     return rows + llama_rows(args, ckpt, shape, log)
@@ -378,8 +432,10 @@ def llama_rows(args, ckpt, shape, log):
         return []
     rows = []
     for fmt, path in bench_llamacpp.prepare_gguf(args.work, ckpt, args.llama_formats, env, log).items():
-        log(f"timing llama.cpp, {fmt}")
-        rows.append((f"llama.cpp {fmt}", path, bench_llamacpp.time_llama(env, path, shape, THREADS, log)))
+        for kv in args.llama_kv:
+            name = f"llama.cpp {fmt}, {kv} cache" + (", FA" if kv != "default" else "")
+            log(f"timing {name}")
+            rows.append((name, path, bench_llamacpp.time_llama(env, path, shape, THREADS, log, kv)))
     return rows
 
 
@@ -393,6 +449,9 @@ def main(argv=None) -> int:
     p.add_argument("--kv-heads", type=int, default=2, help="KV heads of the written checkpoint (default 2: the "
                    "shape a Qwen3-VHA folds into, GQA-2, a quarter of stock Qwen3's 8 heads' cache)")
     p.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
+    p.add_argument("--kv-caches", nargs="+", default=["fp32"], choices=["fp32", "int8"],
+                   help="our KV cache formats, one row each per weight format (default fp32; int8: "
+                        "tools/export_onnx.py --kv-cache int8's graph)")
     p.add_argument("--genai-formats", nargs="+", default=["fp32", "int4"], choices=["fp32", "int8", "int4"])
     p.add_argument("--batch", type=int, default=1, help="rows; > 1: row 0 prefilled, its cache copied to the others")
     p.add_argument("--cache", default="concat", choices=["concat", "buffer"],
@@ -407,6 +466,9 @@ def main(argv=None) -> int:
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--llama-formats", nargs="*", default=list(bench_llamacpp.FORMATS),
                    choices=bench_llamacpp.FORMATS, help="GGUF formats for llama.cpp (none: no llama.cpp rows)")
+    p.add_argument("--llama-kv", nargs="+", default=["default"], choices=list(bench_llamacpp.KV_TYPES),
+                   help="llama.cpp's KV cache types, one row each per GGUF format (default: llama-cpp-python's own "
+                        "f16 context; f16 / q8_0: type_k = type_v, flash attention on)")
     p.add_argument("--tuned-malloc", action="store_true", help="also time our session with MALLOC_MMAP_MAX_=0 ...")
     p.add_argument("--no-genai", action="store_true")
     p.add_argument("--no-hf", action="store_true")
@@ -441,32 +503,45 @@ def main(argv=None) -> int:
         log(f"prepared {args.work}: {', '.join(sorted(os.listdir(args.work)))}")
         return 0
     cfg = json.load(open(os.path.join(ckpt, "config.json")))
-    bandwidth = copy_bandwidth()
+    bandwidth, copy = read_bandwidth(), copy_bandwidth()
     rows = timings(args, ckpt, ours, genai, cfg, log)
-    bandwidth = (bandwidth + copy_bandwidth()) / 2
-    kv = kv_bytes(cfg, args.batch, args.prompt + args.new // 2)
-    print(f"\n{cpu_line()}; load average {os.getloadavg()[0]:.1f} (a shared machine); copy bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s (read + written); Qwen3 {cfg['num_hidden_layers']} layers, hidden "
-          f"{cfg['hidden_size']}, vocab {cfg['vocab_size']}; batch {args.batch}, prompt {args.prompt}, "
-          f"{args.new} new tokens (greedy); floor = (weights the step reads + KV cache at the mean context, "
-          f"{kv / 1e6:.0f} MB) / copy bandwidth")
-    hdr = (f"{'runtime':<28} | {'tokens/s':>8} | {'ms/step':>8} | {'prefill s':>9} | {'MB/step':>8} | "
-           f"{'floor ms':>8} | {'x floor':>7}")
-    print(hdr)
-    print("-" * len(hdr))
+    bandwidth, copy = (bandwidth + read_bandwidth()) / 2, (copy + copy_bandwidth()) / 2
+    context = args.prompt + args.new // 2  # the mean context of the timed steps
+    fp32_kv = kv_bytes(cfg, args.batch, context)
+    print(f"\n{cpu_line()}; load average {os.getloadavg()[0]:.1f} (a shared machine); read bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s (copy: {copy / 1e9:.1f} GB/s read + written); Qwen3 {cfg['num_hidden_layers']} "
+          f"layers, hidden {cfg['hidden_size']}, {cfg['num_key_value_heads']} KV heads, vocab {cfg['vocab_size']}; "
+          f"batch {args.batch}, prompt {args.prompt}, {args.new} new tokens (greedy); floor = (weights the step reads "
+          f"+ KV cache at the mean context in the row's format; float32: {fp32_kv / 1e6:.0f} MB) / read bandwidth")
+    print(table(args, rows, cfg, context, bandwidth))
+    return 0
+
+
+def table(args, rows, cfg: dict, context: int, bandwidth: float) -> str:
+    """The results, one line per row: tokens/s, ms a step, prefill, the bytes a step must read, its floor, x floor,
+    peak RSS."""
+    width = max([len(name) for name, _, _ in rows] + [28])
+    hdr = (f"{'runtime':<{width}} | {'tokens/s':>8} | {'ms/step':>8} | {'prefill s':>9} | {'MB/step':>8} | "
+           f"{'floor ms':>8} | {'x floor':>7} | {'peak RSS':>8}")
+    lines = [hdr, "-" * len(hdr)]
     for name, folder, res in rows:
         if res is None:
-            print(f"{name:<28} | {'failed':>8} |")
+            lines.append(f"{name:<{width}} | {'failed':>8} |")
             continue
         weights = res.get("weight_bytes") or step_weight_bytes(os.path.join(folder, "model.onnx"))
-        read = weights + kv * res.get("kv_bytes_per_value", 4) // 4
+        if "kv_bytes_per_value" in res:  # llama.cpp: its cache type's bytes per value
+            kv = int(kv_bytes(cfg, args.batch, context) * res["kv_bytes_per_value"] / 4)
+        else:
+            kv = kv_bytes(cfg, args.batch, context, res.get("kv", "fp32"))
+        read = weights + kv
         floor = read / bandwidth
         step = res["step"]
         prefill = "random" if res.get("note", "").startswith("context: random") else f"{res['prefill']:.2f}"
-        print(f"{name:<28} | {args.batch / step:>8.2f} | {step * 1e3:>8.1f} | {prefill:>9} | "
-              f"{read / 1e6:>8.0f} | {floor * 1e3:>8.1f} | {step / floor:>6.2f}x"
-              + (f" ({', '.join(res['tensor_types'])})" if res.get("tensor_types") else ""))
-    return 0
+        rss = f"{res['peak_rss'] / 1e9:.2f} GB" if res.get("peak_rss") else "-"
+        lines.append(f"{name:<{width}} | {args.batch / step:>8.2f} | {step * 1e3:>8.1f} | {prefill:>9} | "
+                     f"{read / 1e6:>8.0f} | {floor * 1e3:>8.1f} | {step / floor:>6.2f}x | {rss:>8}"
+                     + (f" ({', '.join(res['tensor_types'])})" if res.get("tensor_types") else ""))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python tools/export_onnx.py FOLDED_DIR OUT_DIR [--cache concat|buffer] [--external-data] [--opset 17]
                                 [--decode-steps 16] [--force] [--weights fp32|int8|int4] [--block-size 128]
-                                [--max-kl NATS] [--min-agreement FRACTION]
+                                [--max-kl NATS] [--min-agreement FRACTION] [--kv-cache fp32|int8]
 
 Goes through Paddle's own route (jit.save of a static program, then paddle2onnx) and checks the result as
 Optimum does: onnx.checker full check, standard ONNX ops only, KV inputs with H_kv heads, and onnxruntime vs
@@ -29,6 +29,16 @@ docs/deploy.md, "The quality gate"); --max-kl / --min-agreement replace a bound 
 and export_info.json). The graph then uses onnxruntime's contrib op MatMulNBits (onnxruntime, onnxruntime-genai and
 paddle_vha.serve run it; paddle/ keeps the float32 program). fp16 / bf16 are refused: onnxruntime's CPU EP casts
 float16 weights back to float32 (no gain).
+
+--kv-cache int8 stores the KV cache in 8 bits (paddle_vha/export/kv_cache.py): each token's key and value per KV head
+in 8 bits with a float32 scale (the largest |x| / 127), 264 bytes a position per KV head at head_dim 128 instead of
+float32's 1,024; attention reads it with onnxruntime's MatMulIntegerToFloat (contrib domain), and each step
+writes only its new tokens (in place, with --cache buffer). The validated graph is rewritten after any weight
+quantization, and its logits over held-out text read through the cache (2 windows of 320 tokens, prefilled 64 at a time,
+the last 32 one step each) must stay within the bounds against the float32 cache (mean KL <= 0.01 nats, agreement >=
+95%), or nothing is written. onnxruntime and paddle_vha.serve run it; onnxruntime-genai (no genai_config.json) and
+Paddle Inference (paddle/ keeps the float32-cache program) do not. fp16 / bf16 are refused: onnxruntime's CPU EP has
+no 16-bit MatMul, so such a cache would be cast to float32 whole every step.
 
 Memory: about 0.5 GB + 1.7 x the float32 weights (4 bytes per parameter: 4.6 GB for Qwen3-0.6B, 12.2 GB for
 Qwen3-1.7B), and for --weights int8 / int4 that plus the largest tensor (the quantization reads one weight at a time
@@ -77,15 +87,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-agreement", type=float, default=None, metavar="FRACTION",
                    help="int8 / int4: accept a greedy-token agreement on decisive positions down to FRACTION (0..1) "
                         "instead of the format's bound (int8 0.95, int4 0.80)")
+    p.add_argument("--kv-cache", default="fp32", choices=["fp32", "int8", "fp16", "bf16"],
+                   help="KV cache format (default fp32; int8: per-token scales, a quarter of the bytes; fp16 / bf16 "
+                        "are refused with the reason)")
     return p
 
 
 QUANTIZED = Effect("with --weights int8 / int4", lambda a: a.weights in ("int8", "int4"))
+GATED = Effect("with a quality gate: --weights int8 / int4 or --kv-cache int8 (it replaces the bound of each gate that "
+               "runs)", lambda a: a.weights in ("int8", "int4") or a.kv_cache == "int8")
 TAKES_EFFECT = {
     "folded_dir": ALWAYS, "out_dir": ALWAYS, "--opset": ALWAYS, "--decode-steps": ALWAYS, "--tolerance": ALWAYS,
     "--force": PERMISSION, "--cache": ALWAYS, "--weights": ALWAYS,
     "--external-data": Effect("always (over 2 GB the weights are external data anyway)"),
-    "--block-size": QUANTIZED, "--float-lm-head": QUANTIZED, "--max-kl": QUANTIZED, "--min-agreement": QUANTIZED,
+    "--block-size": QUANTIZED, "--float-lm-head": QUANTIZED, "--max-kl": GATED, "--min-agreement": GATED,
+    "--kv-cache": ALWAYS,
 }
 
 
@@ -105,14 +121,20 @@ def main(argv=None):
     p = build_parser()
     args, _ = parse_checked(p, argv, TAKES_EFFECT, _check_ranges)
     from paddle_vha.export.errors import ExportError
+    from paddle_vha.export.kv_cache import check_kv_cache
     from paddle_vha.export.quality import gate_bounds
     from paddle_vha.export.quantize import check_weights
 
     try:  # before Paddle is even imported: a refused format or block size costs nothing
         check_weights(args.weights, args.block_size)
+        check_kv_cache(args.kv_cache)
     except ExportError as e:
         fail(str(e))
+    from paddle_vha.export.kv_quality import CACHE_BOUNDS
+
     bounds = gate_bounds(args.weights, args.max_kl, args.min_agreement) if args.weights in ("int8", "int4") else None
+    kv_bounds = (gate_bounds(args.kv_cache, args.max_kl, args.min_agreement, CACHE_BOUNDS)
+                 if args.kv_cache in CACHE_BOUNDS else None)
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
     from paddle_vha.export.onnx_export import export_onnx
@@ -121,7 +143,8 @@ def main(argv=None):
         export_onnx(args.folded_dir, args.out_dir, opset=args.opset, decode_steps=args.decode_steps,
                     tolerance=args.tolerance, force=args.force, cache_io=args.cache,
                     external_data=args.external_data or None, weights=args.weights, block_size=args.block_size,
-                    quantize_lm_head=not args.float_lm_head, quality_bounds=bounds)
+                    quantize_lm_head=not args.float_lm_head, quality_bounds=bounds, kv_cache=args.kv_cache,
+                    kv_quality_bounds=kv_bounds)
     except (CheckpointError, ExportError) as e:
         fail(str(e))
     print(f"wrote {args.out_dir}")

@@ -81,11 +81,12 @@ def _check_options(p, args) -> None:
 
 
 def _check_cache_memory(shape, max_new_tokens: int, info: dict) -> None:
-    """Refuse, before the runtime allocates, a generation whose KV cache (float32, every layer, the whole batch at
-    prompt + new tokens) would not fit the memory this machine has available."""
+    """Refuse, before the runtime allocates, a generation whose KV cache (every layer, the whole batch at prompt + new
+    tokens; float32, or the export's int8 cache) would not fit the memory this machine has available."""
+    from paddle_vha.export.kv_cache import cache_bytes_per_position
     from paddle_vha.machine import available_memory_bytes
 
-    per_token = sum(4 * 2 * int(h) * int(w) for h, w in info["cache_shapes"])  # keys + values, float32
+    per_token = cache_bytes_per_position(info["kv_cache"]["format"], info["cache_shapes"])  # keys + values
     need = shape[0] * (shape[1] + max_new_tokens) * per_token
     have = available_memory_bytes()
     if have is not None and need > have:

@@ -23,6 +23,7 @@ Output folder:
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -35,6 +36,7 @@ from ..checkpoint.fsutil import atomic_dir, check_output_dir
 from .decoder import KVDecoder
 from .errors import ExportError
 from .genai import write_genai_files
+from .kv_cache import GENAI_REFUSAL, INT8_NAMES, check_kv_cache, kv_cache_refusal, quantize_cache
 from .graph import finalize_graph
 from .memory import check_memory
 from .paddle_program import convert_without_weights, run_paddle2onnx, save_program
@@ -54,6 +56,9 @@ COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeni
               "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
               "chat_template.json", "tokenizer.model")
 OPSETS = range(14, 22)  # Qwen3's causal mask needs Trilu (14); paddle2onnx 2.1.0 converts up to 21
+# --kv-cache's quality gate: 2 held-out windows of KV_GATE_POSITIONS tokens, prefilled KV_GATE_CHUNK at a time through
+# the cache, the last KV_GATE_STEPS one decode step each (paddle_vha/export/kv_quality.py)
+KV_GATE_POSITIONS, KV_GATE_CHUNK, KV_GATE_STEPS = 320, 64, 32
 _run_paddle2onnx = run_paddle2onnx  # the converter's child process (tests/test_export_bad_input.py)
 
 
@@ -68,7 +73,7 @@ def _check_options(opset: int, cache_io: str) -> None:
 
 def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, force=False, log=print,
                 external_data=None, cache_io="concat", weights="fp32", block_size=None, quantize_lm_head=True,
-                quality_bounds=None):
+                quality_bounds=None, kv_cache="fp32", kv_quality_bounds=None):
     """Export the servable checkpoint `ckpt_dir` (a path or an opened CheckpointFolder) and validate it; writes out_dir
     atomically (a temp folder renamed at the end). Refused up front (ExportError, nothing read or written) when the
     machine's available memory is below the export's need (paddle_vha/export/memory.py).
@@ -80,9 +85,13 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     weights: "fp32", or "int8" / "int4" (paddle_vha/export/quantize.py: the float32 graph is exported and validated
     first, then quantized by onnxruntime's MatMulNBitsQuantizer in blocks of `block_size`, and its logits on held-out
     text must stay within `quality_bounds` of the float32 graph's, paddle_vha/export/quality.py).
+    kv_cache: "fp32", or "int8" (paddle_vha/export/kv_cache.py: the graph's attention rewritten to read an int8 cache
+    with per-token scales, after the weights' quantization; its logits over held-out text at a longer context must
+    stay within `kv_quality_bounds` of the float32 cache's, paddle_vha/export/kv_quality.py).
     """
     _check_options(opset, cache_io)
     check_weights(weights, block_size)
+    check_kv_cache(kv_cache)
     ckpt_path = ckpt_dir.path if isinstance(ckpt_dir, CheckpointFolder) else ckpt_dir
     check_output_dir(out_dir, [ckpt_path], force, ExportError, input_label="the checkpoint")
     t0 = time.time()
@@ -91,6 +100,8 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     if cache_io == "buffer" and any(plan.cache_windows):
         raise ExportError(f"{plan.folder.path}: the buffer flavour (--cache buffer) is not offered for sliding-window "
                           "layers (their cache keeps only the window); export with the default --cache concat")
+    if kv_cache != "fp32" and kv_cache_refusal(plan):
+        raise ExportError(f"{plan.folder.path}: {kv_cache_refusal(plan)}")
     _check_side_files(plan.folder.path)
     if weights != "fp32":  # the quality check's windows fit the model's positions; none left is refused now
         quality_tokens(int(plan.rope.context))
@@ -115,13 +126,53 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
             quant = _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_data, quality_bounds,
                               log)
             external = quant["external_data"]
+        kv = None
+        if kv_cache != "fp32":
+            kv = _quantize_cache(onnx_path, plan, kv_cache, kv_quality_bounds, log)
+            plan = dataclasses.replace(plan, cache_names=[INT8_NAMES] * plan.num_layers, genai_refusal=GENAI_REFUSAL)
         for name in COPY_FILES:
             src = os.path.join(plan.folder.path, name)
             if os.path.isfile(src):
                 shutil.copy2(src, os.path.join(tmp, name))
         write_genai_files(tmp, plan, log=log)
-        _write_export_info(tmp, plan, opset, val, tolerance, external, quant)
+        _write_export_info(tmp, plan, opset, val, tolerance, external, quant, kv)
     return val
+
+
+def _quantize_cache(onnx_path, plan, kv_cache, bounds, log) -> dict:
+    """The validated graph at onnx_path rewritten in place to the `kv_cache` cache (paddle_vha/export/kv_cache.py),
+    its logits on held-out text at a longer context checked against the graph's before (ExportError outside the
+    bounds, paddle_vha/export/kv_quality.py); returns export_info's "kv_cache" entry."""
+    from ..serve.ort_session import OrtDecoder
+    from .kv_quality import CACHE_BOUNDS, cached_logits, check_cache_quality, compare_blocks, quality_line
+
+    t0 = time.time()
+    chunk, steps = KV_GATE_CHUNK, KV_GATE_STEPS
+    ids, text = held_out_windows(plan.folder.path, int(plan.config.vocab_size), batch=2,
+                                 seq_len=min(KV_GATE_POSITIONS, int(plan.rope.context)))
+
+    def session():
+        s = OrtDecoder(onnx_path)
+        s.cache_windows, s.cache_io = [None] * len(s.cache_slots), plan.cache_io
+        return s
+
+    sess = session()
+    reference = [(start, block) for start, block in cached_logits(sess, ids, chunk, steps)]  # the float32 cache's
+    del sess
+    gc.collect()
+    info = quantize_cache(onnx_path, plan)
+    log(f"KV cache: {kv_cache}, per token and KV head scales ({info['bytes_per_position']:,} bytes a position over all "
+        f"layers, float32: {info['float32_bytes_per_position']:,}), read by MatMulIntegerToFloat, in "
+        f"{time.time() - t0:.1f} s")
+    sess = session()
+    quality = compare_blocks(reference, sess, ids, chunk, steps, text + f" (prefill {chunk}, then chunks of {chunk} "
+                             f"through the cache, the last {steps} one step each)")
+    del sess, reference
+    gc.collect()
+    note = bounds_note(kv_cache, bounds, CACHE_BOUNDS, "cache gate")
+    log(quality_line(quality, kv_cache, bounds) + (f"; {note}" if note else ""))
+    check_cache_quality(quality, kv_cache, bounds)
+    return dict(info, quality=quality.as_dict(), bounds=list(bounds or CACHE_BOUNDS[kv_cache]), bounds_set_by_user=note)
 
 
 def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_data, bounds, log) -> dict:
@@ -203,23 +254,33 @@ def _write_graphs(plan: ServingPlan, tensors, tmp: str, opset: int, external_dat
 
 
 def _write_export_info(tmp: str, plan: ServingPlan, opset: int, val: Validation, tolerance: float,
-                       external: bool, quant: dict = None) -> None:
+                       external: bool, quant: dict = None, kv: dict = None) -> None:
     """export_info.json: the graph's I/O names and cache layout (what paddle_vha.serve reads), the validation."""
     cfg = plan.config
     ins, outs = plan.io_names
+    ops = quant.pop("ops") if quant else val.ops
+    if kv:  # the rewrite added its ops
+        ops = _graph_ops(os.path.join(tmp, "model.onnx"))
     info = dict(format="paddle-vha onnx decoder v1", opset=opset, inputs=ins, outputs=outs,
                 num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
                 num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
                 max_position_embeddings=cfg.max_position_embeddings, context_length=plan.rope.context,
                 rope=dict(rope_type=plan.rope.rope_type, factor=plan.rope.factor,
                           attention_scaling=plan.rope.attention_scaling),
-                kv_layout="[batch, num_key_value_heads, past_sequence, head_dim]", dtype="float32",
+                kv_layout=("[batch, num_key_value_heads, past_sequence, head_dim]" if not kv else
+                           "int8 cache: kv_cache.layout"), dtype="float32",
                 model_type=cfg.model_type, cache_shapes=[list(x) for x in plan.cache_shapes],
                 cache_names=[list(x) for x in plan.cache_names], cache_windows=plan.cache_windows,
                 cache_io=plan.cache_io, external_data=DATA_FILE if external else None,
                 validation=dict(prefill_max_abs=val.prefill_max_abs, decode_max_abs=val.decode_max_abs,
                                 decode_steps=val.steps, tolerance=tolerance, logit_scale=val.logit_scale,
                                 bound=val.bound(tolerance)),
-                ops=quant.pop("ops") if quant else val.ops, weights=quant or dict(format="fp32"))
+                ops=ops, weights=quant or dict(format="fp32"), kv_cache=kv or dict(format="fp32"))
     with open(os.path.join(tmp, "export_info.json"), "w") as f:
         json.dump(info, f, indent=2)
+
+
+def _graph_ops(onnx_path: str) -> list:
+    import onnx
+
+    return sorted({n.op_type for n in onnx.load(onnx_path, load_external_data=False).graph.node})

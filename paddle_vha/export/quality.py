@@ -48,22 +48,26 @@ def quality_tokens(context: int) -> int:
     return min(QUALITY_TOKENS, int(context))
 
 
-def gate_bounds(weights: str, max_kl: Optional[float] = None, min_agreement: Optional[float] = None) -> tuple:
-    """(max mean KL, min agreement) of the quality gate: the format's BOUNDS, each replaced where the user named one
-    (tools/export_onnx.py --max-kl / --min-agreement)."""
-    kl, agree = BOUNDS[weights]
+def gate_bounds(weights: str, max_kl: Optional[float] = None, min_agreement: Optional[float] = None,
+                defaults: Optional[Dict[str, tuple]] = None) -> tuple:
+    """(max mean KL, min agreement) of a quality gate: the format's bounds (`defaults`, BOUNDS unless given: the KV
+    cache's gate has its own), each replaced where the user named one (tools/export_onnx.py --max-kl /
+    --min-agreement)."""
+    kl, agree = (defaults or BOUNDS)[weights]
     return (kl if max_kl is None else float(max_kl), agree if min_agreement is None else float(min_agreement))
 
 
-def bounds_note(weights: str, bounds: Optional[tuple]) -> Optional[str]:
+def bounds_note(weights: str, bounds: Optional[tuple], defaults: Optional[Dict[str, tuple]] = None,
+                gate: str = "gate") -> Optional[str]:
     """Words for bounds the user set (None when they are the format's): printed with the quality and kept in
     export_info.json."""
-    if bounds is None or tuple(bounds) == BOUNDS[weights]:
+    defaults = defaults or BOUNDS
+    if bounds is None or tuple(bounds) == defaults[weights]:
         return None
-    kl, agree = BOUNDS[weights]
+    kl, agree = defaults[weights]
     said = [f"--max-kl {bounds[0]:g}"] if bounds[0] != kl else []
     said += [f"--min-agreement {bounds[1]:g}"] if bounds[1] != agree else []
-    return (f"accepted knowingly: {' and '.join(said)} replace the {weights} gate's bounds (mean KL <= {kl:g} nats, "
+    return (f"accepted knowingly: {' and '.join(said)} replace the {weights} {gate}'s bounds (mean KL <= {kl:g} nats, "
             f"agreement >= {100 * agree:g}%)")
 
 

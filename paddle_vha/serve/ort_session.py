@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from .kv_cache import slots_from_inputs
 from .session import DecoderSession, ServeError, per_cache_input, read_export_info
 
 __all__ = ["OrtDecoder"]
@@ -30,8 +31,14 @@ class OrtDecoder(DecoderSession):
             raise ServeError(f"{onnx_path}: onnxruntime cannot load it ({type(e).__name__}: {first})") from None
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
-        # [batch, heads, past_sequence, width] per cache input (MEA layers: one wide head)
-        self.cache_shapes = [(i.shape[1], i.shape[3]) for i in self.session.get_inputs()[3:]]
+        # [batch, heads, past_sequence, width] per float32 cache input (MEA layers: one wide head); the int8 cache's
+        # tensors (keys transposed, scales) as the graph declares them (paddle_vha/serve/kv_cache.py)
+        args = self.session.get_inputs()[3:]
+        self.cache_shapes = [(i.shape[1], i.shape[3]) for i in args]
+        try:
+            self.cache_slots = slots_from_inputs(args)
+        except ValueError as e:
+            raise ServeError(f"{onnx_path}: {e}") from None
 
     @classmethod
     def from_dir(cls, export_dir: str, threads: int = 0, spin: bool = True):

@@ -13,6 +13,10 @@ class PaddleInferenceDecoder(DecoderSession):
         from paddle import inference
 
         info = read_export_info(export_dir)  # the static program's input shapes are not queryable before a run
+        if info["kv_cache"]["format"] != "fp32":
+            raise ServeError(f"{export_dir}: its model.onnx keeps the KV cache in {info['kv_cache']['format']} "
+                             "(onnxruntime's MatMulIntegerToFloat), and paddle/ holds the float32-cache program: "
+                             "Paddle Inference runs an export without --kv-cache (or run this one with onnxruntime)")
         prefix = os.path.join(export_dir, "paddle", "model")
         for ext in (".json", ".pdiparams"):
             if not os.path.isfile(prefix + ext):

@@ -7,6 +7,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..checkpoint.contract import read_json_object
+from .kv_cache import CacheSlot, float_slots
 
 __all__ = ["DecoderSession", "CacheBuffers", "decoder_feeds", "ServeError", "read_export_info", "per_cache_input"]
 
@@ -46,6 +47,9 @@ def read_export_info(export_dir: str) -> dict:
         raise ServeError(f"{path}: cache_names must list the cache tensor names of each layer")
     if info.setdefault("cache_io", "concat") not in ("concat", "buffer"):
         raise ServeError(f"{path}: cache_io must be 'concat' or 'buffer', got {info['cache_io']!r}")
+    kv = info.setdefault("kv_cache", {"format": "fp32"})  # older exports: a float32 cache
+    if not (isinstance(kv, dict) and kv.get("format") in ("fp32", "int8")):
+        raise ServeError(f"{path}: kv_cache must say the cache format ('fp32' or 'int8'), got {kv!r}")
     model = os.path.join(export_dir, "model.onnx")
     if not os.path.isfile(model) or os.path.getsize(model) == 0:
         raise ServeError(f"{model}: missing or empty")
@@ -70,24 +74,27 @@ def decoder_feeds(ids, past_len: int, attention_mask=None):
 
 
 class CacheBuffers:
-    """The cache of a buffer-flavour session: per cache input a buffer (B, heads, capacity, width) whose first
-    `length` positions are filled. A step returns a new CacheBuffers over the same buffers (grown when full)."""
+    """The cache of a buffer-flavour session: per cache input a buffer whose first `length` positions are filled,
+    positions along its slot's axis (paddle_vha/serve/kv_cache.py; default: axis 2 of (B, heads, capacity, width)).
+    A step returns a new CacheBuffers over the same buffers (grown when full)."""
 
-    def __init__(self, buffers: List[np.ndarray], length: int):
+    def __init__(self, buffers: List[np.ndarray], length: int, slots: Optional[List[CacheSlot]] = None):
         self.buffers, self.length = buffers, length
+        self.slots = slots or [CacheSlot(b.dtype.type, (None,) + tuple(b.shape[1:2]) + (None,) + tuple(b.shape[3:]), 2)
+                               for b in buffers]
 
     @property
     def capacity(self) -> int:
-        return self.buffers[0].shape[2] if self.buffers else 0
+        return self.slots[0].length(self.buffers[0]) if self.buffers else 0
 
     @property
     def nbytes(self) -> int:
         """Bytes of the filled positions."""
-        return sum(b[:, :, : self.length].nbytes for b in self.buffers)
+        return sum(b[s.span(0, self.length)].nbytes for b, s in zip(self.buffers, self.slots))
 
     def filled(self) -> List[np.ndarray]:
         """The filled positions of every buffer (views)."""
-        return [b[:, :, : self.length] for b in self.buffers]
+        return [b[s.span(0, self.length)] for b, s in zip(self.buffers, self.slots)]
 
     @staticmethod
     def capacity_for(need: int, current: int = 0) -> int:
@@ -103,11 +110,11 @@ class CacheBuffers:
             return self
         cap = self.capacity_for(need, self.capacity)
         grown = []
-        for b in self.buffers:
-            g = np.zeros(b.shape[:2] + (cap,) + b.shape[3:], b.dtype)
-            g[:, :, : self.length] = b[:, :, : self.length]
+        for b, s in zip(self.buffers, self.slots):
+            g = np.zeros(s.positions_shape(b, cap), b.dtype)
+            g[s.span(0, self.length)] = b[s.span(0, self.length)]
             grown.append(g)
-        return CacheBuffers(grown, self.length)
+        return CacheBuffers(grown, self.length, self.slots)
 
 
 def per_cache_input(info: dict, key: str) -> list:
@@ -115,32 +122,43 @@ def per_cache_input(info: dict, key: str) -> list:
     return [v for v, names in zip(info[key], info["cache_names"]) for _ in names]
 
 
-def _check_cache_outputs(outputs, positions: int, cache_io: str) -> None:
+def _check_cache_outputs(outputs, slots, positions: int, cache_io: str) -> None:
     """ServeError (one line) when the graph's cache outputs do not hold the positions the session's cache_io expects
     (past + new for "concat", the new ones for "buffer"): export_info.json's cache_io does not describe model.onnx."""
-    for t in outputs:
-        if np.ndim(t) != 4 or t.shape[2] != positions:
+    for t, slot in zip(outputs, slots):
+        if np.ndim(t) != 4 or slot.length(t) != positions:
             raise ServeError(f"the graph returned a cache output of shape {list(np.shape(t))} where cache_io "
                              f"{cache_io!r} (export_info.json) gives {positions} positions: export_info.json does "
                              "not describe this model.onnx (re-export the folder)")
 
 
 class DecoderSession:
-    """Subclasses set cache_shapes ((heads, width) of every cache input, in order), optionally cache_windows (the
-    sliding window of each cache input's layer, None for full attention) and cache_io ("concat": the cache is a list
-    of arrays, present = past + new; "buffer": the cache is a CacheBuffers the session fills in place), and implement
-    _run(list of input arrays) -> outputs."""
+    """Subclasses set cache_shapes ((heads, width) of every cache input, in order: a float32 cache (batch, heads,
+    positions, width)) or cache_slots (paddle_vha/serve/kv_cache.py: any cache's tensors, the int8 cache's included),
+    optionally cache_windows (the sliding window of each cache input's layer, None for full attention) and cache_io
+    ("concat": the cache is a list of arrays, present = past + new; "buffer": the cache is a CacheBuffers the session
+    fills in place), and implement _run(list of input arrays) -> outputs."""
 
     cache_shapes: List[Tuple[int, int]]
     cache_windows: List[Optional[int]] = []
     cache_io: str = "concat"
+    _cache_slots: Optional[List[CacheSlot]] = None
+
+    @property
+    def cache_slots(self) -> List[CacheSlot]:
+        return self._cache_slots if self._cache_slots is not None else float_slots(self.cache_shapes)
+
+    @cache_slots.setter
+    def cache_slots(self, slots: List[CacheSlot]) -> None:
+        self._cache_slots = list(slots)
 
     def _run(self, arrays: List[np.ndarray]) -> List[np.ndarray]:
         raise NotImplementedError
 
     def empty_cache(self, batch: int, capacity: int = 0):
-        empty = [np.zeros((batch, h, capacity, w), np.float32) for h, w in self.cache_shapes]
-        return CacheBuffers(empty, 0) if self.cache_io == "buffer" else empty
+        slots = self.cache_slots
+        empty = [s.empty(batch, capacity) for s in slots]
+        return CacheBuffers(empty, 0, slots) if self.cache_io == "buffer" else empty
 
     def run(self, ids, cache, attention_mask=None) -> Tuple[np.ndarray, list]:
         """logits (B, S, V) and the new cache: a list of (B, H_kv, past + S, d) arrays (a sliding-window layer's
@@ -154,7 +172,7 @@ class DecoderSession:
             past_len = np.asarray(attention_mask).shape[1] - ids.shape[1]
         else:
             windows = self.cache_windows or [None] * len(cache)
-            full = [c.shape[2] for c, w in zip(cache, windows) if w is None]
+            full = [s.length(c) for c, s, w in zip(cache, self.cache_slots, windows) if w is None]
             if not full:
                 raise ServeError("every layer has a sliding window, so the cache does not say how many tokens came "
                                  "before: pass attention_mask (batch, past + new)")
@@ -162,7 +180,8 @@ class DecoderSession:
         feeds = decoder_feeds(ids, past_len, attention_mask)
         out = self._run(list(feeds) + [np.ascontiguousarray(c) for c in cache])
         windows = self.cache_windows or [None] * len(out[1:])
-        _check_cache_outputs([c for c, w in zip(out[1:], windows) if w is None], past_len + ids.shape[1], "concat")
+        full = [(c, s) for c, s, w in zip(out[1:], self.cache_slots, windows) if w is None]
+        _check_cache_outputs([c for c, _ in full], [s for _, s in full], past_len + ids.shape[1], "concat")
         return out[0], out[1:]
 
     def _run_buffers(self, ids, cache: "CacheBuffers", attention_mask=None):
@@ -182,10 +201,10 @@ class DecoderSession:
             graph_mask[:, :past] = mask[:, :past]
             graph_mask[:, cache.capacity:] = mask[:, past:]
         out = self._run([ids, graph_mask, positions] + cache.buffers)
-        _check_cache_outputs(out[1:], seq, "buffer")
-        for buf, new in zip(cache.buffers, out[1:]):
-            buf[:, :, past: past + seq] = new
-        return out[0], CacheBuffers(cache.buffers, past + seq)
+        _check_cache_outputs(out[1:], cache.slots, seq, "buffer")
+        for buf, slot, new in zip(cache.buffers, cache.slots, out[1:]):
+            buf[slot.span(past, past + seq)] = new
+        return out[0], CacheBuffers(cache.buffers, past + seq, cache.slots)
 
     def prefill(self, ids, attention_mask=None):
         return self.run(ids, self.empty_cache(np.asarray(ids).shape[0]), attention_mask)

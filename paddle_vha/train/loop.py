@@ -4,7 +4,9 @@ Real training goes through PaddleFormers' Trainer (trainer.py, tools/train.py). 
 hundred steps where the Trainer's set-up would dominate: AdamW, warm-up + cosine schedule, global-norm
 clipping, next-byte cross-entropy, and a fixed validation set. With a `distiller` (paddle_vha/train/distiller.py: a
 frozen teacher and DistillSettings) the training loss is the Trainer's distillation mix instead (the same code);
-validation stays the plain cross-entropy.
+validation stays the plain cross-entropy. With a `resume` (LoopCheckpoint) the run saves its state every `every`
+steps and a killed run restarted with the same settings continues from the last save: the same batches (the data RNG
+is advanced past the steps done), the optimizer's moments, the schedule's position, the losses and the curve so far.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import List, Optional
 
 import numpy as np
 
-__all__ = ["TrainSettings", "TrainResult", "train_lm", "evaluate_lm"]
+__all__ = ["TrainSettings", "TrainResult", "train_lm", "evaluate_lm", "LoopCheckpoint"]
 
 
 @dataclass
@@ -99,10 +101,97 @@ def evaluate_lm(model, corpus, s: TrainSettings) -> float:
     return float(np.mean(val))
 
 
-def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None, distiller=None) -> TrainResult:
+class LoopCheckpoint:
+    """train_lm's resumable state in the folder `path` (replaced atomically every `every` steps; remove() once the
+    run's result is kept): meta.json (step, losses, curve, seconds, the schedule's state) and one .npy per tensor,
+    written one tensor at a time (a whole-state pickle doubled the process's memory while saving). Optimizer
+    accumulators are stored under the parameters' structural names (Paddle's own parameter names depend on what else
+    the process built first)."""
+
+    def __init__(self, path: str, every: int):
+        if every < 1:
+            raise ValueError(f"checkpoint every {every} steps: must be >= 1")
+        self.path, self.every = path, every
+
+    @staticmethod
+    def _renamer(model):
+        return sorted(((p.name, n) for n, p in model.named_parameters()), key=lambda t: -len(t[0]))
+
+    def save(self, step: int, model, opt, losses, curve, seconds: float) -> None:
+        import json
+        import os
+        import shutil
+
+        import paddle
+
+        names = self._renamer(model)
+        tensors, extra = [], {}
+        for key, value in model.state_dict().items():
+            tensors.append(("model", key, value))
+        for key, value in opt.state_dict().items():
+            if not isinstance(value, paddle.Tensor):
+                extra[key] = value  # LR_Scheduler: plain numbers
+                continue
+            for pname, sname in names:
+                if key.startswith(pname + "_"):
+                    key = f"{sname}::{key[len(pname) + 1:]}"
+                    break
+            tensors.append(("opt", key, value))
+        tmp = self.path + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            os.makedirs(tmp)
+            for i, (_, _, value) in enumerate(tensors):
+                np.save(os.path.join(tmp, f"{i}.npy"), value.numpy())
+            with open(os.path.join(tmp, "meta.json"), "w") as f:
+                json.dump(dict(step=step, losses=list(losses), curve=[list(c) for c in curve], seconds=seconds,
+                               opt_extra=extra, tensors=[[kind, key] for kind, key, _ in tensors]), f)
+        except (OSError, TypeError) as e:  # a full disk costs the run its resumability, not its result
+            shutil.rmtree(tmp, ignore_errors=True)
+            print(f"warning: could not save {self.path} at step {step} ({getattr(e, 'strerror', None) or e}); the "
+                  "run goes on", file=sys.stderr, flush=True)
+            return
+        self.remove()
+        os.replace(tmp, self.path)
+
+    def load(self, model, opt):
+        """(step, losses, curve, seconds) of the saved state, restored into model and opt; None if none is saved."""
+        import json
+        import os
+
+        import paddle
+
+        if not os.path.isdir(self.path):
+            return None
+        with open(os.path.join(self.path, "meta.json")) as f:
+            meta = json.load(f)
+        back = {sname: pname for pname, sname in self._renamer(model)}
+        model_state, opt_state = {}, dict(meta["opt_extra"])
+        for i, (kind, key) in enumerate(meta["tensors"]):
+            value = np.load(os.path.join(self.path, f"{i}.npy"))
+            if kind == "model":
+                model_state[key] = value
+            else:
+                sname, sep, rest = key.partition("::")
+                opt_state[f"{back[sname]}_{rest}" if sep else key] = paddle.to_tensor(value)
+        model.set_state_dict(model_state)
+        del model_state
+        opt.set_state_dict(opt_state)
+        return meta["step"], meta["losses"], [tuple(c) for c in meta["curve"]], meta["seconds"]
+
+    def remove(self) -> None:
+        import os
+        import shutil
+
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None, distiller=None,
+             resume: Optional[LoopCheckpoint] = None) -> TrainResult:
     """Train `model` (a causal LM returning .logits) on `corpus` (paddle_vha.train.corpus.ByteCorpus) in place;
     with `distiller` (a Distiller built on this model) the loss is its mix. TrainResult.losses are the
-    cross-entropy either way."""
+    cross-entropy either way. With `resume`, continue from its saved state if any and save every resume.every steps
+    (TrainResult.seconds then sums every process's training time)."""
     import paddle
     from tqdm import tqdm
 
@@ -116,9 +205,17 @@ def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None, dis
     opt = paddle.optimizer.AdamW(sched, parameters=params, weight_decay=s.weight_decay,
                                  grad_clip=paddle.nn.ClipGradByGlobalNorm(s.clip))
     model.train()
-    losses, curve = [], []
-    t0 = time.time()
-    bar = tqdm(range(s.steps), desc=s.label, disable=not s.progress, leave=False, file=sys.stderr)
+    losses, curve, start, before = [], [], 0, 0.0
+    if resume is not None:
+        saved = resume.load(model, opt)
+        if saved is not None:
+            start, losses, curve, before = saved
+            for _ in range(start):  # the batches the saved steps took
+                corpus.batch(rng, s.batch_size, s.seq_len)
+            model.train()
+    t0 = time.time() - before
+    bar = tqdm(range(start, s.steps), desc=s.label, disable=not s.progress, leave=False, file=sys.stderr,
+               initial=start, total=s.steps)
     for step in bar:
         x, y = corpus.batch(rng, s.batch_size, s.seq_len)
         loss, ce, finite = _train_loss(model, x, y, distiller, step, s.steps)
@@ -136,6 +233,9 @@ def train_lm(model, corpus, s: TrainSettings, params: Optional[list] = None, dis
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if s.eval_every and (step + 1) % s.eval_every == 0 and step + 1 < s.steps:
             curve.append((step + 1, evaluate_lm(model, corpus, s)))
+        if resume is not None and (step + 1) % resume.every == 0 and step + 1 < s.steps:
+            resume.save(step + 1, model, opt, losses, curve, time.time() - t0)
+            model.train()
     seconds = time.time() - t0
     val = evaluate_lm(model, corpus, s)
     curve.append((s.steps, val))

@@ -76,8 +76,6 @@ class CompressPlan(TransformPlan):
     error = CompressError
 
     layers: List[int]
-    source_family: object = None  # paddle_vha.families.Family of the stock checkpoint read
-    target: object = None  # ... of the MEA checkpoint written
     errors: Dict[int, Tuple[float, float]] = field(default_factory=dict)  # layer -> (rel err W_K, rel err W_V)
 
     def describe(self) -> Description:

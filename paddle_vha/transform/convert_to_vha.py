@@ -171,8 +171,6 @@ class ConvertPlan(TransformPlan):
 
     src_cfg: object
     method: str
-    source_family: object = None  # paddle_vha.families.Family of the stock checkpoint read
-    target: object = None  # ... of the VHA checkpoint written
     seed: int = 0
     errors: Dict[int, Tuple[float, float, float]] = field(default_factory=dict)  # layer -> (q, k, v) rel fit error
     regroup: str = "contiguous"  # how the old KV heads of each new one are chosen (transform/regroup.py)

@@ -106,10 +106,6 @@ class FoldPlan(TransformPlan):
     error = FoldError
 
     @property
-    def source_family(self) -> Family:
-        return _source(self.in_config["model_type"])
-
-    @property
     def verify_numpy(self) -> bool:
         """Whether --verify runs the float64 numpy forward (a MoE fold: no Paddle model) instead of Paddle."""
         return self.source_family.fold_form.verify_numpy
@@ -122,8 +118,7 @@ class FoldPlan(TransformPlan):
         return "Paddle float32, VHA vs folded"
 
     def describe(self) -> Description:
-        out = self.out_config
-        target = family(out["model_type"])
+        out, target = self.out_config, self.target
         header = self.source_family.fold_form.header(self.cfg, self.source_family.label,
                                               ("stock " if target.stock else "") + target.label,
                                               st.dtype_name(self.out_code))
@@ -175,11 +170,13 @@ def plan_fold(src, out_dir: str, dtype: str = "auto", force: bool = False, max_s
     open_output(ck, out_dir, force, FoldError)
     code = output_code(dtype, ck.tensors)
     # num_attention_heads = H_v, head_dim = d: the served GQA shapes (the folded family's contract)
-    out_shapes = family(folded_model_type(ck.config)).tensor_shapes(cfg)
+    target = family(folded_model_type(ck.config))
+    out_shapes = target.tensor_shapes(cfg)
     steps, _ = model_fold(source.spec, cfg)
     return FoldPlan.build(ck, out_dir, [_entry(ck, n, s, code, steps.get(n)) for n, s in out_shapes.items()],
                           max_shard_size, cfg=cfg, out_config=fold_config(ck.config, st.dtype_name(code)),
-                          out_code=code, force=force, notes=source.fold_form.notes(cfg, ck.config))
+                          out_code=code, force=force, notes=source.fold_form.notes(cfg, ck.config),
+                          source_family=source, target=target)
 
 
 def fold_checkpoint(plan: FoldPlan, progress: bool = True, chunk_bytes: int = 8 << 20,

@@ -84,6 +84,8 @@ class TransformPlan:
     skipped: List[str] = field(default_factory=list)  # folders beside the weights, not copied
     notes: List[str] = field(default_factory=list)
     force: bool = False  # replace an existing OUT_DIR (one this project wrote)
+    source_family: Any = None  # paddle_vha.families.Family of the checkpoint read (the converters: a stock base's)
+    target: Any = None  # ... of the checkpoint written (the variant over that base)
 
     @classmethod
     def build(cls, source: CheckpointFolder, out_dir: str, entries: Iterable[Entry], max_shard_size="5GB", **fields):
