@@ -164,14 +164,21 @@ def build(verbose: bool = False, force: bool = False):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def main(argv=None) -> int:
+def build_parser():
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--force", action="store_true", help="rebuild from scratch")
-    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--force", action="store_true", help="rebuild from scratch (not with --digest)")
+    ap.add_argument("--verbose", action="store_true", help="the compiler's output (not with --digest)")
     ap.add_argument("--digest", action="store_true", help="print the sources digest and exit")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
+    if args.digest and (args.force or args.verbose):
+        ap.error("--force / --verbose have no effect with --digest (it prints the digest and exits)")
     if args.digest:
         print(sources_digest())
         return 0

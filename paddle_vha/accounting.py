@@ -31,6 +31,7 @@ __all__ = [
     "ArchError",
     "KINDS",
     "NAMED_SHAPES",
+    "is_named_shape",
     "active_weights",
     "named_shape",
     "paper_variants",
@@ -359,13 +360,18 @@ def variants_for_config(a: Arch) -> List[Arch]:
     return [a] if served is None else [a.replace(label=f"{a.label} (trained)"), served]
 
 
+def is_named_shape(spec: str) -> bool:
+    """Whether a command-line MODEL names one of the paper's shapes (0.6b, 1.7b, 4b; 'qwen3-' optional)."""
+    return spec.strip().lower().replace("qwen3-", "") in NAMED_SHAPES
+
+
 def resolve_models(spec: str, mea_kv_heads: int = 2, **overrides) -> List[Arch]:
     """A command-line model argument: a named shape ('1.7b': the paper's comparison set), a config.json / a
     checkpoint folder holding one, or a tools/train.py trainer config (its model_config) — that model, plus its
     folded form for VHA. ArchError with one line otherwise."""
     import os
 
-    if spec.strip().lower().replace("qwen3-", "") in NAMED_SHAPES:
+    if is_named_shape(spec):
         return paper_variants(spec, mea_kv_heads=mea_kv_heads, **overrides)
     path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
     if not os.path.isfile(path):

@@ -7,7 +7,8 @@ import os
 import time
 from typing import Optional
 
-__all__ = ["available_memory_bytes", "resident_bytes", "shortfall_line", "cpu_line", "copy_bandwidth", "read_bandwidth"]
+__all__ = ["available_memory_bytes", "resident_bytes", "shortfall_line", "cpu_line", "copy_bandwidth", "read_bandwidth",
+           "gemm_gflops"]
 
 
 def _proc_field(path: str, key: str) -> Optional[int]:
@@ -98,3 +99,20 @@ def read_bandwidth(mb: int = 256, repeats: int = 7, threads: Optional[int] = Non
                 run()
                 best = min(best, time.perf_counter() - t)
     return words.nbytes / best
+
+
+def gemm_gflops(m: int = 512, k: int = 1024, n: int = 1024, seconds: float = 0.3) -> Optional[float]:
+    """Float32 GEMM GFLOP/s this process gets from Paddle, measured now: (m x k) @ (k x n) repeated for about
+    `seconds` (the first call, warm-up, not counted). None where Paddle cannot run it."""
+    try:
+        import paddle
+
+        a, b = paddle.rand([m, k], dtype="float32"), paddle.rand([k, n], dtype="float32")
+        paddle.matmul(a, b).numpy()
+        runs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            paddle.matmul(a, b).numpy()
+            runs += 1
+        return 2 * m * k * n * runs / (time.perf_counter() - start) / 1e9
+    except Exception:  # noqa: BLE001 - an estimate's input: none rather than a failure
+        return None

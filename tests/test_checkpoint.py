@@ -62,6 +62,30 @@ def test_round_trip_is_bitwise(tmp_path, name):
     assert np.array_equal(a, b)
 
 
+def test_loading_writes_nothing_into_a_read_only_checkpoint(tmp_path):
+    """from_pretrained of a checkpoint folder made read-only: it loads (the same logits), and the folder holds exactly
+    the files and bytes it held (PaddleFormers' loader left flex-ckpt.auto_generated.metadata in it; under a
+    non-root user, a read-only folder failed to load)."""
+    import stat
+
+    from hostile import tree
+
+    cfg, model, path = saved(tmp_path)
+    before = tree(path)
+    mode = os.stat(path).st_mode
+    os.chmod(path, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
+    try:
+        loaded = Qwen3VHAForCausalLM.from_pretrained(path)
+    finally:
+        os.chmod(path, mode)
+    after = tree(path)
+    print(sorted(set(after) - set(before)) or "nothing new in the checkpoint folder")
+    assert after == before
+    loaded.eval()
+    ids = paddle.to_tensor(np.random.randint(0, cfg.vocab_size, size=(1, 5)))
+    assert np.array_equal(to_numpy(model(ids, return_dict=True).logits), to_numpy(loaded(ids, return_dict=True).logits))
+
+
 def test_round_trip_bfloat16_sharded(tmp_path):
     cfg = tiny_config(num_hidden_layers=3)
     paddle.set_default_dtype("bfloat16")

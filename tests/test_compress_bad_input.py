@@ -68,3 +68,47 @@ def test_convert_seed_range_is_checked(tmp_path, capsys):
     last = capsys.readouterr().err.strip().splitlines()[-1]
     print(last)
     assert e.value.code == 2 and "--seed -5: must be in [0, 2**32)" in last and tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_compress_to_kv_heads_that_do_not_divide_the_query_heads(tmp_path, capsys, dry):
+    """--kv-heads 4 of 6 KV heads over 6 query heads: an MEA layer groups its queries by the n_v = 6 virtual heads HLC
+    composes, so 4 physical heads need not divide them (the MEA oracle tests run n_p = 3 under 10 query heads). The
+    plan's cost line applied GQA's 'num_heads a multiple of num_kv_heads' to the physical heads: an uncaught ArchError
+    traceback, with --dry-run too. Now planned, written and its KL measured."""
+    from paddle_vha.cli import compress_kv
+    from paddle_vha.accounting import arch_from_config, kv_bytes_per_token
+
+    src = save_stock(tmp_path / "in", num_attention_heads=6, num_key_value_heads=6, head_dim=8)
+    before = tree(tmp_path / "in")
+    out = tmp_path / "out"
+    rc = compress_kv.main([src, str(out), "--kv-heads", "4", "--eval-batches", "1"]
+                          + (["--dry-run"] if dry else ["--no-progress"]))
+    printed = capsys.readouterr().out
+    print(printed[-800:])
+    assert rc == 0 and "KV heads there 6 -> 4 physical" in printed and "512 B (66.7%)" in printed
+    assert tree(tmp_path / "in") == before
+    if dry:
+        assert not out.exists()
+        return
+    cfg = json.load(open(out / "config.json"))
+    arch = arch_from_config(cfg)
+    assert (cfg["num_key_value_heads"], cfg["mea_kv_heads"]) == (4, 6) and arch.num_kv_heads == 4
+    assert kv_bytes_per_token(arch, 4) == 2 * 4 * 8 * 4  # K and V of 4 heads of 8, float32, per layer
+    assert "logit KL(original || compressed)" in printed
+
+
+def test_compress_k_norm_position_over_a_base_without_k_norm(tmp_path, capsys):
+    """--k-norm over a Llama checkpoint (no k_norm: both positions are the same function) has no effect: refused in
+    one line naming the checkpoint's base, before anything is written; over Qwen3 it is taken."""
+    from test_bases import save_model
+    from paddle_vha.cli import compress_kv
+
+    save_model("llama", tmp_path / "llama")
+    before = tree(tmp_path)
+    refused(compress_kv.main, [str(tmp_path / "llama"), str(tmp_path / "out"), "--kv-heads", "1", "--k-norm",
+                               "before", "--dry-run"], capsys, "--k-norm has no effect in this run")
+    assert tree(tmp_path) == before
+    assert compress_kv.main([str(tmp_path / "llama"), str(tmp_path / "out"), "--kv-heads", "1", "--dry-run"]) == 0
+    src = save_stock(tmp_path / "qwen3")
+    assert compress_kv.main([src, str(tmp_path / "out"), "--kv-heads", "1", "--k-norm", "before", "--dry-run"]) == 0

@@ -133,3 +133,41 @@ def test_refinement_at_qwen3_06b_widths(tmp_path):
     print(rows)
     assert len(rows) == 2 and all(fit_after < 0.9 * fit_before for _, _, _, fit_before, fit_after, _ in rows)
     validate_vha_checkpoint(out)
+
+
+def test_refinement_is_bounded_and_its_work_said_before_it_starts(tmp_path, stock, capsys):  # noqa: F811
+    """--refine-steps 10**9 ran until killed, with no word of the work ahead: now refused over MAX_STEPS in one line,
+    and every run with --refine-steps prints the work (FLOPs, a time at this machine's measured GEMM rate) after the
+    plan, --dry-run included. The FLOPs are linear in the steps: each step is one batch's forward and backward."""
+    from paddle_vha.cli.convert_to_vha import main
+
+    with pytest.raises(SystemExit) as e:
+        main([stock, str(tmp_path / "x"), "--kv-heads", "2", "--refine-steps", str(10**9), "--dry-run"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    print(last)
+    assert e.value.code == 2 and f"--refine-steps {10**9}: at most 100,000 per layer" in last
+    flops = {}
+    for steps in (100, 200, 300):
+        r = run_tool(stock, str(tmp_path / "x"), "--kv-heads", "2", "--refine-steps", str(steps), "--dry-run",
+                     "--eval-len", "32")
+        assert r.returncode == 0, r.stderr
+        out = r.stdout
+        line = next(ln for ln in out.splitlines() if ln.startswith("refinement:"))
+        print(line)
+        assert out.index(line) < out.index("dry run: nothing written")
+        assert f"{steps:,} steps x {SHAPE['num_hidden_layers']} layers" in line and "GFLOP/s measured now" in line
+        flops[steps] = float(re.search(r"about ([0-9.e+-]+) TFLOP", line).group(1))
+    assert flops[100] < flops[200] < flops[300]
+    assert abs((flops[300] - flops[200]) - (flops[200] - flops[100])) <= 0.02 * (flops[300] - flops[200])
+    assert not (tmp_path / "x").exists()
+
+
+def test_refinement_says_the_tokens_it_fits_on(tmp_path, stock):  # noqa: F811
+    """--refine-tokens 1 fits on whole batches of 4 windows of --eval-len tokens: the line says 128 (4 x 32), not
+    "1 calibration tokens"."""
+    r = run_tool(stock, str(tmp_path / "out"), "--kv-heads", "2", "--refine-steps", "1", "--refine-tokens", "1",
+                 "--no-compare", "--no-progress", "--eval-len", "32", "--eval-batches", "0")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("refinement: each layer"))
+    print(line)
+    assert "on 128 calibration tokens (4 windows of 32; 128 held out)" in line

@@ -367,7 +367,7 @@ def test_teacher_load_at_qwen3_0_6b_width(tmp_path):
     class Student:  # the fields the teacher is checked against
         vocab_size, hidden_size, num_hidden_layers = 151936, 1024, 2
 
-    fam, cfg = teacher_config(folder, Student, need_hidden=True)
+    fam, cfg = teacher_config(folder, Student, layer_terms=("distill_hidden_weight",))
     assert fam.model_type == "qwen3" and cfg.head_dim == 128 and cfg.num_key_value_heads == 8
     teacher = load_teacher(folder, fam, cfg)
     assert all(p.stop_gradient for p in teacher.parameters()) and not teacher.training
@@ -387,3 +387,47 @@ def test_teacher_load_at_qwen3_0_6b_width(tmp_path):
     with_t, _ = train_need(cfg, 1, 64, teacher_weights=n)
     without, _ = train_need(cfg, 1, 64)
     assert with_t - without == 4 * n + 32 * 64 * 151936
+
+
+@pytest.mark.slow
+def test_every_term_of_the_loss_is_logged_and_they_sum_to_the_loss(tmp_path):
+    """With every KD term on (KL, hidden-state and attention-output MSE), each step's train_log.jsonl record and console
+    line hold every term of the mix and its weight, and the logged loss is their weighted sum (the attention term was
+    in the loss but logged nowhere: the log's whitelist missed it, so the logged parts did not add up)."""
+    TERMS = ("ce", "kd_kl", "kd_hidden", "kd_attn")  # the loss of docs/training.md with every weight set
+    TERM_WEIGHTS = ("kd_kl_weight", "kd_hidden_weight", "kd_attn_weight")
+    teacher = _teacher(tmp_path / "teacher")
+    run = str(tmp_path / "run")
+    res = train_once(os.path.join(CONFIGS, "tiny-vha.json"), "--output_dir", run, "--teacher", teacher,
+                     "--distill_ce_weight", "0.5", "--distill_kl_weight", "1.0", "--distill_hidden_weight", "0.3",
+                     "--distill_attn_weight", "0.7", "--max_steps", "3", "--logging_steps", "1", "--save_strategy",
+                     "no", "--do_eval", "false", "--disable_tqdm", "true")
+    assert res.returncode == 0, res.output
+    log = read_log(run)
+    assert [r["step"] for r in log] == [1, 2, 3]
+    for r in log:
+        assert all(k in r for k in TERMS + TERM_WEIGHTS), sorted(r)
+        parts = 0.5 * r["ce"] + sum(r[w] * r[t] for t, w in zip(TERMS[1:], TERM_WEIGHTS))
+        print(f"step {r['step']}: loss {r['loss']:.6f}, weighted parts {parts:.6f}, kd_attn {r['kd_attn']:.4g}")
+        assert r["kd_attn"] > 0 and abs(r["loss"] - parts) < 1e-4 * r["loss"], r
+    console = [ln for ln in res.output.splitlines() if ln.startswith("step ") and " loss " in ln]
+    assert len(console) == 3 and all(f" {k} " in ln for ln in console for k in TERMS), console
+
+
+@pytest.mark.parametrize("terms", [["--distill_attn_weight", "0.5"], ["--distill_hidden_weight", "0.5"],
+                                   ["--distill_hidden_weight", "0.5", "--distill_attn_weight", "0.5"]])
+def test_a_teacher_of_another_width_names_the_weight_that_asked(tmp_path, capsys, terms):
+    """A teacher with another hidden size and a per-layer term: the refusal names the weight that was set (with only
+    distill_attn_weight set it said "set distill_hidden_weight 0")."""
+    from hostile import refused
+    from paddle_vha.cli import train
+
+    teacher = _teacher(tmp_path / "wide", hidden_size=96)
+    names = [t[2:] for t in terms[::2]]
+    line = refused(train.main, [os.path.join(CONFIGS, "tiny-vha.json"), "--output_dir", str(tmp_path / "run"),
+                                "--teacher", teacher, *terms, "--max_steps", "2"], capsys,
+                   f"set {' and '.join(names)} 0")
+    assert "hidden_size 96 differs" in line
+    for n in ("distill_hidden_weight", "distill_attn_weight"):
+        assert (n in line) == (n in names), (n, line)
+    assert not (tmp_path / "run").exists()

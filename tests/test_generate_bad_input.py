@@ -141,3 +141,24 @@ def test_generate_refuses_a_truncated_paddle_program(tmp_path, capsys, export_di
     refused(main, [d, "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--runtime", "paddle"], capsys,
             "Paddle Inference cannot load them")
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("gen,argv,needle", [
+    (dict(do_sample=True, temperature=0), ["--sample"], "temperature 0 (from generation_config.json's temperature)"),
+    (dict(do_sample=True, top_p=1.5), ["--sample"], "top_p 1.5 (from generation_config.json's top_p)"),
+    (dict(do_sample=True, temperature=0.7), ["--sample", "--top-p", "0"], "top_p 0.0 (from --top-p)"),
+])
+def test_sampling_values_are_refused_naming_where_they_came_from(tmp_path, capsys, export_dir, gen, argv, needle):
+    """A sampling value out of range read from generation_config.json was refused as if typed ("need temperature > 0
+    ... got 0"), without saying it came from the folder."""
+    import shutil
+
+    from paddle_vha.cli.generate import main
+
+    d = str(tmp_path / "e")
+    shutil.copytree(export_dir, d)
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+        json.dump(gen, f)
+    before = tree(tmp_path)
+    refused(main, [d, "--prompt-ids", "1,2,3", "--max-new-tokens", "2", *argv], capsys, needle)
+    assert tree(tmp_path) == before

@@ -157,7 +157,7 @@ def test_decode_skips_special_tokens_unless_asked(tok_dir):
 
 
 def test_generation_defaults_come_from_generation_config(export_dir, tmp_path, capsys):
-    from paddle_vha.cli.generate import _parser, _sampling
+    from paddle_vha.cli.generate import _sampling, build_parser as _parser
     from paddle_vha.serve.text import generation_defaults
 
     gen = generation_defaults(export_dir)
@@ -244,7 +244,7 @@ def test_chat_template_and_decode_match_hugging_face(tok_dir, tmp_path):
 
 
 def test_chat_end_to_end_and_refused_without_a_template(export_dir, tmp_path, capsys):
-    from paddle_vha.cli.generate import main, _parser, _prompts
+    from paddle_vha.cli.generate import _prompts, main, build_parser as _parser
     from paddle_vha.serve.session import read_export_info
     from paddle_vha.serve.text import load_codec, render_chat
 

@@ -244,3 +244,136 @@ def test_a_layer_count_bomb_is_refused_before_the_config_is_built(tmp_path, caps
     print(f"{time.time() - t0:.1f} s: {err}")
     assert "num_hidden_layers 100,000,000" in err and time.time() - t0 < 60
     assert tree(tmp_path) == before
+
+
+# ---- tools/make_pretrain_data.py --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,needle", [(["--corpus-mb", "nan"], "--corpus-mb nan: must be a finite number > 0"),
+                                         (["--corpus-mb", "inf"], "--corpus-mb inf: must be a finite number > 0")])
+def test_pretrain_data_refuses_a_corpus_size_that_is_not_a_number(tmp_path, capsys, argv, needle):
+    """--corpus-mb nan passed "> 0", then int(nan) raised a traceback after the output folder was made."""
+    from paddle_vha.cli import make_pretrain_data
+
+    before = tree(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        make_pretrain_data.main(["stdlib", "--bytes", "--out", str(tmp_path / "data" / "x"), *argv])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    print(last)
+    assert e.value.code == 2 and needle in last and tree(tmp_path) == before
+
+
+def test_pretrain_data_creates_nothing_for_inputs_it_refuses(tmp_path, capsys):
+    """A .jsonl refused at its second line, a .txt that is not UTF-8: one line each, and PREFIX's folder, which did
+    not exist, still does not (it was created before the inputs were read)."""
+    from paddle_vha.cli import make_pretrain_data
+
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "no text field"}\n')
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    (tmp_path / "notutf8.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    before = tree(tmp_path)
+    out = str(tmp_path / "new" / "corpus")
+    refused(make_pretrain_data.main, [str(tmp_path / "bad.jsonl"), "--bytes", "--out", out, "--no-progress"], capsys,
+            "bad.jsonl:2: not a JSON object with a 'text' string field")
+    refused(make_pretrain_data.main, [str(tmp_path / "latin1.txt"), "--bytes", "--out", out, "--no-progress"], capsys,
+            "latin1.txt: not valid UTF-8 at byte 3 (0xe9)")
+    refused(make_pretrain_data.main, [str(tmp_path / "notutf8.jsonl"), "--bytes", "--out", out], capsys,
+            "notutf8.jsonl:2: not valid UTF-8 at byte 13 (0xe9)")
+    assert tree(tmp_path) == before and not (tmp_path / "new").exists()
+
+
+def test_pretrain_data_bytes_are_the_documents_bytes(tmp_path, capsys):
+    """--bytes stores each document's UTF-8 bytes exactly, then a NUL (text that is not UTF-8 is refused above, not
+    turned into U+FFFD as it was); the output folder appears with the data."""
+    from paddle_vha.cli import make_pretrain_data
+
+    docs = ["h\u00e9llo \u2713 caf\u00e9\n", "\U0001f600 x = 1\n"]
+    for k, d in enumerate(docs):
+        (tmp_path / f"d{k}.txt").write_text(d, encoding="utf-8")
+    (tmp_path / "more.jsonl").write_text(json.dumps({"text": docs[1]}) + "\n")
+    out = tmp_path / "data" / "c"
+    assert make_pretrain_data.main([str(tmp_path / "d0.txt"), str(tmp_path / "d1.txt"), str(tmp_path / "more.jsonl"),
+                                    "--bytes", "--out", str(out), "--no-progress"]) == 0
+    got = np.fromfile(str(out) + ".bin", dtype=np.uint16)
+    want = np.concatenate([np.frombuffer(d.encode("utf-8") + b"\0", np.uint8) for d in docs + docs[1:]])
+    print(f"{got.size} tokens stored, {want.size} bytes expected")
+    assert np.array_equal(got, want.astype(np.uint16))
+    assert sorted(os.listdir(tmp_path / "data")) == ["c.bin", "c.idx"]  # no temporaries left
+
+
+@pytest.mark.parametrize("out", ["data/", "data"])
+def test_pretrain_data_out_must_name_files_not_a_folder(tmp_path, capsys, monkeypatch, out):
+    """--out data/ (or an existing folder) wrote hidden data/.bin and data/.idx."""
+    from paddle_vha.cli import make_pretrain_data
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("text")
+    (tmp_path / "data").mkdir()
+    before = tree(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        make_pretrain_data.main(["a.txt", "--bytes", "--out", out])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    print(last)
+    assert e.value.code == 2 and f"--out {out}: names a folder" in last and tree(tmp_path) == before
+
+
+# ---- options that cannot take effect, and parallel degrees without the processes (tools/train.py) ----------------
+
+INERT_TRAIN = {
+    "pipeline-without-launcher": (["--pipeline_model_parallel_size", "2"],
+                                  "pipeline_model_parallel_size=2 needs at least 2 processes, this run has 1"),
+    "sharding-without-launcher": (["--sharding_parallel_size", "2"], "sharding_parallel_size=2 needs at least 2"),
+    "kl-without-teacher": (["--distill_kl_weight", "0.5"],
+                           "distill_kl_weight has no effect in this run: it takes effect with a teacher"),
+    "attn-without-teacher": (["--distill_attn_weight", "0.5"], "distill_attn_weight has no effect in this run"),
+    "temperature-without-teacher": (["--distill_temperature", "2"], "distill_temperature has no effect in this run"),
+    "epochs-with-max-steps": (["--num_train_epochs", "3"], "num_train_epochs has no effect in this run"),
+    "polynomial-power-with-cosine": (["--power", "2"], "power has no effect in this run: it takes effect with "
+                                                       "lr_scheduler_type polynomial"),
+    "amp-level-without-amp": (["--fp16_opt_level", "O2"], "fp16_opt_level has no effect in this run"),
+    "input-dir-with-stdlib": (["--input_dir", "data/x"], "input_dir has no effect in this run: it takes effect with "
+                                                         "dataset=pretrain"),
+    "shape-as-training-argument": (["--hidden_size", "32"], "hidden_size has no effect in tools/train.py"),
+    "shuffle-overridden": (["--dataloader_shuffle", "true"], "dataloader_shuffle has no effect in tools/train.py"),
+    "eval-off-turned-on": (["--do_eval", "false", "--evaluation_strategy", "steps"], "do_eval false has no effect"),
+    # not inert but the same cause as make_pretrain_data's --corpus-mb nan: NaN passes every comparison
+    "corpus-mb-nan": (["--corpus_mb", "nan"], "corpus_mb must be a finite number, got nan"),
+    "weight-decay-inf": (["--weight_decay", "inf"], "weight_decay must be a finite number, got inf"),
+}
+
+
+@pytest.mark.parametrize("case", list(INERT_TRAIN))
+def test_train_refuses_what_cannot_take_effect(tmp_path, capsys, monkeypatch, case):
+    """Each was accepted and ignored (a pipeline degree without the launcher trained the plain model, exit 0):
+    refused in one line before anything is built or created."""
+    from paddle_vha.cli import train
+
+    monkeypatch.chdir(tmp_path)
+    extra, needle = INERT_TRAIN[case]
+    before = tree(tmp_path)
+    argv = [os.path.join(ROOT, "configs", "tiny-vha.json"), "--output_dir", "out", "--max_steps", "2", *extra]
+    refused(train.main, argv, capsys, needle)
+    assert tree(tmp_path) == before
+
+
+def test_a_config_part_switched_off_on_the_command_line_is_not_refused(tmp_path, capsys, monkeypatch):
+    """The config's eval_steps / per_device_eval_batch_size with --do_eval false on the command line: the user's
+    choice, not an ignored option (and do_eval false now turns evaluation off; PaddleFormers turned it back on for the
+    config's evaluation_strategy steps). A config's own inert option is refused, naming the config."""
+    from paddle_vha.cli import train
+
+    monkeypatch.chdir(tmp_path)
+    cfg = os.path.join(ROOT, "configs", "tiny-vha.json")
+    assert train.main([cfg, "--output_dir", "out", "--max_steps", "2", "--do_eval", "false", "--dry_run", "true"]) == 0
+    bad = dict(json.load(open(cfg)), distill_temperature=2.0)
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    refused(train.main, [str(tmp_path / "bad.json"), "--output_dir", "out", "--dry_run", "true"], capsys,
+            "distill_temperature (set in")
+
+
+@pytest.mark.parametrize("config", sorted(f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".json")))
+def test_every_shipped_config_passes_the_option_checks(config):
+    """The shipped configs are consistent: every argument they set takes effect in the run they describe."""
+    from paddle_vha.train.arguments import parse
+
+    parsed = parse([os.path.join(ROOT, "configs", config), "--dry_run", "true"])
+    assert parsed[2].dry_run

@@ -457,7 +457,7 @@ def main(argv=None) -> int:
     p.add_argument("--cache", default="concat", choices=["concat", "buffer"],
                    help="our export's cache flavour (buffer: in place, ours only; WORK/fp32-buffer, ...)")
     p.add_argument("--block-size", type=int, nargs="+", default=None, help="the int8 / int4 copies' MatMulNBits "
-                   "block(s), one row per format and block (default 32, the export's; WORK/int4-b<N>...)")
+                   "block(s), one row per format and block (default: the export's, 128; WORK/int4-b<N>...)")
     p.add_argument("--context", default="prefill", choices=["prefill", "random"],
                    help="batch > 1: prefill (our session: row 0, its cache copied; HF: every row) or random (our "
                    "session's and HF's caches filled with random keys and values: decode speed does not depend on "

@@ -207,9 +207,8 @@ def add_eval_options(p, batches_help: str) -> None:
                    help="tokens per layer-by-layer forward pass (bounds the activations' memory; default 4096)")
 
 
-def parse_converter_args(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
-    """p.parse_args(argv), with the ranges of the verify / eval options checked (argparse's usage error, exit 2)."""
-    args = p.parse_args(argv)
+def _converter_ranges(p: argparse.ArgumentParser, args) -> None:
+    """The ranges of the verify / eval options (argparse's usage error, exit 2)."""
     if getattr(args, "verify", None) is not None and args.verify < 1:
         p.error("--verify N must be >= 1")
     if getattr(args, "verify_len", 1) < 1:
@@ -219,6 +218,36 @@ def parse_converter_args(p: argparse.ArgumentParser, argv=None) -> argparse.Name
         p.error(f"--verify-tol {tol}: must be a finite number >= 0")
     if hasattr(args, "eval_batches") and (args.eval_batches < 0 or args.eval_len < 2 or args.pass_tokens < 1):
         p.error("--eval-batches must be >= 0, --eval-len >= 2 and --pass-tokens >= 1")
+
+
+def converter_effects(verify: bool = False, **own) -> dict:
+    """A transform's TAKES_EFFECT table (paddle_vha/cli/options): IN_DIR / OUT_DIR and the shared converter options,
+    the verify options (`verify`: add_verify_options), then `own` (its other options)."""
+    from .options import ALWAYS, PERMISSION, Effect
+
+    table = {"IN_DIR": ALWAYS, "OUT_DIR": ALWAYS, "--dtype": ALWAYS, "--force": PERMISSION,
+             "--dry-run": ALWAYS, "--max-shard-size": ALWAYS,
+             "--no-progress": Effect("always (with --dry-run there is no bar to hide: what it asks holds)")}
+    if verify:
+        given = Effect("with --verify", lambda a: a.verify is not None)
+        table.update({"--verify": ALWAYS, "--verify-len": given, "--verify-tol": given})
+    return {**table, **own}
+
+
+def parse_converter_args(p: argparse.ArgumentParser, argv=None, effects: Optional[dict] = None,
+                         check_ranges: Optional[Callable] = None) -> argparse.Namespace:
+    """p.parse_args(argv), with the ranges of the verify / eval options checked (argparse's usage error, exit 2), then
+    check_ranges(p, args) (the tool's own), then every given option's Effect in `effects` (one line, exit 2: an option
+    that cannot take effect in this run, paddle_vha/cli/options.py)."""
+    from .options import parse_checked
+
+    def ranges(parser, args):
+        _converter_ranges(parser, args)
+        if check_ranges is not None:
+            check_ranges(parser, args)
+
+    args, given = parse_checked(p, argv, effects if effects is not None else converter_effects(), ranges)
+    args.given_options = frozenset(given)  # for the Effects only the input decides, checked once it is read
     return args
 
 
@@ -239,12 +268,13 @@ def check_memory(args, made, memory: Optional[Callable]) -> None:
 
 
 def run_transform(args, plan: Callable, write: Callable, what: str, done: Callable,
-                  memory: Optional[Callable] = None) -> int:
+                  memory: Optional[Callable] = None, estimate: Optional[Callable] = None) -> int:
     """A transform's main after parsing: quiet(), plan(args) (a refusal exits 2), print the plan and its memory need
     (memory(args, plan) -> (bytes, formula); refused up front when MemAvailable is below it), stop at --dry-run,
     write(args, plan) (a refusal found while writing, or an OS error, exits 2 with nothing written; `what` names the
     output in that message), then done(args, plan, seconds, written) (written: what write returned) prints the
-    result and returns the exit status. The callbacks import Paddle-dependent modules themselves, after quiet()."""
+    result and returns the exit status. estimate(args, plan) -> a line or None: the work ahead, printed after the memory
+    need (also by --dry-run). The callbacks import Paddle-dependent modules themselves, after quiet()."""
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
     from paddle_vha.checkpoint.fsutil import check_no_overlap
@@ -261,6 +291,9 @@ def run_transform(args, plan: Callable, write: Callable, what: str, done: Callab
         check_memory(args, made, memory)
     except CheckpointError as e:
         fail(str(e))
+    said = estimate(args, made) if estimate is not None else None
+    if said:
+        print(said, flush=True)
     if args.dry_run:
         print("dry run: nothing written")
         return 0

@@ -12,6 +12,19 @@ from __future__ import annotations
 import sys
 
 from . import command, fail, quiet
+from .options import ALWAYS, Effect
+
+# ops/build.py owns the parser (paddle_vha.kernels.op_loader.build_script().build_parser()); it refuses an inert
+# option with these words
+_BUILDS = Effect("unless --digest (which prints the sources' digest and exits)", lambda a: not a.digest)
+TAKES_EFFECT = {"--force": _BUILDS, "--verbose": _BUILDS, "--digest": ALWAYS}
+
+
+def build_parser():
+    """ops/build.py's own parser."""
+    from ..kernels.op_loader import build_script
+
+    return build_script().build_parser()
 
 
 @command
@@ -21,7 +34,11 @@ def main(argv=None) -> int:
 
     if ops_source_dir() is None:
         fail("the fused operator's sources are missing (neither paddle_vha/_ops nor a checkout's ops/ holds build.py)")
-    return build_script().main(sys.argv[1:] if argv is None else argv)
+    from .options import parse_checked
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parse_checked(build_parser(), argv, TAKES_EFFECT)
+    return build_script().main(argv)
 
 
 if __name__ == "__main__":

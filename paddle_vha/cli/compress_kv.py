@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import sys
 
-from paddle_vha.cli import (add_converter_options, add_eval_options, command, converter_parser, parse_converter_args,
-                            run_transform)
+from paddle_vha.cli import (add_converter_options, add_eval_options, command, converter_effects, converter_parser,
+                            parse_converter_args, run_transform)
+from paddle_vha.cli.options import ALWAYS, Effect
 
 
-def parse_args(argv=None):
+def build_parser():
     p = converter_parser(__doc__, "stock Qwen3 / Llama / Qwen2", "MEA")
     p.add_argument("--kv-heads", type=int, required=True, metavar="N", help="physical KV heads kept in compressed layers")
     p.add_argument("--layers", default="all", help="all | deep | A-B | i,j,k (default all)")
@@ -38,14 +39,32 @@ def parse_args(argv=None):
                         "function either way; see docs/mea.md")
     add_converter_options(p)
     add_eval_options(p, "text batches for the logit KL; 0 skips it (default 4)")
-    return parse_converter_args(p, argv)
+    return p
+
+
+_KL = Effect("with --eval-batches > 0 (the logit KL is the only text compress_kv reads)", lambda a: a.eval_batches > 0)
+# over Llama / Qwen2 (no k_norm) both positions are the same function: refused by _plan once IN_DIR is read
+K_NORM = Effect("over a base with a k_norm (Qwen3; Llama and Qwen2 have none, and both positions are then the same "
+                "function)")
+TAKES_EFFECT = converter_effects(**{"--kv-heads": ALWAYS, "--layers": ALWAYS, "--k-norm": K_NORM,
+                                    "--eval-batches": ALWAYS, "--eval-len": _KL, "--calib-data": _KL,
+                                    "--pass-tokens": _KL})
+
+
+def parse_args(argv=None):
+    return parse_converter_args(build_parser(), argv, TAKES_EFFECT)
 
 
 def _plan(args):
-    from paddle_vha.transform.compress_kv import plan_compress
+    from paddle_vha.transform.compress_kv import CompressError, plan_compress
 
-    return plan_compress(args.in_dir, args.out_dir, args.kv_heads, layers=args.layers, k_norm=f"{args.k_norm}_hlc",
+    plan = plan_compress(args.in_dir, args.out_dir, args.kv_heads, layers=args.layers, k_norm=f"{args.k_norm}_hlc",
                          dtype=args.dtype, force=args.force, max_shard_size=args.max_shard_size)
+    base = plan.source_family.base
+    if "k_norm" in getattr(args, "given_options", ()) and not base.has("self_attn.k_norm.weight"):
+        raise CompressError(f"--k-norm has no effect in this run: it takes effect {K_NORM.when} ({args.in_dir} is a "
+                            f"{plan.source_family.label} checkpoint)")
+    return plan
 
 
 def _write(args, plan) -> dict:

@@ -45,11 +45,14 @@ from __future__ import annotations
 
 import sys
 
-from paddle_vha.cli import (add_converter_options, add_eval_options, command, converter_parser, parse_converter_args,
-                            run_transform)
+import math
+
+from paddle_vha.cli import (add_converter_options, add_eval_options, command, converter_effects, converter_parser,
+                            parse_converter_args, run_transform)
+from paddle_vha.cli.options import ALWAYS, Effect
 
 
-def parse_args(argv=None):
+def build_parser():
     p = converter_parser(__doc__, "stock Qwen3 / Llama / Qwen2", "VHA")
     p.add_argument("--kv-heads", type=int, required=True, metavar="N", help="KV heads (= Premix groups) of the result")
     p.add_argument("--q-head-dim", type=int, default=None, metavar="r",
@@ -75,14 +78,52 @@ def parse_args(argv=None):
     p.add_argument("--no-compare", action="store_true", help="evaluate only the chosen method")
     add_converter_options(p)
     add_eval_options(p, "text batches (4 x --eval-len tokens) for the KL; 0 skips it")
-    args = parse_converter_args(p, argv)
+    return p
+
+
+def _calibrates(a) -> bool:
+    """Whether E[x x^T] of calibration text is computed: --method calibrated is converted (chosen, or compared
+    without --no-compare), or --regroup key-similarity."""
+    return a.method == "calibrated" or not a.no_compare or a.regroup == "key-similarity"
+
+
+def _reads_text(a) -> bool:
+    return _calibrates(a) or a.eval_batches > 0 or a.refine_steps > 0
+
+
+_REFINES = Effect("with --refine-steps > 0", lambda a: a.refine_steps > 0)
+TAKES_EFFECT = converter_effects(**{
+    "--kv-heads": ALWAYS, "--postmix-rank": ALWAYS, "--premix": ALWAYS, "--method": ALWAYS, "--regroup": ALWAYS,
+    "--seed": ALWAYS, "--no-compare": ALWAYS, "--eval-batches": ALWAYS, "--refine-steps": ALWAYS,
+    # refused by the plan, in its own words, with --premix off (transform/convert_to_vha.py)
+    "--q-head-dim": Effect("with --premix on (without Premix the query heads keep head_dim)"),
+    "--calib-tokens": Effect("when calibration runs: --method calibrated (or compared, without --no-compare), or "
+                             "--regroup key-similarity", _calibrates),
+    "--refine-lr": _REFINES, "--refine-tokens": _REFINES,
+    "--eval-len": Effect("when text is read: the KL (--eval-batches > 0), calibration or --refine-steps", _reads_text),
+    "--calib-data": Effect("when text is read: the KL (--eval-batches > 0), calibration or --refine-steps",
+                           _reads_text),
+    "--pass-tokens": Effect("when layer-by-layer passes run: the KL (--eval-batches > 0) or calibration",
+                            lambda a: a.eval_batches > 0 or _calibrates(a)),
+})
+
+
+def _check_ranges(p, args) -> None:
+    from paddle_vha.transform.refine import MAX_STEPS
+
     if args.calib_tokens < 1:
         p.error("--calib-tokens must be >= 1")
-    if args.refine_steps < 0 or args.refine_tokens < 1 or not args.refine_lr > 0:
-        p.error("--refine-steps must be >= 0, --refine-tokens >= 1 and --refine-lr > 0")
+    if args.refine_steps < 0 or args.refine_tokens < 1 or not (math.isfinite(args.refine_lr) and args.refine_lr > 0):
+        p.error("--refine-steps must be >= 0, --refine-tokens >= 1 and --refine-lr a finite number > 0")
+    if args.refine_steps > MAX_STEPS:
+        p.error(f"--refine-steps {args.refine_steps}: at most {MAX_STEPS:,} per layer (the refinement keeps its best "
+                "point and converges within hundreds of steps; docs/conversion.md)")
     if not 0 <= args.seed < 2**32:  # numpy's generator: a ValueError traceback before
         p.error(f"--seed {args.seed}: must be in [0, 2**32)")
-    return args
+
+
+def parse_args(argv=None):
+    return parse_converter_args(build_parser(), argv, TAKES_EFFECT, _check_ranges)
 
 
 def _errors_line(errors) -> str:
@@ -172,10 +213,12 @@ def _write(args, plan) -> None:
         return
     if ref is not None:  # the closed-form start, for comparison with the refined model written
         report(f"{args.method} (fit)", cv.candidate_weights(plan, tensors))
-    from paddle_vha.transform.refine import RefineSettings, refine_and_write
+    from paddle_vha.transform.refine import RefineSettings, refine_and_write, token_counts
 
+    fit, held = token_counts(args.refine_tokens, args.eval_len)
     print(f"refinement: each layer's attention against the original's layer output, {args.refine_steps} Adam steps "
-          f"per layer (lr {args.refine_lr}), on {args.refine_tokens} calibration tokens; relative MSE of each "
+          f"per layer (lr {args.refine_lr}), on {fit} calibration tokens ({fit // args.eval_len} windows of "
+          f"{args.eval_len}; {held} held out); relative MSE of each "
           "layer's output on held-out tokens, before -> after:", flush=True)
     refine_and_write(plan, tensors, text, RefineSettings(args.refine_steps, lr=args.refine_lr, seed=args.seed),
                      args.refine_tokens, args.eval_len, progress=not args.no_progress,
@@ -220,9 +263,20 @@ def _done(args, plan, seconds: float, written) -> int:
     return 0
 
 
+def _estimate(args, plan):
+    """The refinement's work, said before any starts (--refine-steps 10**9 ran until killed, with no word)."""
+    if not args.refine_steps:
+        return None
+    from paddle_vha.machine import gemm_gflops
+    from paddle_vha.transform.refine import RefineSettings, refine_estimate
+
+    return refine_estimate(plan.src_cfg, plan.cfg, RefineSettings(args.refine_steps), args.refine_tokens,
+                           args.eval_len, gemm_gflops())
+
+
 @command
 def main(argv=None) -> int:
-    return run_transform(parse_args(argv), _plan, _write, "converted checkpoint", _done, _memory)
+    return run_transform(parse_args(argv), _plan, _write, "converted checkpoint", _done, _memory, _estimate)
 
 
 if __name__ == "__main__":

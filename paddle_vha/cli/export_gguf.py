@@ -26,11 +26,12 @@ import sys
 import time
 
 from paddle_vha.cli import command, fail, quiet
+from paddle_vha.cli.options import ALWAYS, PERMISSION, Effect, parse_checked
 
 DEFAULT_PROMPT = "The capital of France is"
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     from paddle_vha.export.gguf import GGUF_TYPES
 
     doc = __doc__
@@ -51,9 +52,24 @@ def parse_args(argv=None):
     p.add_argument("--llama-src", default=None, metavar="DIR", help="llama-cpp-python's unpacked sdist (holds "
                    "vendor/llama.cpp/convert_hf_to_gguf.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+    return p
+
+
+_SMOKE = Effect("with the smoke check (not with --no-check or --dry-run)", lambda a: not (a.no_check or a.dry_run))
+TAKES_EFFECT = {"FOLDED": ALWAYS, "OUT.gguf": ALWAYS, "--type": ALWAYS, "--force": PERMISSION, "--dry-run": ALWAYS,
+                "--no-check": Effect("when it writes (not with --dry-run, which runs no check)",
+                                     lambda a: not a.dry_run),
+                "--prompt": _SMOKE, "--new": _SMOKE, "--llama-python": ALWAYS, "--llama-src": ALWAYS,
+                "--no-progress": Effect("always (with --dry-run there is no bar to hide: what it asks holds)")}
+
+
+def _check_ranges(p, args) -> None:
     if args.new < 1:
         p.error("--new must be >= 1")
+
+
+def parse_args(argv=None):
+    args, _ = parse_checked(build_parser(), argv, TAKES_EFFECT, _check_ranges)
     return args
 
 

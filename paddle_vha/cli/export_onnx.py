@@ -1,8 +1,8 @@
 """Export a folded (stock Qwen3) checkpoint to an ONNX decoder with KV cache, and validate it.
 
     python tools/export_onnx.py FOLDED_DIR OUT_DIR [--cache concat|buffer] [--external-data] [--opset 17]
-                                [--decode-steps 16] [--force] [--weights fp32|int8|int4] [--block-size 32]
-                                [--kv-cache fp32|int8]
+                                [--decode-steps 16] [--force] [--weights fp32|int8|int4] [--block-size 128]
+                                [--max-kl NATS] [--min-agreement FRACTION] [--kv-cache fp32|int8]
 
 Goes through Paddle's own route (jit.save of a static program, then paddle2onnx) and checks the result as
 Optimum does: onnx.checker full check, standard ONNX ops only, KV inputs with H_kv heads, and onnxruntime vs
@@ -19,13 +19,16 @@ Weights go to OUT_DIR/model.onnx.data (ONNX external data, beside a model.onnx o
 graph past protobuf's 2 GB limit (e.g. any Qwen3-0.6B: 2.4 GB in float32), or always with --external-data; any
 size exports the same way (the program converted without its weights, then the weights attached).
 
---weights int8 / int4 quantizes the validated float32 graph with onnxruntime's own MatMulNBitsQuantizer (weight-only,
-symmetric blocks of --block-size along the input axis, float32 scales; the LM head too, tied or not, unless
+--weights int8 / int4 quantizes the validated float32 graph with onnxruntime's own block quantizer (weight-only,
+symmetric blocks of --block-size along the input axis, float32 scales; default 128, the one recommendation of
+docs/deploy.md; the block size is tried on the quantizer before any work; the LM head too, tied or not, unless
 --float-lm-head; the embedding, the RMSNorms including q_norm / k_norm, attention and the cache stay float32), then
-prints its quality against the float32 graph on held-out text (mean logit KL, greedy-token agreement) and fails
-outside the format's bounds (int8: KL <= 0.01 nats, agreement >= 95%; int4: 0.25, 80%). The graph then uses
-onnxruntime's contrib op MatMulNBits (onnxruntime, onnxruntime-genai and paddle_vha.serve run it; paddle/ keeps the
-float32 program). fp16 / bf16 are refused: onnxruntime's CPU EP casts float16 weights back to float32 (no gain).
+prints its quality against the float32 graph on held-out text (mean logit KL, greedy-token agreement on decisive
+positions) and fails outside the format's bounds (int8: KL <= 0.01 nats, agreement >= 95%; int4: 0.25, 80%;
+docs/deploy.md, "The quality gate"); --max-kl / --min-agreement replace a bound knowingly (said in the quality line
+and export_info.json). The graph then uses onnxruntime's contrib op MatMulNBits (onnxruntime, onnxruntime-genai and
+paddle_vha.serve run it; paddle/ keeps the float32 program). fp16 / bf16 are refused: onnxruntime's CPU EP casts
+float16 weights back to float32 (no gain).
 
 --kv-cache int8 stores the KV cache in 8 bits (paddle_vha/export/kv_cache.py): each token's key and value per KV head
 in 8 bits with a float32 scale (the largest |x| / 127), 264 bytes a position per KV head at head_dim 128 instead of
@@ -38,11 +41,11 @@ Paddle Inference (paddle/ keeps the float32-cache program) do not. fp16 / bf16 a
 no 16-bit MatMul, so such a cache would be cast to float32 whole every step.
 
 Memory: about 0.5 GB + 1.7 x the float32 weights (4 bytes per parameter: 4.6 GB for Qwen3-0.6B, 12.2 GB for
-Qwen3-1.7B); measured peak RSS 3.8 GB for Qwen3-0.6B (either cache flavour), 9.0 GB for Qwen3-1.7B
-(docs/deploy.md). The export refuses up front, in one line and before reading any weight, when the machine's
-available memory (MemAvailable, plus what the process already holds) is below that. --weights int8 / int4 needs
-the more of that and 0.5 GB + the float32 weights + 6.5 x the largest tensor (Qwen3-0.6B: 6.9 GB), measured peak
-3.86 GB for 2 layers at Qwen3-0.6B widths (tied).
+Qwen3-1.7B), and for --weights int8 / int4 that plus the largest tensor (the quantization reads one weight at a time
+from model.onnx.data); refused up front, in one line and before reading any weight, when the machine's available
+memory (MemAvailable, plus what the process already holds) is below it. Measured peak RSS (docs/reliability.md):
+Qwen3-0.6B fp32 / int8 / int4 3.86 / 4.47 / 4.32 GB (1.62 / 1.88 / 1.81 x its 2.38 GB of float32 weights),
+Qwen3-1.7B 9.15 / 9.25 / 9.23 GB (1.33 / 1.34 / 1.34 x its 6.88 GB).
 """
 from __future__ import annotations
 
@@ -52,10 +55,11 @@ import sys
 
 
 from paddle_vha.cli import command, fail, quiet
+from paddle_vha.cli.options import ALWAYS, PERMISSION, Effect, parse_checked
+from paddle_vha.export.quantize import BLOCK_SIZES, DEFAULT_BLOCK_SIZE
 
 
-@command
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folded_dir", help="stock Qwen3 checkpoint folder (e.g. the output of tools/fold.py)")
@@ -74,25 +78,63 @@ def main(argv=None):
     p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "bf16", "int8", "int4"],
                    help="weight format of model.onnx (default fp32; fp16 / bf16 are refused with the reason)")
     p.add_argument("--block-size", type=int, default=None,
-                   help="values per quantization block for int8 / int4 (a power of two >= 16; default 32)")
+                   help=f"values per quantization block for int8 / int4: {', '.join(map(str, BLOCK_SIZES))} "
+                        f"(onnxruntime's quantizer; default {DEFAULT_BLOCK_SIZE}, docs/deploy.md)")
     p.add_argument("--float-lm-head", action="store_true", help="keep the LM head float32 when quantizing")
+    p.add_argument("--max-kl", type=float, default=None, metavar="NATS",
+                   help="int8 / int4: accept a mean KL from the float32 export up to NATS instead of the format's "
+                        "bound (int8 0.01, int4 0.25; docs/deploy.md, 'the quality gate')")
+    p.add_argument("--min-agreement", type=float, default=None, metavar="FRACTION",
+                   help="int8 / int4: accept a greedy-token agreement on decisive positions down to FRACTION (0..1) "
+                        "instead of the format's bound (int8 0.95, int4 0.80)")
     p.add_argument("--kv-cache", default="fp32", choices=["fp32", "int8", "fp16", "bf16"],
                    help="KV cache format (default fp32; int8: per-token scales, a quarter of the bytes; fp16 / bf16 "
                         "are refused with the reason)")
-    args = p.parse_args(argv)
+    return p
+
+
+QUANTIZED = Effect("with --weights int8 / int4", lambda a: a.weights in ("int8", "int4"))
+GATED = Effect("with a quality gate: --weights int8 / int4 or --kv-cache int8 (it replaces the bound of each gate that "
+               "runs)", lambda a: a.weights in ("int8", "int4") or a.kv_cache == "int8")
+TAKES_EFFECT = {
+    "folded_dir": ALWAYS, "out_dir": ALWAYS, "--opset": ALWAYS, "--decode-steps": ALWAYS, "--tolerance": ALWAYS,
+    "--force": PERMISSION, "--cache": ALWAYS, "--weights": ALWAYS,
+    "--external-data": Effect("always (over 2 GB the weights are external data anyway)"),
+    "--block-size": QUANTIZED, "--float-lm-head": QUANTIZED, "--max-kl": GATED, "--min-agreement": GATED,
+    "--kv-cache": ALWAYS,
+}
+
+
+def _check_ranges(p, args) -> None:
     if args.decode_steps < 1:
         p.error("--decode-steps must be >= 1")
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):  # NaN failed only after the whole export
         p.error(f"--tolerance {args.tolerance}: must be a finite number >= 0")
+    if args.max_kl is not None and not (math.isfinite(args.max_kl) and args.max_kl >= 0):
+        p.error(f"--max-kl {args.max_kl}: must be a finite number of nats >= 0")
+    if args.min_agreement is not None and not 0 <= args.min_agreement <= 1:  # NaN fails this too
+        p.error(f"--min-agreement {args.min_agreement}: must be a fraction in [0, 1] (0.8 is 80%)")
+
+
+@command
+def main(argv=None):
+    p = build_parser()
+    args, _ = parse_checked(p, argv, TAKES_EFFECT, _check_ranges)
     from paddle_vha.export.errors import ExportError
     from paddle_vha.export.kv_cache import check_kv_cache
+    from paddle_vha.export.quality import gate_bounds
     from paddle_vha.export.quantize import check_weights
 
-    try:  # before Paddle is even imported: a refused format costs nothing
+    try:  # before Paddle is even imported: a refused format or block size costs nothing
         check_weights(args.weights, args.block_size)
         check_kv_cache(args.kv_cache)
     except ExportError as e:
         fail(str(e))
+    from paddle_vha.export.kv_quality import CACHE_BOUNDS
+
+    bounds = gate_bounds(args.weights, args.max_kl, args.min_agreement) if args.weights in ("int8", "int4") else None
+    kv_bounds = (gate_bounds(args.kv_cache, args.max_kl, args.min_agreement, CACHE_BOUNDS)
+                 if args.kv_cache in CACHE_BOUNDS else None)
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
     from paddle_vha.export.onnx_export import export_onnx
@@ -101,7 +143,8 @@ def main(argv=None):
         export_onnx(args.folded_dir, args.out_dir, opset=args.opset, decode_steps=args.decode_steps,
                     tolerance=args.tolerance, force=args.force, cache_io=args.cache,
                     external_data=args.external_data or None, weights=args.weights, block_size=args.block_size,
-                    quantize_lm_head=not args.float_lm_head, kv_cache=args.kv_cache)
+                    quantize_lm_head=not args.float_lm_head, quality_bounds=bounds, kv_cache=args.kv_cache,
+                    kv_quality_bounds=kv_bounds)
     except (CheckpointError, ExportError) as e:
         fail(str(e))
     print(f"wrote {args.out_dir}")

@@ -24,9 +24,11 @@ from paddle_vha.accounting import (
     model_weights,
     query_weights_per_layer,
     attention_weights_per_layer,
+    is_named_shape,
     resolve_models,
 )
 from paddle_vha.cli import command, report_models
+from paddle_vha.cli.options import ALWAYS, Effect, parse_checked
 
 # --breakdown's columns around the K/V side (whose names come from the models: breakdown_columns)
 QUERY_PARTS = ("q_proj", "q_a_proj", "q_b_proj", "premix")
@@ -34,7 +36,7 @@ LATER_PARTS = ("attention", "postmix", "gate_proj", "o_proj", "mlp", "lm_head")
 SUMS = ("attention_block", "total")
 
 
-def parse_args(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("models", nargs="*", default=["1.7b"], metavar="MODEL",
@@ -47,12 +49,26 @@ def parse_args(argv=None):
                    help="named shapes: cached KV heads n_p of the MEA row (its n_v is GQA-8's 8; default 2)")
     p.add_argument("--breakdown", action="store_true", help="also print per-part training GFLOPs")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    args = p.parse_args(argv)
+    return p
+
+
+TAKES_EFFECT = {"MODEL": ALWAYS, "--seq-len": ALWAYS, "--causal": ALWAYS, "--no-lm-head": ALWAYS,
+                "--intermediate-size": ALWAYS, "--json": ALWAYS,
+                "--mea-kv-heads": Effect("with a named shape MODEL (0.6b, 1.7b, 4b): a config's MEA layers say theirs",
+                                         lambda a: any(is_named_shape(m) for m in a.models)),
+                "--breakdown": Effect("with the tables (--json prints every part already)", lambda a: not a.json)}
+
+
+def _check_ranges(p, args) -> None:
     for name in ("seq_len", "mea_kv_heads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.intermediate_size is not None and args.intermediate_size < 1:
         p.error("--intermediate-size must be >= 1")
+
+
+def parse_args(argv=None):
+    args, _ = parse_checked(build_parser(), argv, TAKES_EFFECT, _check_ranges)
     return args
 
 

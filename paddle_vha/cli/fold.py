@@ -21,18 +21,25 @@ from __future__ import annotations
 
 import sys
 
-from paddle_vha.cli import (add_converter_options, add_verify_options, command, converter_parser, parse_converter_args,
-                            run_transform, verify_step)
+from paddle_vha.cli import (add_converter_options, add_verify_options, command, converter_effects, converter_parser,
+                            parse_converter_args, run_transform, verify_step)
 
 
-def parse_args(argv=None):
+def build_parser():
     p = converter_parser(__doc__, "Qwen3-VHA", "stock Qwen3")
     add_converter_options(p)
     add_verify_options(p, 4, 32, None,
                        "after folding, load both models in Paddle, run N random sequences (default 4) and compare logits",
                        "max relative logit difference --verify accepts (default by output dtype: "
                        "1e-4 float32/64, 1e-2 float16, 5e-2 bfloat16)")
-    return parse_converter_args(p, argv)
+    return p
+
+
+TAKES_EFFECT = converter_effects(verify=True)
+
+
+def parse_args(argv=None):
+    return parse_converter_args(build_parser(), argv, TAKES_EFFECT)
 
 
 def _plan(args):

@@ -19,13 +19,15 @@ generation_config.json's values (Qwen3: 0.6 / 20 / 0.95), else 1.0 / 0 (off) / 1
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 
 from paddle_vha.cli import command, fail, quiet
+from paddle_vha.cli.options import ALWAYS, Effect, parse_checked
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("export_dir")
@@ -48,6 +50,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_SAMPLING = Effect("with --sample (the sampling settings only apply with --sample; greedy decoding ignores them)",
+                   lambda a: a.sample)
+TAKES_EFFECT = {
+    "export_dir": ALWAYS, "--runtime": ALWAYS, "--prompt": ALWAYS, "--prompt-ids": ALWAYS, "--max-new-tokens": ALWAYS,
+    "--show-special": ALWAYS, "--sample": ALWAYS, "--threads": ALWAYS,
+    "--chat": Effect("with --prompt text (--chat takes --prompt text: the chat template makes the ids)",
+                     lambda a: bool(a.prompt)),
+    "--ignore-eos": Effect("always (--max-new-tokens per row; without an EOS id in the export that happens anyway)"),
+    "--temperature": _SAMPLING, "--top-k": _SAMPLING, "--top-p": _SAMPLING,
+    "--seed": Effect("with --sample (greedy decoding draws nothing)", lambda a: a.sample),
+}
+
+
 def _check_options(p, args) -> None:
     """Option ranges, refused through p.error (one line, exit 2) before anything is loaded."""
     import math
@@ -55,10 +70,6 @@ def _check_options(p, args) -> None:
 
     if args.max_new_tokens < 1:
         p.error("--max-new-tokens must be >= 1")
-    given = [f for f, v in (("--temperature", args.temperature), ("--top-k", args.top_k), ("--top-p", args.top_p))
-             if v is not None]
-    if given and not args.sample:
-        p.error(f"{', '.join(given)} only apply with --sample (greedy decoding ignores them)")
     if args.temperature is not None and not math.isfinite(args.temperature):
         p.error(f"--temperature {args.temperature}: must be a finite number > 0")
     if not 0 <= args.seed < 2**32:
@@ -84,28 +95,36 @@ def _check_cache_memory(shape, max_new_tokens: int, info: dict) -> None:
 
 
 def _sampling(args, gen: dict) -> dict:
-    """generate()'s sampling arguments: the command line's, else generation_config.json's, else off."""
+    """generate()'s sampling arguments: the command line's, else generation_config.json's, else off. A value out of
+    range is refused in one line naming where it came from (generation_config.json's were refused as if typed)."""
     if not args.sample and gen.get("do_sample"):
         print("note: greedy decoding; generation_config.json asks for sampling (pass --sample to follow it)",
               file=sys.stderr)
-    pick = lambda given, key, default: given if given is not None else gen.get(key, default)  # noqa: E731
-    out = dict(do_sample=args.sample, temperature=pick(args.temperature, "temperature", 1.0),
-               top_k=pick(args.top_k, "top_k", 0), top_p=pick(args.top_p, "top_p", 1.0))
-    if not args.sample:
-        out.update(temperature=1.0, top_k=0, top_p=1.0)
-    if not (out["temperature"] > 0 and 0 < out["top_p"] <= 1 and out["top_k"] >= 0):
-        fail(f"need temperature > 0, 0 < top-p <= 1, top-k >= 0; got {out['temperature']}, {out['top_p']}, "
-             f"{out['top_k']}")
+    out, source = dict(do_sample=args.sample, temperature=1.0, top_k=0, top_p=1.0), {}
+    if args.sample:
+        for key, given, default in (("temperature", args.temperature, 1.0), ("top_k", args.top_k, 0),
+                                    ("top_p", args.top_p, 1.0)):
+            if given is not None:
+                out[key], source[key] = given, f"--{key.replace('_', '-')}"
+            elif key in gen:
+                out[key], source[key] = gen[key], f"generation_config.json's {key}"
+            else:
+                out[key], source[key] = default, "the default"
+    ok = dict(temperature=lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v > 0,
+              top_p=lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
+              top_k=lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+    want = dict(temperature="a finite number > 0", top_p="in (0, 1]", top_k="an integer >= 0")
+    for key in ("temperature", "top_k", "top_p"):
+        if not ok[key](out[key]):
+            fail(f"{key} {out[key]!r} (from {source.get(key, 'the default')}) must be {want[key]}"
+                 + ("; pass --" + key.replace("_", "-") + " to override it" if "generation_config" in
+                    source.get(key, "") else ""))
     return out
 
 
 @command
 def main(argv=None):
-    p = _parser()
-    args = p.parse_args(argv)
-    _check_options(p, args)
-    if args.chat and not args.prompt:
-        fail("--chat takes --prompt text (the chat template makes the ids)")
+    args, _ = parse_checked(build_parser(), argv, TAKES_EFFECT, _check_options)
     from paddle_vha.serve.session import ServeError, read_export_info
     from paddle_vha.serve.text import generation_defaults, load_codec
 

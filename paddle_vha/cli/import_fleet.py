@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import sys
 
-from paddle_vha.cli import (add_converter_options, add_verify_options, command, converter_parser, parse_converter_args,
-                            run_transform, verify_step)
+from paddle_vha.cli import (add_converter_options, add_verify_options, command, converter_effects, converter_parser,
+                            parse_converter_args, run_transform, verify_step)
+from paddle_vha.cli.options import ALWAYS, Effect
 from paddle_vha.vha.fleet_config import QKV_LAYOUTS, UP_GATE_ORDERS
 
 
-def parse_args(argv=None):
+def build_parser():
     p = converter_parser(__doc__, "upstream VHA", "Qwen3-VHA")
     p.add_argument("--layout", default="paddle", choices=["paddle", "hf"],
                    help="Linear weights stored [in, out] (paddle, upstream's; default) or [out, in] (hf)")
@@ -46,7 +47,19 @@ def parse_args(argv=None):
     add_verify_options(p, 2, 16, 1e-4, "after importing, compare upstream's forward on IN_DIR with the imported model "
                                        "on N random sequences (default 2)",
                        "max relative logit difference --verify accepts (default 1e-4; the model runs in float32)")
-    return parse_converter_args(p, argv)
+    return p
+
+
+# --qkv-layout / --up-gate-order: what IN_DIR holds decides; the plan refuses them for a checkpoint without the fused
+# tensor (paddle_vha/transform/import_fleet.py), with these words
+FUSED_QKV = Effect("when IN_DIR holds a fused qkv_proj")
+FUSED_UP_GATE = Effect("when IN_DIR holds a fused up_gate_proj")
+TAKES_EFFECT = converter_effects(verify=True, **{"--layout": ALWAYS, "--qkv-layout": FUSED_QKV,
+                                                 "--up-gate-order": FUSED_UP_GATE})
+
+
+def parse_args(argv=None):
+    return parse_converter_args(build_parser(), argv, TAKES_EFFECT)
 
 
 def _plan(args):

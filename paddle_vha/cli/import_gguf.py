@@ -24,12 +24,13 @@ import argparse
 import sys
 
 from paddle_vha.cli import command, run_transform
+from paddle_vha.cli.options import ALWAYS, PERMISSION, Effect, parse_checked
 
 IMPORT_DTYPES = ("float32", "bfloat16", "float16")  # paddle_vha.transform.import_gguf.IMPORT_DTYPES (checked there)
 BASE_BYTES = 512 << 20  # transformers' tokenizer and config classes imported, the header and the vocabulary read
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     doc = __doc__
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=doc.split("\n\n", 1)[1])
@@ -41,7 +42,17 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; write nothing")
     p.add_argument("--max-shard-size", default="5GB", help="largest output shard, e.g. 5GB, 500MB (default 5GB)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    return p
+
+
+TAKES_EFFECT = {"GGUF": ALWAYS, "OUT": ALWAYS, "--dtype": ALWAYS, "--force": PERMISSION, "--dry-run": ALWAYS,
+                "--max-shard-size": ALWAYS,
+                "--no-progress": Effect("always (with --dry-run there is no bar to hide: what it asks holds)")}
+
+
+def parse_args(argv=None):
+    args, _ = parse_checked(build_parser(), argv, TAKES_EFFECT)
+    return args
 
 
 def _plan(args):

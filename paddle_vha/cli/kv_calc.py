@@ -15,11 +15,13 @@ import argparse
 import sys
 
 
-from paddle_vha.accounting import DTYPE_BYTES, ArchError, fmt_bytes, kv_bytes_per_token, kv_cache_bytes, resolve_models
+from paddle_vha.accounting import (DTYPE_BYTES, ArchError, fmt_bytes, is_named_shape, kv_bytes_per_token,
+                                   kv_cache_bytes, resolve_models)
 from paddle_vha.cli import command, report_models
+from paddle_vha.cli.options import ALWAYS, Effect, parse_checked
 
 
-def parse_args(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("models", nargs="*", default=["1.7b"], metavar="MODEL",
@@ -31,10 +33,22 @@ def parse_args(argv=None):
     p.add_argument("--mea-kv-heads", type=int, default=2,
                    help="named shapes: cached KV heads n_p of the MEA row (its n_v is GQA-8's 8; default 2)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    args = p.parse_args(argv)
+    return p
+
+
+TAKES_EFFECT = {"MODEL": ALWAYS, "--dtype": ALWAYS, "--context": ALWAYS, "--batch": ALWAYS, "--json": ALWAYS,
+                "--mea-kv-heads": Effect("with a named shape MODEL (0.6b, 1.7b, 4b): a config's MEA layers say theirs",
+                                         lambda a: any(is_named_shape(m) for m in a.models))}
+
+
+def _check_ranges(p, args) -> None:
     for name in ("context", "batch", "mea_kv_heads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+
+
+def parse_args(argv=None):
+    args, _ = parse_checked(build_parser(), argv, TAKES_EFFECT, _check_ranges)
     return args
 
 

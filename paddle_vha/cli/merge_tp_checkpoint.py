@@ -17,16 +17,24 @@ import time
 
 
 from paddle_vha.cli import command, fail, quiet
+from paddle_vha.cli.options import ALWAYS, PERMISSION, parse_checked
 
 
-@command
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("shards_dir")
     ap.add_argument("out_dir")
     ap.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     ap.add_argument("--max-shard-size", default="5GB", help="split the output into safetensors shards of this size")
-    args = ap.parse_args(argv)
+    return ap
+
+
+TAKES_EFFECT = {"shards_dir": ALWAYS, "out_dir": ALWAYS, "--force": PERMISSION, "--max-shard-size": ALWAYS}
+
+
+@command
+def main(argv=None) -> int:
+    args, _ = parse_checked(build_parser(), argv, TAKES_EFFECT)
     quiet()
     from paddle_vha.checkpoint.contract import CheckpointError
     from paddle_vha.parallel.tp_shards import merge_need, merge_tp_checkpoint

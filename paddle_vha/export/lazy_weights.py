@@ -79,6 +79,11 @@ class LazyWeights:
         self.recipes[name] = make
         return tensor
 
+    def release(self, name: str) -> None:
+        """Forget initializer `name`'s recipe (and the source arrays it holds: maps of the data file whose pages count
+        in this process' resident memory while mapped); for a weight consumed without being materialized."""
+        self.recipes.pop(name, None)
+
     def materialize(self) -> None:
         """Every initializer of the graph inline: recipes computed, external data read, one tensor at a time."""
         from onnx import TensorProto

@@ -12,28 +12,27 @@ from ..machine import available_memory_bytes as available_bytes
 from ..machine import resident_bytes
 from .errors import ExportError
 
-__all__ = ["NEED_BASE", "NEED_FACTOR", "export_memory_need", "available_bytes", "check_memory", "FORMULA"]
+__all__ = ["NEED_BASE", "NEED_FACTOR", "export_memory_need", "available_bytes", "check_memory", "FORMULA",
+           "QUANT_FORMULA"]
 
 NEED_BASE = 0.5e9  # Python, Paddle, PaddleFormers and onnxruntime loaded (0.32 GB), graph building and conversion
 NEED_FACTOR = 1.7  # float32 weights: one held copy plus a stage's passing copies (measured <= 1.45x above the base)
 FORMULA = f"{NEED_BASE / 1e9:.1f} GB + {NEED_FACTOR:g} x the float32 weights"
-# --weights int8 / int4 (paddle_vha/export/quantize.py): the float32 graph held once while onnxruntime's quantizer
-# copies a tensor at a time, the largest (the embedding, transposed for a tied head) a few times over. Measured: 2
-# layers at Qwen3-0.6B widths, tied (0.75 GB of weights, the largest tensor 0.62 GB): peak RSS 3.86 GB; Qwen3-0.6B
-# (2.38 GB, 0.62 GB) exported and then quantized twice in one process by tools/bench_serve_cpu.py: 6.65 GB;
-# Qwen3-1.7B GQA-2 (6.53 GB, 1.24 GB) quantized to int8 from its float32 export: 11.8 GB (the rewrites keep the weights
-# in the data file until the graph is final, export/lazy_weights.py; holding them inline it passed 24 GB)
-QUANT_TENSOR_FACTOR = 6.5
-QUANT_FORMULA = f"{NEED_BASE / 1e9:.1f} GB + the float32 weights + {QUANT_TENSOR_FACTOR:g} x the largest tensor"
+# --weights int8 / int4 (paddle_vha/export/quantize.py): the float32 stages, then the quantization, which reads one
+# weight at a time from model.onnx.data (the LM head 64 MB of columns at a time) and holds the quantized weights and, at
+# the end, the float32 embedding the Gather keeps. Measured peak RSS (docs/reliability.md, one export at a time,
+# KiB x 1024): Qwen3-0.6B (2.38 GB of float32 weights, the largest tensor 0.62 GB) int8 4.47 GB, int4 4.32 GB,
+# fp32 3.86 GB;
+# Qwen3-1.7B (6.88 GB, 1.24 GB) int8 9.25 GB, int4 9.23 GB, fp32 9.15 GB (its float32 validation is the peak). Before
+# (onnxruntime's MatMulNBitsQuantizer over the whole float32 graph in memory) Qwen3-0.6B int8 peaked at 6.89 GB, and
+# the need was 0.5 GB + the weights + 6.5 x the largest tensor.
+QUANT_FORMULA = f"{FORMULA} + the largest tensor"
 
 
 def export_memory_need(weight_bytes: int, largest_tensor: int = 0, quantized: bool = False) -> int:
     """Bytes of memory an export of `weight_bytes` float32 weights needs (FORMULA; a quantized export also
-    QUANT_FORMULA with `largest_tensor` its largest float32 tensor, whichever is more)."""
-    need = int(NEED_BASE + NEED_FACTOR * weight_bytes)
-    if quantized:
-        need = max(need, int(NEED_BASE + weight_bytes + QUANT_TENSOR_FACTOR * largest_tensor))
-    return need
+    `largest_tensor`, its largest float32 tensor: QUANT_FORMULA)."""
+    return int(NEED_BASE + NEED_FACTOR * weight_bytes + (largest_tensor if quantized else 0))
 
 
 def check_memory(weight_bytes: int, what: str, largest_tensor: int = 0, quantized: bool = False) -> int:
@@ -44,7 +43,7 @@ def check_memory(weight_bytes: int, what: str, largest_tensor: int = 0, quantize
     have = None if free is None else free + resident_bytes()
     if have is not None and have < need:
         raise ExportError(f"{what}: the export needs about {need / 1e9:.1f} GB of memory "
-                          f"({QUANT_FORMULA if quantized and need > export_memory_need(weight_bytes) else FORMULA}, "
+                          f"({QUANT_FORMULA if quantized else FORMULA}, "
                           f"{weight_bytes / 1e9:.2f} GB of weights); this machine has {have / 1e9:.1f} GB "
                           "(MemAvailable "
                           "and this process)")

@@ -41,7 +41,8 @@ from .graph import finalize_graph
 from .memory import check_memory
 from .paddle_program import convert_without_weights, run_paddle2onnx, save_program
 from .plan import CACHE_IO, ServingPlan, serving_plan
-from .quality import BOUNDS, check_quality, held_out_windows, measure_quality, teacher_forced_logits
+from .quality import (BOUNDS, bounds_note, check_quality, held_out_windows, measure_quality, quality_tokens,
+                      teacher_forced_logits)
 from .quantize import check_weights, quantize_graph
 from .reference import CheckpointTensors, reference_model, weight_bytes  # noqa: F401 - reference_model re-exported
 from .validation import Validation, validate_onnx
@@ -102,6 +103,8 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     if kv_cache != "fp32" and kv_cache_refusal(plan):
         raise ExportError(f"{plan.folder.path}: {kv_cache_refusal(plan)}")
     _check_side_files(plan.folder.path)
+    if weights != "fp32":  # the quality check's windows fit the model's positions; none left is refused now
+        quality_tokens(int(plan.rope.context))
     float_bytes = weight_bytes(plan.folder)
     need = check_memory(float_bytes, plan.folder.path, weight_bytes(plan.folder, largest=True), weights != "fp32")
     log(f"loaded {plan.folder.path}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
@@ -166,9 +169,10 @@ def _quantize_cache(onnx_path, plan, kv_cache, bounds, log) -> dict:
                              f"through the cache, the last {steps} one step each)")
     del sess, reference
     gc.collect()
-    log(quality_line(quality, kv_cache, bounds))
+    note = bounds_note(kv_cache, bounds, CACHE_BOUNDS, "cache gate")
+    log(quality_line(quality, kv_cache, bounds) + (f"; {note}" if note else ""))
     check_cache_quality(quality, kv_cache, bounds)
-    return dict(info, quality=quality.as_dict(), bounds=list(bounds or CACHE_BOUNDS[kv_cache]))
+    return dict(info, quality=quality.as_dict(), bounds=list(bounds or CACHE_BOUNDS[kv_cache]), bounds_set_by_user=note)
 
 
 def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_data, bounds, log) -> dict:
@@ -177,7 +181,8 @@ def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_d
     from ..serve.ort_session import OrtDecoder
 
     t0 = time.time()
-    ids, text = held_out_windows(plan.folder.path, int(plan.config.vocab_size))
+    ids, text = held_out_windows(plan.folder.path, int(plan.config.vocab_size),
+                                 seq_len=quality_tokens(int(plan.rope.context)))
 
     def session():
         s = OrtDecoder(onnx_path)
@@ -199,7 +204,8 @@ def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_d
     gc.collect()
     log(quality.line(weights, bounds))
     check_quality(quality, weights, bounds)
-    return dict(info, quality=quality.as_dict(), bounds=list(bounds or BOUNDS[weights]))
+    return dict(info, quality=quality.as_dict(), bounds=list(bounds or BOUNDS[weights]),
+                bounds_set_by_user=bounds_note(weights, bounds))
 
 
 def _check_side_files(folder: str) -> None:

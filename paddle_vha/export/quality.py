@@ -26,7 +26,8 @@ import numpy as np
 from ..evaluate import compare_logits
 from .errors import ExportError
 
-__all__ = ["BOUNDS", "Quality", "held_out_windows", "teacher_forced_logits", "measure_quality", "check_quality"]
+__all__ = ["BOUNDS", "Quality", "held_out_windows", "teacher_forced_logits", "measure_quality", "check_quality",
+           "gate_bounds", "bounds_note", "QUALITY_TOKENS", "quality_tokens"]
 
 # (max mean KL in nats, min greedy agreement on decisive positions), per format. Measured (docs/deploy.md): int8
 # 1e-5..1e-3 nats, int4 up to 0.12 on the sharpened toy models of tests/test_export_quant.py (round-to-nearest int4
@@ -34,6 +35,40 @@ __all__ = ["BOUNDS", "Quality", "held_out_windows", "teacher_forced_logits", "me
 # gives far more
 BOUNDS: Dict[str, tuple] = {"int8": (0.01, 0.95), "int4": (0.25, 0.80)}
 DECISIVE = 0.5  # nats between the float32 export's top two tokens for a position's greedy choice to count
+QUALITY_TOKENS = 48  # tokens per held-out window (a prefill of half, then cached steps), within the model's positions
+
+
+def quality_tokens(context: int) -> int:
+    """Tokens per quality window for a model serving `context` positions: QUALITY_TOKENS, or all its positions when
+    it has fewer (positions past them are outside the model, and onnxruntime's fused rotary table stops there).
+    ExportError (one line) for a context that leaves no cached step to measure (< 2 positions)."""
+    if context < 2:
+        raise ExportError(f"the model serves {context} position(s); the quantized export's quality check needs 2 "
+                          "(a prefill and one cached step)")
+    return min(QUALITY_TOKENS, int(context))
+
+
+def gate_bounds(weights: str, max_kl: Optional[float] = None, min_agreement: Optional[float] = None,
+                defaults: Optional[Dict[str, tuple]] = None) -> tuple:
+    """(max mean KL, min agreement) of a quality gate: the format's bounds (`defaults`, BOUNDS unless given: the KV
+    cache's gate has its own), each replaced where the user named one (tools/export_onnx.py --max-kl /
+    --min-agreement)."""
+    kl, agree = (defaults or BOUNDS)[weights]
+    return (kl if max_kl is None else float(max_kl), agree if min_agreement is None else float(min_agreement))
+
+
+def bounds_note(weights: str, bounds: Optional[tuple], defaults: Optional[Dict[str, tuple]] = None,
+                gate: str = "gate") -> Optional[str]:
+    """Words for bounds the user set (None when they are the format's): printed with the quality and kept in
+    export_info.json."""
+    defaults = defaults or BOUNDS
+    if bounds is None or tuple(bounds) == defaults[weights]:
+        return None
+    kl, agree = defaults[weights]
+    said = [f"--max-kl {bounds[0]:g}"] if bounds[0] != kl else []
+    said += [f"--min-agreement {bounds[1]:g}"] if bounds[1] != agree else []
+    return (f"accepted knowingly: {' and '.join(said)} replace the {weights} {gate}'s bounds (mean KL <= {kl:g} nats, "
+            f"agreement >= {100 * agree:g}%)")
 
 
 @dataclass
@@ -49,16 +84,17 @@ class Quality:
 
     def line(self, weights: str, bounds: Optional[tuple] = None) -> str:
         bound_kl, bound_agree = bounds or BOUNDS[weights]
+        note = bounds_note(weights, bounds)
         return (f"quality: {weights} vs the float32 export on {self.text}: mean KL {self.mean_kl:.2e} nats (max "
                 f"{self.max_kl:.2e}; bound {bound_kl:g}), greedy-token agreement {100 * self.agreement:.1f}% of the "
                 f"{self.decisive} decisive positions (bound {100 * bound_agree:g}%; {100 * self.agreement_all:.1f}% of "
-                f"all {self.positions}), max abs logit diff {self.max_abs:.3f}")
+                f"all {self.positions}), max abs logit diff {self.max_abs:.3f}" + (f"; {note}" if note else ""))
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def held_out_windows(folder: str, vocab: int, batch: int = 2, seq_len: int = 48):
+def held_out_windows(folder: str, vocab: int, batch: int = 2, seq_len: int = QUALITY_TOKENS):
     """(ids (batch, seq_len) int64, what they are in words): fixed windows of the held-out text."""
     from ..transform.text import load_text
 
@@ -103,9 +139,9 @@ def check_quality(quality: Quality, weights: str, bounds: Optional[tuple] = None
     max_kl, min_agree = bounds or BOUNDS[weights]
     if not quality.mean_kl <= max_kl:
         raise ExportError(f"quality check failed: {weights} mean KL {quality.mean_kl:.3e} nats vs the float32 export "
-                          f"> the bound {max_kl:g} (a broken quantization, or a model that does not quantize well)")
+                          f"> the bound {max_kl:g} (a broken quantization, or a model that does not quantize well; "
+                          "--max-kl accepts more knowingly)")
     if not quality.agreement >= min_agree:
         raise ExportError(f"quality check failed: {weights} greedy-token agreement {100 * quality.agreement:.1f}% < "
                           f"the bound {100 * min_agree:g}% (on the {quality.decisive} positions where the float32 "
-                          "export's choice is "
-                          f"decisive)")
+                          "export's choice is decisive; --min-agreement accepts less knowingly)")

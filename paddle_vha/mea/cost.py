@@ -20,7 +20,10 @@ class MEACost(AttentionCost):
     windows = False
 
     def validate(self, a: Arch) -> None:
-        super().validate(a)
+        # not GQA's "num_heads a multiple of num_kv_heads": the queries group by the n_v virtual heads HLC composes,
+        # so n_p physical heads need not divide them (--kv-heads 4 of 6 was an ArchError traceback here)
+        if not (isinstance(a.num_kv_heads, int) and a.num_kv_heads >= 1):
+            raise ArchError(f"{a.label}: num_kv_heads must be a positive int, got {a.num_kv_heads!r}")
         if a.mea_kv_heads < a.num_kv_heads or a.num_heads % a.mea_kv_heads:
             raise ArchError(f"{a.label}: MEA needs num_kv_heads (n_p) <= mea_kv_heads (n_v) and num_heads "
                             f"a multiple of n_v, got n_p={a.num_kv_heads}, n_v={a.mea_kv_heads}, "

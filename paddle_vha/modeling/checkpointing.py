@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 
+from ..checkpoint.contract import CheckpointError
 from ..checkpoint.folder import remove_save_marker
+from ..checkpoint.fsutil import linked_view
 from ..spec.validate import validate
 
 __all__ = ["ContractCheckpointMixin", "linear_rules", "drop_tied_head", "declare_tp_shards"]
@@ -88,9 +90,21 @@ class ContractCheckpointMixin:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(pretrained_model_name_or_path):
-            cls.validate_checkpoint(pretrained_model_name_or_path)
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        """Validated against the family's contract first; a folder is loaded through a temporary folder of links to
+        its files (checkpoint/fsutil.linked_view), so that PaddleFormers' loader, which writes its flex-checkpoint
+        metadata into the folder it loads, writes nothing into the user's checkpoint (a read-only folder loads)."""
+        path = pretrained_model_name_or_path
+        if not (isinstance(path, (str, os.PathLike)) and os.path.isdir(path)):
+            return super().from_pretrained(path, *args, **kwargs)
+        cls.validate_checkpoint(path)
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="paddle-vha-load-") as tmp:
+            view = linked_view(os.fspath(path), os.path.join(tmp, "checkpoint"))
+            try:
+                return super().from_pretrained(view, *args, **kwargs)
+            except CheckpointError as e:  # named as the user gave it, not the temporary view
+                raise CheckpointError(str(e).replace(view, os.fspath(path))) from None
 
     @classmethod
     def _gen_aoa_config(cls, config):

@@ -27,7 +27,8 @@ from ..checkpoint.contract import INDEX_FILE, SINGLE_FILE, CheckpointError, is_l
 from ..checkpoint.folder import tensor_refs
 from ..checkpoint.fsutil import atomic_dir, check_output_dir
 
-__all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "merge_need", "read_tp_plan"]
+__all__ = ["PLAN_FILE", "FORMAT", "save_tp_checkpoint", "merge_tp_checkpoint", "merge_need", "read_tp_plan",
+           "check_rank_files"]
 
 PLAN_FILE = "tp_plan.json"
 FORMAT = "paddle_vha.tp_shards.v1"
@@ -139,6 +140,39 @@ def read_tp_plan(in_dir: str) -> dict:
     return plan
 
 
+def check_rank_files(in_dir: str, plan: dict, refs: List[Dict[str, st.TensorRef]]) -> None:
+    """Every rank file holds exactly what tp_plan.json says it holds (its slice of each split tensor; on rank 0 the
+    whole ones too), each with the plan's dtype and its share of the plan's shape: CheckpointError (one line naming the
+    rank file) otherwise, from the headers alone, before anything is written. A tensor the plan does not list, or a
+    whole tensor stored again by another rank, would be dropped by the merge; a part in another dtype would be cast."""
+    t = plan["tensor_parallel_size"]
+    for k, fname in enumerate(plan["files"]):
+        where = f"{in_dir}/{fname}"
+        for name in sorted(refs[k], key=st.natural_key):
+            info = plan["tensors"].get(name)
+            if info is None:
+                raise CheckpointError(f"{where}: holds {name}, which {PLAN_FILE} does not list; refusing to merge "
+                                      "(it would be dropped)")
+            if info["axis"] is None and k != 0:
+                raise CheckpointError(f"{where}: holds {name}, which {PLAN_FILE} says rank 0 stores whole; refusing "
+                                      "to merge (this rank's copy would be ignored)")
+        for name, info in plan["tensors"].items():
+            if info["axis"] is None and k != 0:
+                continue
+            ref = refs[k].get(name)
+            if ref is None:
+                raise CheckpointError(f"{where}: missing tensor {name}")
+            want = list(info["shape"])
+            if info["axis"] is not None:
+                want[info["axis"]] //= t
+            if ref.dtype != info["dtype"]:
+                raise CheckpointError(f"{where}: {name} is {ref.dtype}, {PLAN_FILE} says {info['dtype']}; refusing "
+                                      "to merge (a cast would change its values)")
+            if list(ref.shape) != want and not (want == [] and list(ref.shape) == [1]):
+                raise CheckpointError(f"{where}: {name} has shape {list(ref.shape)}, {PLAN_FILE} says rank {k}'s "
+                                      f"part is {want}")
+
+
 def _finite_part(ref: st.TensorRef, name: str, where: str) -> np.ndarray:
     """One rank's part of `name`, refused (CheckpointError naming the rank file) if it holds a NaN or Inf."""
     part = st.read_tensor(ref)
@@ -177,15 +211,9 @@ def merge_tp_checkpoint(in_dir: str, out_dir: str, force: bool = False, max_shar
     check_output_dir(out_dir, [in_dir], force, CheckpointError, input_label="SHARDS_DIR")
     t = plan["tensor_parallel_size"]
     refs: List[Dict[str, st.TensorRef]] = [tensor_refs(os.path.join(in_dir, fname)) for fname in plan["files"]]
+    check_rank_files(in_dir, plan, refs)
     names = sorted(plan["tensors"], key=st.natural_key)
-    specs = []
-    for name in names:
-        info = plan["tensors"][name]
-        holders = range(t) if info["axis"] is not None else [0]
-        for k in holders:
-            if name not in refs[k]:
-                raise CheckpointError(f"{in_dir}/{plan['files'][k]}: missing tensor {name}")
-        specs.append((name, info["dtype"], tuple(info["shape"])))
+    specs = [(name, plan["tensors"][name]["dtype"], tuple(plan["tensors"][name]["shape"])) for name in names]
 
     with atomic_dir(out_dir, tool="merge_tp_checkpoint", replace=force) as tmp:
         shards = st.plan_shards(specs, st.parse_size(max_shard_size))

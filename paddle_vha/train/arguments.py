@@ -145,26 +145,16 @@ def parse(argv, usage: str = __doc__):
         if a.startswith("--") and a[2:] in LEGACY_KEYS:
             a = "--" + LEGACY_KEYS[a[2:]]
         cmd.append(a)
-    args = read_config(argv[0]) + cmd
-    args = sharding_defaults(args) + args
-    try:
-        parsed = parser.common_parse(args, return_remaining_strings=False)
-    except ValueError as e:
-        msg = str(e)
-        if "not used by the PdArgumentParser" in msg:
-            import ast
-
-            try:
-                rest = ast.literal_eval(msg.split(":", 1)[1].strip())
-                unknown = ", ".join(a[2:] for a in rest if a.startswith("--")) or str(rest)
-            except (ValueError, SyntaxError):
-                unknown = msg.split(":", 1)[1].strip()
-            raise TrainError(f"{argv[0]}: unknown argument(s): {unknown} (not a model, data or PaddleFormers "
-                             "training argument)")
-        raise TrainError(f"{argv[0]}: {msg.splitlines()[0] if msg else type(e).__name__}")
-    except (AssertionError, TypeError, NotImplementedError) as e:
-        raise TrainError(f"{argv[0]}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    config_args = read_config(argv[0])
+    args = config_args + cmd
+    if str(_last_value(args, "do_eval")).lower() in ("false", "0", "no") and _last_value(cmd, "evaluation_strategy") \
+            is None:  # PaddleFormers turns evaluation back on for an evaluation_strategy other than no: do_eval false
+        args += ["--evaluation_strategy", "no"]  # is honoured instead of ignored
+    parsed = _common_parse(parser, sharding_defaults(args) + args, argv[0])
     model_args = parsed[0]
+    if parsed[2].do_eval and str(_last_value(args, "do_eval")).lower() in ("false", "0", "no"):
+        raise TrainError(f"do_eval false has no effect in this run: evaluation_strategy "
+                         f"{_last_value(args, 'evaluation_strategy')} turns evaluation on (PaddleFormers); drop one")
     if "--model_name_or_path" in cmd and "--model_config" not in cmd and model_args.model_name_or_path:
         # Continued training from a checkpoint named on the command line: its config.json is the architecture (a
         # trainer config's inline model_config describes a model to build, not the one being loaded).
@@ -176,7 +166,56 @@ def parse(argv, usage: str = __doc__):
             checkpoint_type = None  # model_config_dict says what is wrong with it
         if "--model_type" not in cmd and isinstance(checkpoint_type, str):
             model_args.model_type = checkpoint_type
-    return (*parsed, requested_parallelism(args))
+    requested = requested_parallelism(args)
+    _check_effects(parser, parsed, requested, config_args, cmd, argv[0])
+    return (*parsed, requested)
+
+
+def _common_parse(parser, args: list, source: str):
+    """PdArgumentParser's parse of `args`, its errors as one-line TrainErrors."""
+    try:
+        return parser.common_parse(args, return_remaining_strings=False)
+    except ValueError as e:
+        msg = str(e)
+        if "not used by the PdArgumentParser" in msg:
+            import ast
+
+            try:
+                rest = ast.literal_eval(msg.split(":", 1)[1].strip())
+                unknown = ", ".join(a[2:] for a in rest if a.startswith("--")) or str(rest)
+            except (ValueError, SyntaxError):
+                unknown = msg.split(":", 1)[1].strip()
+            raise TrainError(f"{source}: unknown argument(s): {unknown} (not a model, data or PaddleFormers "
+                             "training argument)")
+        raise TrainError(f"{source}: {msg.splitlines()[0] if msg else type(e).__name__}")
+    except (AssertionError, TypeError, NotImplementedError) as e:
+        raise TrainError(f"{source}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+
+def _check_effects(parser, parsed, requested: dict, config_args: list, cmd: list, source: str) -> None:
+    """Every given argument takes effect in this run, and the parallel degrees fit the processes
+    (paddle_vha/train/option_effects.py); TrainError (one line) otherwise."""
+    from .option_effects import RunView, check_degrees, check_effects, check_numbers, given_keys
+
+    def view(p, degrees):
+        return RunView(p[0], p[1], p[2], degrees, processes=max(1, int(getattr(p[2], "world_size", 1) or 1)))
+
+    run = view(parsed, requested)
+    from_config, from_command = given_keys(config_args), given_keys(cmd)
+    check_numbers(run, {**from_config, **from_command})
+    check_degrees(run, bool(parsed[2].dry_run))
+    config_run = None
+    if any(k not in from_command for k in from_config):
+        try:  # the config on its own: which of its parts it switches on (module docstring of option_effects)
+            import contextlib
+            import io
+
+            with contextlib.redirect_stderr(io.StringIO()):
+                alone = _common_parse(parser, sharding_defaults(config_args) + config_args, source)
+            config_run = view(alone, requested_parallelism(config_args))
+        except TrainError:
+            config_run = None
+    check_effects(run, from_config, from_command, source, config_run)
 
 
 def _last_value(args: list, key: str):
@@ -208,7 +247,9 @@ def requested_parallelism(args: list) -> dict:
     """Parallel degrees as the user wrote them. TrainingArguments resets them to 1 / -1 in a single process, which
     would hide that a config asks for tensor parallelism the model may not support."""
     out = {}
-    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+    from .option_effects import DEGREES
+
+    for key in DEGREES:
         for i, a in enumerate(args[:-1]):
             if a == f"--{key}":
                 try:

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 
+from .distill import TERM_WEIGHTS, TERMS
 from .paddleformers_trainer import TrainerCallback
 
 __all__ = ["TrainLog", "nonfinite_parameter"]
@@ -22,9 +23,10 @@ when several run: the save is collective).
     what and when): it is written to the log as null (strict JSON) and `run` stops with a one-line TrainError, saving
     nothing."""
 
-    # the distillation terms and weights are there when a teacher is (paddle_vha/train/distill_trainer.py)
-    KEYS = ("loss", "eval_loss", "learning_rate", "global_norm", "ce", "kd_kl", "kd_hidden", "kd_kl_weight",
-            "kd_hidden_weight")
+    # every term of the loss and its weight are there when a teacher is (paddle_vha/train/distill_trainer.py): the
+    # names come from the mix itself (distill.TERMS), so a term added to the loss is logged (a copied list here missed
+    # kd_attn, and the logged loss stopped being the sum of the logged parts)
+    KEYS = ("loss", "eval_loss", "learning_rate", "global_norm") + TERMS + TERM_WEIGHTS
 
     def __init__(self, model, path: str, save_model=None):
         self.model, self.path, self.save_model = model, path, save_model  # save_model(dest), or None: no copies

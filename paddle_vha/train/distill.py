@@ -22,9 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Sequence
 
-__all__ = ["DistillSettings", "SCHEDULES", "kd_weight", "layer_map", "kl_term", "hidden_term", "mix"]
+__all__ = ["DistillSettings", "SCHEDULES", "TERMS", "TERM_WEIGHTS", "kd_weight", "layer_map", "kl_term", "hidden_term",
+           "mix"]
 
 SCHEDULES = ("constant", "linear")
+# every term of the mix as the log names it, and the KD terms' weights at a step (`mix`'s order): what the Trainer's
+# log records and tools/train.py's train_log.jsonl / console keep (paddle_vha/train/callbacks.py reads these names)
+TERMS = ("ce", "kd_kl", "kd_hidden", "kd_attn")
+TERM_WEIGHTS = ("kd_kl_weight", "kd_hidden_weight", "kd_attn_weight")
 
 
 @dataclass
@@ -52,6 +57,11 @@ class DistillSettings:
         if not (self.ce_weight or self.kl_weight or self.hidden_weight or self.attn_weight):
             raise ValueError("distill_ce_weight, distill_kl_weight, distill_hidden_weight and distill_attn_weight are "
                              "all 0: nothing to train")
+
+    @property
+    def layer_terms(self) -> tuple:
+        """The arguments of the per-layer terms asked for (weight > 0): what a teacher's width and depth must fit."""
+        return tuple(f"distill_{n}_weight" for n in ("hidden", "attn") if getattr(self, f"{n}_weight"))
 
     @property
     def needs_layers(self) -> bool:

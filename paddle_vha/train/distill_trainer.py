@@ -13,13 +13,11 @@ global_step, which a resumed run restores from checkpoint-N: the same weights, t
 from __future__ import annotations
 
 from .capture import decoder_layers
-from .distill import DistillSettings
+from .distill import TERM_WEIGHTS, TERMS, DistillSettings
 from .distiller import Distiller
 from .resume import CheckpointTrainer
 
 __all__ = ["DistillSettings", "DistillTrainer", "decoder_layers"]
-
-TERMS = ("ce", "kd_kl", "kd_hidden", "kd_attn")
 
 
 class DistillTrainer(CheckpointTrainer):
@@ -60,7 +58,7 @@ class DistillTrainer(CheckpointTrainer):
             gathered = self._nested_gather(self._sums / self._count)  # every rank calls log here (a collective)
             means = gathered.reshape([-1, len(TERMS)]).mean(axis=0).numpy()
             logs.update({k: float(v) for k, v in zip(TERMS, means)})
-            logs["kd_kl_weight"], logs["kd_hidden_weight"], logs["kd_attn_weight"] = self._weights
+            logs.update(zip(TERM_WEIGHTS, self._weights))
             for term, w in (("kd_hidden", self.distill.hidden_weight), ("kd_attn", self.distill.attn_weight)):
                 if not w:  # a term not computed is not logged
                     del logs[term], logs[term + "_weight"]

@@ -24,10 +24,11 @@ from .errors import TrainError
 __all__ = ["teacher_config", "load_teacher", "freeze", "distill_plan"]
 
 
-def teacher_config(path: str, student_config, need_hidden: bool):
+def teacher_config(path: str, student_config, layer_terms=()):
     """(family, typed config) of the teacher folder; one-line TrainError for a folder that is missing or not a
     checkpoint, an unknown family, or a teacher the student cannot be distilled from (another vocabulary; for the
-    hidden-state term another width or a depth without a layer map)."""
+    per-layer terms, `layer_terms`: the weights set of distill_hidden_weight / distill_attn_weight, another width or
+    a depth without a layer map; the refusal names the weights that ask for them)."""
     from .distill import layer_map
 
     if not os.path.isdir(path):
@@ -43,14 +44,16 @@ def teacher_config(path: str, student_config, need_hidden: bool):
     if cfg.vocab_size != student_config.vocab_size:
         raise TrainError(f"teacher {path}: vocab_size {cfg.vocab_size} differs from the student's "
                          f"{student_config.vocab_size} (the logit KL needs the same vocabulary)")
-    if need_hidden:
+    if layer_terms:
+        names = " and ".join(layer_terms)
         if cfg.hidden_size != student_config.hidden_size:
             raise TrainError(f"teacher {path}: hidden_size {cfg.hidden_size} differs from the student's "
-                             f"{student_config.hidden_size} (hidden-state MSE compares them; set distill_hidden_weight 0)")
+                             f"{student_config.hidden_size} ({names} compare layer outputs of equal width; set "
+                             f"{names} 0)")
         try:
             layer_map(student_config.num_hidden_layers, cfg.num_hidden_layers)
         except ValueError as e:
-            raise TrainError(f"teacher {path}: {e}") from None
+            raise TrainError(f"teacher {path}: {e} (for {names}; set it 0 to distil the logits only)") from None
     return fam, cfg
 
 
@@ -103,5 +106,5 @@ def distill_plan(training_args, student_config):
     if settings.needs_layers and a.recompute_granularity:
         raise TrainError("distill_hidden_weight or distill_attn_weight > 0 with recompute_granularity: recomputed "
                          "decoder layers do not expose their outputs to the loss; turn recompute off or set them 0")
-    fam, cfg = teacher_config(path, student_config, need_hidden=settings.needs_layers)
+    fam, cfg = teacher_config(path, student_config, layer_terms=settings.layer_terms)
     return fam, cfg, settings

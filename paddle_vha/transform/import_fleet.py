@@ -320,8 +320,15 @@ def _fused_layouts(folder: CheckpointFolder, cfg, qkv_layout: Optional[str],
     rests = {_normalize(n)[2] for n in folder.tensors}
     if any(r.endswith("up_gate_proj.weight") or r.endswith("grouped_gemm_experts.weight1") for r in rests):
         rests.add("mlp.up_gate_proj.weight")  # a fused expert / shared expert: the same statement is needed
+    fused_qkv = bool(rests & {"self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias"})
+    if qkv_layout is not None and not fused_qkv:  # given and then unused: refused, never ignored
+        raise FleetImportError(f"--qkv-layout has no effect in this run: it takes effect when IN_DIR holds a fused "
+                               f"qkv_proj ({folder.path} stores q_proj / k_proj / v_proj apart)")
+    if up_gate_order is not None and "mlp.up_gate_proj.weight" not in rests:
+        raise FleetImportError(f"--up-gate-order has no effect in this run: it takes effect when IN_DIR holds a fused "
+                               f"up_gate_proj ({folder.path} stores gate_proj / up_proj apart)")
     if qkv_layout is None:
-        if not rests & {"self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias"}:
+        if not fused_qkv:
             qkv_layout = "grouped"  # nothing fused: unused
         elif all(cfg.layer_dims(i).num_kv_heads == 1 for i in range(cfg.num_hidden_layers)):
             qkv_layout = "concat"  # one KV group: [Q | K | V] either way

@@ -33,7 +33,12 @@ import numpy as np
 from ..checkpoint.contract import is_linear_weight
 from . import layerwise as lw
 
-__all__ = ["RefineSettings", "LayerReport", "Refined", "refine_layers", "refined_entries", "relative_mse"]
+__all__ = ["RefineSettings", "LayerReport", "Refined", "refine_layers", "refined_entries", "relative_mse",
+           "MAX_STEPS", "token_counts", "refine_flops", "refine_estimate"]
+
+# --refine-steps above this per layer is refused up front: the refinement keeps its best point of `evals` evaluations
+# and converges within hundreds of steps (docs/conversion.md: 60-200); 10**9 ran until it was killed
+MAX_STEPS = 100_000
 
 ATTN = ".self_attn."
 
@@ -261,10 +266,52 @@ def refined_entries(entries: Sequence, refined: Refined) -> list:
 
 # --- the converter's refinement step --------------------------------------------------------------------------------
 
+def _batches(tokens: int, seq_len: int) -> int:
+    """Batches of 4 windows of seq_len tokens that cover `tokens` (at least one)."""
+    return max(1, -(-tokens // (4 * seq_len)))
+
+
+def token_counts(tokens: int, seq_len: int) -> tuple:
+    """(calibration tokens, held-out tokens) the refinement uses for --refine-tokens `tokens`: whole batches of 4
+    windows of seq_len tokens, so at least 4 x seq_len each (what it prints is what it fits on)."""
+    return 4 * seq_len * _batches(tokens, seq_len), 4 * seq_len * _batches(max(seq_len, tokens // 4), seq_len)
+
+
 def _token_rows(text, split: str, tokens: int, seq_len: int, seed: int) -> np.ndarray:
     """[N, seq_len] windows of `text` (transform/text.TextTokens) covering at least `tokens` tokens."""
-    windows = text.windows(split, max(1, -(-tokens // (4 * seq_len))), seq_len, 4, seed)
+    windows = text.windows(split, _batches(tokens, seq_len), seq_len, 4, seed)
     return np.concatenate([x for x, _ in windows])
+
+
+def refine_flops(source_cfg, vha_cfg, settings: RefineSettings, tokens: int, seq_len: int) -> float:
+    """Matmul FLOPs of the refinement (paddle_vha.accounting's per-token forward of one decoder layer, MLP included):
+    per layer the teacher on the calibration and held-out tokens, the student before and after and at each of the
+    `evals` evaluations, and `steps` training steps of a batch of windows (forward + backward: 3 forwards)."""
+    from ..accounting import arch_from_config, forward_flops_per_token
+
+    def per_layer_token(cfg) -> float:
+        arch = arch_from_config({**cfg.to_dict(), "model_type": cfg.model_type}, label=cfg.model_type)
+        return forward_flops_per_token(arch, seq_len, causal=True, lm_head=False)["total"] / arch.num_layers
+
+    fit, held = token_counts(tokens, seq_len)
+    teacher = per_layer_token(source_cfg) * (fit + held)
+    student = per_layer_token(vha_cfg) * ((settings.evals + 2) * fit + 2 * held
+                                           + 3 * settings.steps * settings.batch * seq_len)
+    return (teacher + student) * vha_cfg.num_hidden_layers
+
+
+def refine_estimate(source_cfg, vha_cfg, settings: RefineSettings, tokens: int, seq_len: int,
+                    gflops: Optional[float]) -> str:
+    """The line convert_to_vha prints before any work: the refinement's FLOPs and, at `gflops` (this machine's
+    float32 GEMM rate, paddle_vha.machine.gemm_gflops), the time they take at the least."""
+    from ..units import fmt_seconds
+
+    flops = refine_flops(source_cfg, vha_cfg, settings, tokens, seq_len)
+    fit, _ = token_counts(tokens, seq_len)
+    when = (f"; at least {fmt_seconds(flops / (gflops * 1e9))} at this machine's float32 GEMM rate "
+            f"({gflops:.0f} GFLOP/s measured now; small batches run slower)" if gflops else "")
+    return (f"refinement: {settings.steps:,} steps x {vha_cfg.num_hidden_layers} layers on {fit:,} calibration tokens "
+            f"(batches of {settings.batch} x {seq_len}): about {flops / 1e12:.3g} TFLOP{when}")
 
 
 def refine_memory(cfg, tokens: int, seq_len: int, batch: int = 4) -> int:
