@@ -51,7 +51,7 @@ def test_tp2_sequence_parallel_equals_one_process_and_resumes_at_tp1(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["--max_seq_len", "63"], "sequence length 63 is not divisible by the tensor-parallel size t=2"),
-    (["--tensor_parallel_degree", "1"], "sequence-parallel only under tensor parallelism"),
+    (["--tensor_parallel_degree", "1"], "it takes effect with tensor parallelism"),
 ])
 def test_sequence_parallel_it_cannot_run_is_refused_in_one_line(tmp_path, extra, message):
     out = tmp_path / "out"
