@@ -8,9 +8,12 @@ import sys
 for _var in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import shutil  # noqa: E402
+
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 import pytest  # noqa: E402
+from _pytest.tmpdir import TempPathFactory  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -71,3 +74,37 @@ def pytest_collection_modifyitems(session, config, items):
         cost[item.path] = cost.get(item.path, 0) + _cost(item, measured)
         first.setdefault(item.path, i)
     items.sort(key=lambda item: (-cost[item.path], first[item.path]))
+
+
+# Disk: the suite writes ~40 GB of checkpoints, exports and GGUF files over a run (real-width models are 1.4-2.7 GB a
+# test); kept to the end, they filled a CI runner's disk mid-run and every later test failed in set-up. A passing
+# test's tmp_path goes when it ends (pytest.ini: tmp_path_retention_policy = failed), and the folders a module's
+# fixtures make with tmp_path_factory.mktemp go when the module's last test is done, unless a test of the module
+# failed (then they stay, to be read).
+_module_dirs: list = []
+_mktemp = TempPathFactory.mktemp
+
+
+def _recorded_mktemp(self, basename, numbered=True):
+    path = _mktemp(self, basename, numbered)
+    _module_dirs.append(path)
+    return path
+
+
+TempPathFactory.mktemp = _recorded_mktemp
+_failed_before_module = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _failed_before_module.setdefault(item.path, item.session.testsfailed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # the module's fixtures are finalized inside, when nextitem is in another file
+    if nextitem is None or nextitem.path != item.path:
+        if item.session.testsfailed == _failed_before_module.pop(item.path):
+            for path in _module_dirs:
+                shutil.rmtree(path, ignore_errors=True)
+        _module_dirs.clear()
