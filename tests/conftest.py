@@ -31,6 +31,21 @@ def _fp32_and_seeded():
     paddle.set_default_dtype("float32")
 
 
+@pytest.fixture(autouse=True)
+def _cwd_restored():
+    """A test that changes the working folder must undo it (monkeypatch.chdir does): its tmp_path is removed when it
+    passes, and a worker left in a removed folder fails every later test of its share at os.getcwd()."""
+    cwd = os.getcwd()
+    yield
+    try:
+        left = os.getcwd()
+    except FileNotFoundError:
+        left = None
+    if left != cwd:
+        os.chdir(cwd)
+        pytest.fail(f"the test left the working folder at {left or 'a removed folder'} (use monkeypatch.chdir)")
+
+
 @pytest.fixture(scope="session")
 def hf_python():
     """The side environment's python (tools/hf_env.sh: transformers + PyTorch, Optimum, onnxruntime-genai), created

@@ -214,12 +214,12 @@ def run_cli(main, *argv) -> str:
 
 
 @pytest.mark.slow
-def test_round_trip_llama_through_llamacpp(tmp_path, source, llama_env, hf_python):
+def test_round_trip_llama_through_llamacpp(tmp_path, monkeypatch, source, llama_env, hf_python):
     from paddle_vha.cli.export_gguf import main as export_main
     from paddle_vha.cli.import_gguf import main as import_main
 
     python, _ = llama_env
-    os.chdir(tmp_path)  # relative paths, as a user types them
+    monkeypatch.chdir(tmp_path)  # relative paths, as a user types them
     os.symlink(source, "src")
     said = run_cli(export_main, "src", "out/f32.gguf", "--type", "f32", "--no-progress", "--prompt", "def fib(n):")
     assert "(gpt2 / qwen2;" in said  # the converter recognised Qwen's tokenizer
