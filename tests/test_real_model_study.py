@@ -325,6 +325,10 @@ def test_report_tables_seeds_and_the_partial_marker(tmp_path):
         j.add(dict(kind="heal", start="VHA calibrated", loss="kd", seed=seed, steps=4, trainable="all", **tk),
               dict(metrics=metrics(ppl, 0.5), curve=[[2, math.log(80.0)], [4, math.log(ppl)]], seconds=10.0,
                    tokens=4096, trained_params=1, losses=[1.0]))
+    # the fine-tuned control ends nearer the original than any converted start: the chat section still shows a start
+    j.add(dict(kind="heal", start=study.ORIGINAL, loss="ce", seed=0, steps=4, trainable="all", **tk),
+          dict(metrics=metrics(35.0, 0.1), curve=[[4, math.log(35.0)]], seconds=10.0, tokens=4096, trained_params=1,
+               losses=[1.0]))
     bench = types.SimpleNamespace(windows=[0] * 12, cloze=[ev.ClozeItem([1], [2], "word", "b 1")] * 5)
     facts = dict(provenance="p", chapters=3, split="s", train_chapters=2, train_chars=10, train_tokens=5,
                  held_chapters=1, held_chars=4, held_tokens=2)
@@ -337,7 +341,7 @@ def test_report_tables_seeds_and_the_partial_marker(tmp_path):
     assert "**PARTIAL RESULTS.**" in md and "VHA calibrated CE seed 0 (4 steps)" in md and "MEA KD seed 0 (2 steps)" in md
     assert "### Chat: VHA calibrated KD" in md and (tmp_path / "real_model.png").read_bytes()[:4] == b"\x89PNG"
     data = strict_json(tmp_path / "real_model.json")
-    assert data["partial"] and len(data["healing"]) == 2
+    assert data["partial"] and len(data["healing"]) == 3
     (tmp_path / "real_model.md").write_text(md + "\n## Reading\n\nkept by hand\n")
     rep.write_report(args, j, facts, bench, 1.0)  # regenerated: the hand-written reading stays
     assert (tmp_path / "real_model.md").read_text().endswith("## Reading\n\nkept by hand\n")

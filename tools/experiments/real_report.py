@@ -88,7 +88,9 @@ def write_report(args, journal, facts, bench, wall: float) -> None:
               "### Compute", "", _compute_table(s0, heals, args), ""]
     if costs:
         lines += ["### Cost: KV cache and int4 decode speed", "", _cost_table(costs), ""]
-    best = min(heals, key=lambda r: r["metrics"]["kl"]) if heals else None
+    # the best converted arm (the fine-tuned original is a control, and a diverged run has no metrics)
+    converted = [r for r in heals if r["key"]["start"] != study.ORIGINAL and "kl" in r["metrics"]]
+    best = min(converted, key=lambda r: r["metrics"]["kl"]) if converted else None
     if best and orig and orig["metrics"].get("chat_answers") and best["metrics"].get("chat_answers"):
         from .real_eval import PROMPTS
 
