@@ -464,22 +464,22 @@ def test_default_keeps_composed_where_kernels_are_not_measured_faster(op, monkey
     assert not dispatch.should_use_fused(None, q_phys)
 
 
-def test_default_keeps_composed_on_gpu_until_a_gpu_run_is_recorded(op, monkeypatch, caplog):
-    """On a GPU tensor the default (None) uses the composed path with one logged line until tools/gpu_check.py has a
-    recorded run showing the fused path faster (docs/prologue.md); True still asks for the op. A stand-in tensor with
-    a GPU place: this machine has no GPU."""
+def test_default_keeps_composed_on_gpu_until_the_paddle_op_ran_on_one(op, monkeypatch, caplog):
+    """On a GPU tensor the default (None) uses the composed path with one logged line until the Paddle CUDA op has run
+    on a GPU (its kernels passed tools/gpu_check.py through PyTorch: docs/prologue.md); True still asks for the op.
+    A stand-in tensor with a GPU place: this machine has no GPU."""
     import types
 
     gpu_x = types.SimpleNamespace(place=types.SimpleNamespace(is_cpu_place=lambda: False, is_gpu_place=lambda: True),
                                   dtype=paddle.bfloat16)
     reason = dispatch.fused_not_faster_reason(gpu_x)
-    assert reason is not None and "no recorded GPU run" in reason
+    assert reason is not None and "Paddle CUDA op has never run on a GPU" in reason
     monkeypatch.setattr(dispatch, "_warned", set())
     monkeypatch.setattr(dispatch, "fused_unavailable_reason", lambda x=None: None)  # as if the CUDA kernels had loaded
     with caplog.at_level(logging.WARNING, logger="paddle_vha.kernels.dispatch"):
         assert not dispatch.should_use_fused(None, gpu_x) and not dispatch.should_use_fused(None, gpu_x)
     lines = [r.getMessage() for r in caplog.records if r.name == "paddle_vha.kernels.dispatch"]
-    assert len(lines) == 1 and "no recorded GPU run" in lines[0], lines
+    assert len(lines) == 1 and "Paddle CUDA op has never run on a GPU" in lines[0], lines
     assert dispatch.should_use_fused(True, gpu_x)
     assert dispatch.fused_not_faster_reason(paddle.randn([1])) is None  # CPU here: x86-64, measured faster
 

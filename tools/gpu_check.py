@@ -6,8 +6,8 @@
     python tools/gpu_check.py --json PATH            # also write the results (default: $OUT/gpu_check.json if $OUT)
     python tools/gpu_check.py --selftest-table       # no GPU: the bytes model and table on made-up timings
 
-STATUS: written for the project's H200 check machine and NEVER RUN ON A GPU YET: the CUDA path is compiled but
-unverified until this script has passed there (docs/prologue.md).
+STATUS: run on an NVIDIA H200 on 2026-12-04: correctness PASS, forward + backward 3.2-5.6x the composed chain, forward
+at 35% of copy bandwidth (docs/prologue.md, "Measured on an H200").
 
 1. Builds ops/csrc/cuda/c_api.cu (the extern "C" launcher over the same kernels the Paddle op uses)
    with nvcc for this GPU's architecture, and loads it with ctypes.
@@ -88,7 +88,8 @@ def print_worst(results, dtypes):
     for r in results:
         key = (r["dtype"], r["out"])
         worst[key] = max(worst.get(key, 0.0), r["fused"] / max(r["composed"], 1e-30))
-    print("\nworst fused/composed error ratio per dtype and output (bound: 2, plus one ulp):")
+    print("\nworst fused/composed error ratio per dtype and output (bound in bfloat16 / float16: 2, plus one ulp; "
+          "float32 / float64: 4e-6 / 1e-11 relative):")
     for dt in dtypes:
         print(f"  {dt:9s} " + "  ".join(f"{o}={worst[(dt, o)]:.2f}" for o in OUTPUTS))
 

@@ -58,9 +58,9 @@ def fused_not_faster_reason(x: paddle.Tensor | None = None) -> str | None:
     """Why the default (vha_fused_prologue=None) keeps the composed path although the op runs, or None."""
     import platform
 
-    if _on_gpu(x):  # docs/prologue.md: no GPU run of tools/gpu_check.py is recorded yet
-        return ("its CUDA kernels have no recorded GPU run faster than the composed path (docs/prologue.md; "
-                "set vha_fused_prologue=True to use them)")
+    if _on_gpu(x):  # docs/prologue.md: the kernels passed tools/gpu_check.py on an H200, the Paddle op never ran there
+        return ("its Paddle CUDA op has never run on a GPU (the kernels passed tools/gpu_check.py on an H200 through "
+                "PyTorch, with no Paddle GPU build there: docs/prologue.md; set vha_fused_prologue=True to use them)")
     machine = platform.machine().lower()
     if _on_cpu(x) and machine not in _MEASURED_FASTER_ON:
         return (f"its CPU kernels are not measured faster than the composed path on {machine} "

@@ -37,10 +37,16 @@ def build_launcher(out_dir: Path) -> ctypes.CDLL:
 
 
 def ptr(t):
-    return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(0)
+    """A tensor's data pointer; the kernels index every tensor as contiguous (../ops/csrc/register_op.cc), so a
+    strided view is refused here rather than read wrongly (the first GPU run's batch > 1 failures: RoPE tables built
+    by np.concatenate over a broadcast kept numpy's non-C strides through torch.tensor)."""
+    if t is None:
+        return ctypes.c_void_p(0)
+    assert t.is_contiguous(), f"the launcher takes contiguous tensors, got shape {tuple(t.shape)} strides {t.stride()}"
+    return ctypes.c_void_p(t.data_ptr())
 
 
-def stream():
+def cuda_stream():
     return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
@@ -52,15 +58,16 @@ class Fused:
     """The launcher on torch tensors, on torch's current stream. The *_into forms write into given buffers (no
     allocation: what the timing captures into CUDA graphs); forward / backward allocate their outputs."""
 
-    def __init__(self, lib):
+    def __init__(self, lib, stream=cuda_stream):
         self.lib = lib
+        self.stream = stream  # () -> the cudaStream_t to launch on (the host emulator's tests pass a null stream)
 
     def forward_into(self, qp, k, W, wq, wk, cos, sin, qo, ko, eps, heads_first=False):
         B, S, Hp, r = qp.shape
         Hkv, _, d = W.shape
         rc = self.lib.vha_prologue_forward(_code(qp), ptr(qp), ptr(k), ptr(W), ptr(wq), ptr(wk), ptr(cos), ptr(sin),
                                            ptr(qo), ptr(ko), B, S, Hp, Hkv, r, d, cos.shape[0], eps,
-                                           int(heads_first), stream())
+                                           int(heads_first), self.stream())
         assert rc == 0, f"forward CUDA error {rc}"
 
     def forward(self, qp, k, W, wq, wk, cos, sin, eps, heads_first=False):
@@ -87,7 +94,7 @@ class Fused:
         rc = self.lib.vha_prologue_backward(_code(qp), ptr(qp), ptr(k), ptr(W), ptr(wq), ptr(wk), ptr(cos),
                                             ptr(sin), ptr(gq), ptr(gk), *[ptr(o) for o in outs], ptr(work),
                                             work.numel(), B, S, Hp, Hkv, r, d, cos.shape[0], eps, int(heads_first),
-                                            stream())
+                                            self.stream())
         assert rc == 0, f"backward CUDA error {rc}"
 
     def backward(self, qp, k, W, wq, wk, cos, sin, gq, gk, eps, heads_first=False):
