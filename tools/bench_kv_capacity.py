@@ -9,8 +9,10 @@ one decode step of every row run over it) peaks at or under --budget-gb of resid
 
 Nothing is computed from formulas: every number is a probe, one fresh process that loads the model, allocates its
 cache for `batch` rows of `context` positions and runs one decode step over it, then reports its peak RSS (VmHWM).
-Per cache and context the search doubles the batch from 1 until a probe peaks over the budget (or fails to
-allocate), then halves the gap until the largest fit and the smallest miss are within 1/16 of each other. The answer printed is the largest probed batch that fit, with its measured peak, and
+Per cache and context the search probes batches 1 and 2, probes just under the batch their growth per row predicts,
+steps up from a fit or down from a miss (1/16 of the batch, doubling) until it holds a probe that peaked over the
+budget (or failed to allocate) and one that did not, then halves the gap until they are within 1/16 of each other:
+4-6 probes where doubling from 1 took ~13. The answer printed is the largest probed batch that fit, with its measured peak, and
 the smallest probed that did not; beside them the growth per row of the two largest fits and the batch that growth
 would allow ("predicted", for scale only). A context is at most the model's max_position_embeddings (Qwen3: 40,960;
 its rotary tables end there).
@@ -88,11 +90,14 @@ print(json.dumps(dict(peak_rss=peak_rss())))
 """
 
 
+LLAMA_MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: a context with more sequences is refused
+
+
 class Prober:
     """Runs the probes of one cache, remembering each measured peak."""
 
-    def __init__(self, label, run, margin: float):
-        self.label, self.run, self.margin = label, run, margin
+    def __init__(self, label, run, margin: float, max_batch: int = None):
+        self.label, self.run, self.margin, self.max_batch = label, run, margin, max_batch  # max_batch: runtime's limit
         self.peaks = {}  # (batch, context) -> peak RSS bytes, or None where the probe failed
 
     def probe(self, batch: int, context: int, predicted_need: float = 0.0, log=print):
@@ -115,44 +120,102 @@ class Prober:
         return peak
 
 
-def search(prober: Prober, context: int, args, log) -> dict:
+def search(prober: Prober, context: int, args, log, max_batch: int = None) -> dict:
     """For one cache and context: fit (the largest probed batch that peaked under the budget, its peak), miss (the
     smallest probed that did not: its peak, or None for a failed probe), growth (bytes per row, from the two largest
-    fits), predicted (the batch that growth puts under the budget), note. The batch doubles from 1 until a probe
-    misses, then the gap is halved: every answer is a probe."""
+    fits), predicted (the batch that growth puts under the budget), probes (how many ran), note.
+
+    Every answer is a probe; the prediction only chooses where to probe. Batches 1 and 2 give the growth per row and
+    the batch it predicts; the search probes just under that prediction, then gallops (steps of 1/16 of the batch,
+    doubling) up from a fit or down from a miss until it holds a fit and a miss, then halves the gap until they are
+    within 1/16 of each other (or adjacent). max_batch: the runtime's own limit (llama.cpp: 256 sequences): a fit
+    there ends the search, noted."""
     budget = args.budget_gb * 1e9
-    row = dict(fit=None, miss=None, growth=None, predicted=None, note="measured")
+    row = dict(fit=None, miss=None, growth=None, predicted=None, probes=0, note="measured")
     fits = []
 
     def need(batch):  # what the fits so far predict a probe of `batch` rows holds (0: nothing known yet)
         if len(fits) < 2:
             return 0.0
-        (a, pa), (b, pb) = fits[-2:]
+        (a, pa), (b, pb) = sorted(fits)[-2:]
         return pb + (pb - pa) / (b - a) * (batch - b)
 
     def probe(batch):
+        """True (fit), False (miss) or None (not started: MemAvailable)."""
+        before = len(prober.peaks)
         peak = prober.probe(batch, context, need(batch), log)
+        row["probes"] += len(prober.peaks) - before
         if peak == "skipped":
             row["note"] = f"batches from {batch} on not started here (MemAvailable): see predicted"
             return None
         if peak is None or peak > budget:
-            row["miss"] = (batch, peak)
+            if row["miss"] is None or batch < row["miss"][0]:
+                row["miss"] = (batch, peak)
             return False
         fits.append((batch, peak))
-        row["fit"] = (batch, peak)
+        if row["fit"] is None or batch > row["fit"][0]:
+            row["fit"] = (batch, peak)
         return True
 
-    batch = 1
-    while probe(batch):  # double until a probe misses (or is not started)
-        batch *= 2
-    if row["miss"] is not None and row["fit"] is not None:
-        lo, hi = row["fit"][0], row["miss"][0]
-        while hi - lo > max(1, lo // 16):  # then halve the gap, to within 1/16 of the batch
-            mid = (lo + hi) // 2
-            ok = probe(mid)
-            if ok is None:
-                break
-            lo, hi = (mid, hi) if ok else (lo, mid)
+    def close_enough(lo, hi):
+        return hi - lo <= max(1, lo // 16)
+
+    lo = hi = None  # the largest fit and the smallest miss so far
+    for batch in (1, 2):
+        ok = probe(batch)
+        if ok is None:
+            return _finish(row, fits, budget)
+        if not ok:
+            hi = batch
+            break
+        lo = batch
+    if hi is None:
+        (a, pa), (b, pb) = fits[-2:]
+        growth = max(pb - pa, 1.0)
+        guess = max(3, int(b + (budget - pb) / growth * 0.98))  # just under the prediction: the fit is probed first
+        if max_batch:
+            guess = min(guess, max_batch)
+        ok = probe(guess)
+        if ok is None:
+            return _finish(row, fits, budget)
+        step = max(1, guess // 16)
+        if ok:
+            lo = guess
+            while hi is None:  # gallop up from the fit
+                if max_batch and lo >= max_batch:
+                    row["note"] = f"the runtime's limit: {max_batch} rows"
+                    return _finish(row, fits, budget)
+                nxt = lo + step if not max_batch else min(lo + step, max_batch)
+                ok = probe(nxt)
+                if ok is None:
+                    return _finish(row, fits, budget)
+                lo, hi = (nxt, None) if ok else (lo, nxt)
+                step *= 2
+        else:
+            hi = guess
+            while True:  # gallop down from the miss
+                nxt = max(lo, hi - step)
+                if nxt == lo:
+                    break
+                ok = probe(nxt)
+                if ok is None:
+                    return _finish(row, fits, budget)
+                if ok:
+                    lo = nxt
+                    break
+                hi = nxt
+                step *= 2
+    while lo is not None and hi is not None and not close_enough(lo, hi):  # halve the gap
+        mid = (lo + hi) // 2
+        ok = probe(mid)
+        if ok is None:
+            break
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return _finish(row, fits, budget)
+
+
+def _finish(row: dict, fits, budget: float) -> dict:
+    """Adds growth and predicted (from the two largest fits) and the note for no fit at all."""
     if len(fits) >= 2:
         (a, pa), (b, pb) = sorted(fits)[-2:]
         if pb > pa:
@@ -210,7 +273,8 @@ def main(argv=None) -> int:
                     log(f"  failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
                     return None
                 return json.loads(r.stdout.strip().splitlines()[-1])
-            probers.append(Prober(f"llama.cpp Q4_0, {kv} cache, FA", run, args.margin_gb * 1e9))
+            probers.append(Prober(f"llama.cpp Q4_0, {kv} cache, FA", run, args.margin_gb * 1e9,
+                                  max_batch=LLAMA_MAX_SEQUENCES))
     cfg = json.load(open(os.path.join(ckpt, "config.json")))
     if max(args.contexts) >= cfg["max_position_embeddings"]:
         log(f"error: --contexts past the model's {cfg['max_position_embeddings']} positions (a step needs one more)")
@@ -219,12 +283,12 @@ def main(argv=None) -> int:
     for prober in probers:
         for context in args.contexts:
             log(f"{prober.label}, context {context}")
-            rows.append((prober.label, context, search(prober, context, args, log)))
+            rows.append((prober.label, context, search(prober, context, args, log, prober.max_batch)))
     print(f"\n{cpu_line()}; Qwen3 {args.shape} shape ({cfg['num_hidden_layers']} layers, {cfg['num_key_value_heads']} "
           f"KV heads of {cfg['head_dim']}), {args.weights} weights; budget {args.budget_gb:g} GB of peak RSS (weights, "
           "cache filled, one decode step of every row)")
     hdr = (f"{'cache':<32} | {'context':>7} | {'largest batch':>13} | {'batch x context':>15} | {'its peak':>8} | "
-           f"{'first miss':>16} | {'GB / row':>8} | {'predicted':>9} | note")
+           f"{'first miss':>16} | {'GB / row':>8} | {'predicted':>9} | {'probes':>6} | note")
     print(hdr)
     print("-" * len(hdr))
     for label, context, r in rows:
@@ -235,7 +299,7 @@ def main(argv=None) -> int:
         miss_s = f"{miss[0]:,} ({'failed' if miss[1] is None else f'{miss[1] / 1e9:.1f} GB'})" if miss else "-"
         grow = f"{r['growth'] / 1e9:>8.3f}" if r["growth"] else f"{'-':>8}"
         pred = f"{r['predicted']:>9,}" if r["predicted"] else f"{'-':>9}"
-        print(f"{label:<32} | {context:>7} | {fit_s} | {bxc} | {peak} | {miss_s:>16} | {grow} | {pred} | {r['note']}")
+        print(f"{label:<32} | {context:>7} | {fit_s} | {bxc} | {peak} | {miss_s:>16} | {grow} | {pred} | {r['probes']:>6} | {r['note']}")
     return 0
 
 
