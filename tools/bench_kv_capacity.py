@@ -12,8 +12,8 @@ cache for `batch` rows of `context` positions and runs one decode step over it, 
 Per cache and context the search probes batches 1 and 2, probes just under the batch their growth per row predicts,
 steps up from a fit or down from a miss (1/16 of the batch, doubling) until it holds a probe that peaked over the
 budget (or failed to allocate) and one that did not, then halves the gap until they are within 1/16 of each other:
-4-6 probes where doubling from 1 took ~13. The answer printed is the largest probed batch that fit, with its measured peak, and
-the smallest probed that did not; beside them the growth per row of the two largest fits and the batch that growth
+4-6 probes where doubling from 1 took ~13. The answer printed is the largest probed batch that fit, with its
+measured peak, and the smallest probed that did not; beside them the growth per row of the two largest fits and the batch that growth
 would allow ("predicted", for scale only). A context is at most the model's max_position_embeddings (Qwen3: 40,960;
 its rotary tables end there).
 
@@ -299,7 +299,8 @@ def main(argv=None) -> int:
         miss_s = f"{miss[0]:,} ({'failed' if miss[1] is None else f'{miss[1] / 1e9:.1f} GB'})" if miss else "-"
         grow = f"{r['growth'] / 1e9:>8.3f}" if r["growth"] else f"{'-':>8}"
         pred = f"{r['predicted']:>9,}" if r["predicted"] else f"{'-':>9}"
-        print(f"{label:<32} | {context:>7} | {fit_s} | {bxc} | {peak} | {miss_s:>16} | {grow} | {pred} | {r['probes']:>6} | {r['note']}")
+        print(f"{label:<32} | {context:>7} | {fit_s} | {bxc} | {peak} | {miss_s:>16} | {grow} | {pred} | "
+              f"{r['probes']:>6} | {r['note']}")
     return 0
 
 
