@@ -14,8 +14,8 @@ steps up from a fit or down from a miss (1/16 of the batch, doubling) until it h
 budget (or failed to allocate) and one that did not, then halves the gap until they are within 1/16 of each other:
 4-6 probes where doubling from 1 took ~13. The answer printed is the largest probed batch that fit, with its
 measured peak, and the smallest probed that did not; beside them the growth per row of the two largest fits and the
-batch that growth would allow ("predicted", for scale only). A context is at most the model's max_position_embeddings (Qwen3: 40,960;
-its rotary tables end there).
+batch that growth would allow ("predicted", for scale only). A context is at most the model's
+max_position_embeddings (Qwen3: 40,960; its rotary tables end there).
 
 A probe that would pass this machine's available memory (MemAvailable, with --margin-gb to spare, as the fits so far
 predict it) is not started: the row says so, and its answer is the largest that was probed. On a machine
