@@ -80,11 +80,18 @@ print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1
 # has its own KV stream (kv_unified off), so a step reads batch distinct caches as the other runtimes do. The prompt
 # is prefilled for sequence 0 only (in chunks of n_batch) and its cache copied to the other rows with
 # llama_memory_seq_cp (between streams: a data copy), to keep a long-context prefill affordable; the decode steps then
-# run all rows at once.
-LLAMA_BATCH = PEAK_RSS + """
-import ctypes, json, os, sys, time
+# run all rows at once. context "random" (as our rows' --context random): no long prefill at all: a real prefill of
+# FILL_SEED positions, its cache read back with llama_state_seq_get_data, its rows tiled to `prompt` positions
+# (positions 0 .. prompt - 1, each layer's K and V rows repeated) and set into every row with
+# llama_state_seq_set_data: llama.cpp's own restore path, in its own cache types; a decode step's time does not depend
+# on what the cached rows hold. The blob's layout (llama_kv_cache::state_write) is parsed strictly: any byte left
+# over or missing, a transposed V, or a position llama.cpp does not report back ends the run.
+FILL_SEED = 512
+LLAMA_BATCH = PEAK_RSS + f"FILL_SEED = {FILL_SEED}\n" + """
+import ctypes, json, os, struct, sys, time
 import numpy as np, gguf, llama_cpp as L
 path, batch, prompt, new, threads, kv_type = sys.argv[1], *map(int, sys.argv[2:7])
+context = sys.argv[7] if len(sys.argv) > 7 else "prompt"
 reader = gguf.GGUFReader(path)
 names = {t.name: int(t.n_bytes) for t in reader.tensors}
 weights = sum(names.values()) - (names["token_embd.weight"] if "output.weight" in names else 0)
@@ -117,24 +124,89 @@ def decode(tokens, pos, seqs, want):
     n = int(sum(want))
     return np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(n * vocab,)).reshape(n, vocab)
 
-ids = np.random.default_rng(0).integers(0, 151643, size=prompt)
-t = time.perf_counter()
-for s in range(0, prompt, 512):
-    chunk = ids[s: s + 512]
-    last = decode(chunk, range(s, s + len(chunk)), [0] * len(chunk), [i == len(chunk) - 1 for i in range(len(chunk))])
-nxt = np.full(batch, int(np.argmax(last[-1])))
+def tiled_state(blob, positions):  # sequence 0's state blob (FILL_SEED cells) -> `positions` cells, rows tiled
+    off, parts = 0, []  # parts: bytes, or (rows (cells, row) uint8, positions) to tile
+    def take(fmt):
+        nonlocal off
+        vals = struct.unpack_from("<" + fmt, blob, off)
+        off += struct.calcsize("<" + fmt)
+        return vals
+    magic, seq, n_stream = take("IiI")
+    parts.append(struct.pack("<IiI", magic, seq, n_stream))
+    filled = 0
+    for _ in range(n_stream):
+        (cells,) = take("I")
+        parts.append(struct.pack("<I", positions if cells else 0))
+        if not cells:
+            continue
+        filled += 1
+        for i in range(cells):  # pos, n_seq_id (1), seq_id: 12 bytes a cell (no cell extension for this model)
+            pos, n_seq, _s = take("iIi")
+            assert pos == i and n_seq == 1, ("unexpected cell metadata", i, pos, n_seq)
+        meta = np.zeros((positions, 3), np.int32)
+        meta[:, 0], meta[:, 1] = np.arange(positions), 1
+        parts.append(meta.tobytes())
+        v_trans, n_layer = take("II")
+        assert v_trans == 0, "a transposed V cache (flash attention off) is not tiled"
+        parts.append(struct.pack("<II", v_trans, n_layer))
+        for _ in range(2 * n_layer):  # every layer's K rows, then every layer's V rows
+            ty, row = take("iQ")
+            parts.append(struct.pack("<iQ", ty, row))
+            parts.append(np.frombuffer(blob, np.uint8, cells * row, off).reshape(cells, row))
+            off += cells * row
+    assert off == len(blob) and filled == 1, ("state blob not parsed to its end", off, len(blob), filled)
+    total = sum(len(x) if isinstance(x, bytes) else positions * x.shape[1] for x in parts)
+    out = (ctypes.c_uint8 * total)()  # written in place: one copy of the tiled state in memory
+    view, at = np.frombuffer(out, np.uint8), 0
+    for x in parts:
+        n = len(x) if isinstance(x, bytes) else positions * x.shape[1]
+        if isinstance(x, bytes):
+            view[at: at + n] = np.frombuffer(x, np.uint8)
+        else:
+            view[at: at + n].reshape(positions, x.shape[1])[:] = np.resize(x, (positions, x.shape[1]))
+        at += n
+    return out
+
 mem = L.llama_get_memory(ctx)
-for s in range(1, batch):
-    L.llama_memory_seq_cp(mem, 0, s, -1, -1)
-decode(nxt, [prompt] * batch, range(batch), [True] * batch)  # the first step also carries out the copies
+ids = np.random.default_rng(0).integers(0, min(vocab, 151643), size=prompt)  # Qwen's ids below its special tokens
+t = time.perf_counter()
+if context == "random":
+    seed = min(prompt, FILL_SEED)
+    last = decode(ids[:seed], range(seed), [0] * seed, [i == seed - 1 for i in range(seed)])
+    size = L.llama_state_seq_get_size(ctx, 0)
+    buf = (ctypes.c_uint8 * size)()
+    assert L.llama_state_seq_get_data(ctx, buf, size, 0) == size
+    src = tiled_state(bytes(buf), prompt)
+    del buf
+    for s in range(batch):
+        assert L.llama_state_seq_set_data(ctx, src, len(src), s) == len(src), f"restore of row {s} failed"
+        assert L.llama_memory_seq_pos_max(mem, s) == prompt - 1, (s, L.llama_memory_seq_pos_max(mem, s))
+    del src
+    try:  # the peak RSS reported is the serving process's, not the tiled blob's: reset the high-water mark
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+else:
+    for s in range(0, prompt, 512):
+        chunk = ids[s: s + 512]
+        last = decode(chunk, range(s, s + len(chunk)), [0] * len(chunk),
+                      [i == len(chunk) - 1 for i in range(len(chunk))])
+    for s in range(1, batch):
+        L.llama_memory_seq_cp(mem, 0, s, -1, -1)
+nxt = np.full(batch, int(np.argmax(last[-1])))
+first = decode(nxt, [prompt] * batch, range(batch), [True] * batch)  # the first step also carries out the copies
 L.llama_synchronize(ctx)
 prefill = time.perf_counter() - t
+if os.environ.get("LLAMA_BATCH_LOGITS"):  # tests: the first step's logits, every row (batch, vocabulary)
+    np.save(os.environ["LLAMA_BATCH_LOGITS"], first)
 t = time.perf_counter()
 for k in range(1, new - 1):
     nxt = decode(nxt, [prompt + k] * batch, range(batch), [True] * batch).argmax(-1)
 step = (time.perf_counter() - t) / (new - 2)
-print(json.dumps(dict(prefill=prefill, step=step, weight_bytes=weights, tensor_types=kinds,
-                      note="prefill: sequence 0, its cache copied to the other rows",
+note = (f"context: a {min(prompt, FILL_SEED)}-position prefill's cache tiled to {prompt} positions in every row "
+        "(no long prefill timed)" if context == "random" else "prefill: sequence 0, its cache copied to the other rows")
+print(json.dumps(dict(prefill=prefill, step=step, weight_bytes=weights, tensor_types=kinds, note=note,
                       peak_rss=peak_rss())))
 """
 
@@ -220,12 +292,14 @@ def prepare_gguf(work: str, ckpt: str, formats, env, log) -> dict:
     return {k: v for k, v in paths.items() if k in formats}
 
 
-def time_llama(env, path: str, shape, threads: int, log, kv: str = "default"):
+def time_llama(env, path: str, shape, threads: int, log, kv: str = "default", context: str = "prompt"):
     """llama.cpp's result dict (prefill, step, weight_bytes, kv_bytes_per_value, peak_rss, ...) for one GGUF file
-    with the `kv` cache (KV_TYPES), or None."""
+    with the `kv` cache (KV_TYPES), or None. context (batch > 1): "prompt" prefills row 0's prompt and copies its
+    cache; "random" tiles a short prefill's cache to the prompt's length in every row (LLAMA_BATCH)."""
     code = LLAMA if shape[0] == 1 else LLAMA_BATCH
     kv_type, per_value = KV_TYPES[kv]
-    r, retried = run_side(env[0], code, [path, *shape, threads, -1 if kv_type is None else kv_type], log)
+    extra = [context] if shape[0] > 1 else []
+    r, retried = run_side(env[0], code, [path, *shape, threads, -1 if kv_type is None else kv_type, *extra], log)
     if r.returncode != 0:
         log(f"  failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
         return None

@@ -29,8 +29,9 @@ skipped. llama.cpp (tools/bench_llamacpp.py) needs tools/llama_env.sh's .venv-ll
 Batch > 1 (e.g. --batch 8 --prompt 4096 --cache buffer --new 16): our session and llama.cpp prefill row 0 only (in
 chunks of 512) and copy its cache to the other rows (llama.cpp: llama_memory_seq_cp between per-row KV streams), so a
 long-context prefill stays affordable on 2 cores; the decode steps then run every row. --context random fills our
-session's and HF's caches with random keys and values instead (decode speed does not depend on them); HF otherwise
-prefills every row. onnxruntime-genai is refused at batch > 1 with the memory its one-call prefill of every row would
+session's and HF's caches with random keys and values instead (decode speed does not depend on them), and llama.cpp's
+with a 512-position prefill's cache tiled to the prompt's length in every row (llama_state_seq_set_data: its own
+cache types, no 16K prefill); HF otherwise prefills every row. onnxruntime-genai is refused at batch > 1 with the memory its one-call prefill of every row would
 need for attention scores, when that does not fit. The KV cache must fit: batch x layers x 2 x KV heads x head_dim x
 (prompt + new) x 4 bytes (x 2 for the concat flavour, whose step writes a new present; the largest of --kv-caches)
 + the float32 weights, refused up front otherwise (Qwen3-0.6B, batch 8: 7.8 GB at 4K + 16 new in the buffer flavour;
@@ -435,7 +436,8 @@ def llama_rows(args, ckpt, shape, log):
         for kv in args.llama_kv:
             name = f"llama.cpp {fmt}, {kv} cache" + (", FA" if kv != "default" else "")
             log(f"timing {name}")
-            rows.append((name, path, bench_llamacpp.time_llama(env, path, shape, THREADS, log, kv)))
+            rows.append((name, path, bench_llamacpp.time_llama(env, path, shape, THREADS, log, kv,
+                                                                           args.context)))
     return rows
 
 
@@ -460,8 +462,9 @@ def main(argv=None) -> int:
                    "block(s), one row per format and block (default: the export's, 128; WORK/int4-b<N>...)")
     p.add_argument("--context", default="prefill", choices=["prefill", "random"],
                    help="batch > 1: prefill (our session: row 0, its cache copied; HF: every row) or random (our "
-                   "session's and HF's caches filled with random keys and values: decode speed does not depend on "
-                   "them; llama.cpp and genai still prefill)")
+                   "session's and HF's caches filled with random keys and values, llama.cpp's with a 512-position "
+                   "prefill's cache tiled to the prompt's length: decode speed does not depend on them; genai still "
+                   "prefills)")
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--llama-formats", nargs="*", default=list(bench_llamacpp.FORMATS),
