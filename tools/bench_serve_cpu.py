@@ -30,12 +30,12 @@ Batch > 1 (e.g. --batch 8 --prompt 4096 --cache buffer --new 16): our session an
 chunks of 512) and copy its cache to the other rows (llama.cpp: llama_memory_seq_cp between per-row KV streams), so a
 long-context prefill stays affordable on 2 cores; the decode steps then run every row. --context random fills our
 session's and HF's caches with random keys and values instead (decode speed does not depend on them), and llama.cpp's
-with a 512-position prefill's cache tiled to the prompt's length in every row (llama_state_seq_set_data: its own
-cache types, no 16K prefill); HF otherwise prefills every row. onnxruntime-genai is refused at batch > 1 with the
-memory its one-call prefill of every row would need for attention scores, when that does not fit. The KV cache must
-fit: batch x layers x 2 x KV heads x head_dim x (prompt + new) x 4 bytes (x 2 for the concat flavour, whose step writes a new present; the largest of --kv-caches)
-+ the float32 weights, refused up front otherwise (Qwen3-0.6B, batch 8: 7.8 GB at 4K + 16 new in the buffer flavour;
-30.3 GB at 16K).
+with a 512-position prefill's cache tiled to the prompt's length in every row (llama_state_seq_set_data: its own cache
+types, no 16K prefill); HF otherwise prefills every row. onnxruntime-genai is refused at batch > 1 with the memory its
+one-call prefill of every row would need for attention scores, when that does not fit. The KV cache must fit: batch x
+layers x 2 x KV heads x head_dim x (prompt + new) x 4 bytes (x 2 for the concat flavour, whose step writes a new
+present; the largest of --kv-caches) + the float32 weights, refused up front otherwise (Qwen3-0.6B, batch 8: 7.8 GB at
+4K + 16 new in the buffer flavour; 30.3 GB at 16K).
 All runtimes use the same threads (one per core this process may run on).
 """
 from __future__ import annotations
