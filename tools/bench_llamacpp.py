@@ -125,7 +125,7 @@ def decode(tokens, pos, seqs, want):
     return np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(n * vocab,)).reshape(n, vocab)
 
 def tiled_state(blob, positions):  # sequence 0's state blob (FILL_SEED cells) -> `positions` cells, rows tiled
-    off, parts = 0, []  # parts: bytes, or (rows (cells, row) uint8, positions) to tile
+    off, parts = 0, []  # parts: bytes as they are, or K / V rows (cells, row) uint8 to tile to `positions`
     def take(fmt):
         nonlocal off
         vals = struct.unpack_from("<" + fmt, blob, off)
@@ -155,15 +155,12 @@ def tiled_state(blob, positions):  # sequence 0's state blob (FILL_SEED cells) -
             parts.append(np.frombuffer(blob, np.uint8, cells * row, off).reshape(cells, row))
             off += cells * row
     assert off == len(blob) and filled == 1, ("state blob not parsed to its end", off, len(blob), filled)
-    total = sum(len(x) if isinstance(x, bytes) else positions * x.shape[1] for x in parts)
-    out = (ctypes.c_uint8 * total)()  # written in place: one copy of the tiled state in memory
+    shapes = [(len(x),) if isinstance(x, bytes) else (positions, x.shape[1]) for x in parts]  # each part, written
+    out = (ctypes.c_uint8 * sum(int(np.prod(sh)) for sh in shapes))()  # in place: one copy of the tiled state
     view, at = np.frombuffer(out, np.uint8), 0
-    for x in parts:
-        n = len(x) if isinstance(x, bytes) else positions * x.shape[1]
-        if isinstance(x, bytes):
-            view[at: at + n] = np.frombuffer(x, np.uint8)
-        else:
-            view[at: at + n].reshape(positions, x.shape[1])[:] = np.resize(x, (positions, x.shape[1]))
+    for x, sh in zip(parts, shapes):
+        n = int(np.prod(sh))
+        view[at: at + n].reshape(sh)[:] = np.frombuffer(x, np.uint8) if isinstance(x, bytes) else np.resize(x, sh)
         at += n
     return out
 
