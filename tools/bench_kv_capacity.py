@@ -9,7 +9,8 @@ one decode step of every row run over it) peaks at or under --budget-gb of resid
 
 Nothing is computed from formulas: every number is a probe, one fresh process that loads the model, allocates its
 cache for `batch` rows of `context` positions and runs one decode step over it, then reports its peak RSS (VmHWM).
-Per cache and context the search probes batches 1 and 2, probes just under the batch their growth per row predicts,
+Per cache and context the search probes batches 1 and 2 (doubling on while the peak stays flat: loading the model,
+not the cache, can set it at a few rows), probes just under the batch their growth per row predicts,
 steps up from a fit or down from a miss (1/16 of the batch, doubling) until it holds a probe that peaked over the
 budget (or failed to allocate) and one that did not, then halves the gap until they are within 1/16 of each other:
 4-6 probes where doubling from 1 took ~13. The answer printed is the largest probed batch that fit, with its
@@ -90,6 +91,8 @@ print(json.dumps(dict(peak_rss=peak_rss())))
 """
 
 
+GROWTH_SHARE = 0.02  # a peak that grew by less than this share from the batch before is not yet led by the cache
+STEADY_SHARE = 0.25  # past a flat start, two doublings whose growth per row agree this closely lead the search
 LLAMA_MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: a context with more sequences is refused
 
 
@@ -126,7 +129,8 @@ def search(prober: Prober, context: int, args, log, max_batch: int = None) -> di
     fits), predicted (the batch that growth puts under the budget), probes (how many ran), note.
 
     Every answer is a probe; the prediction only chooses where to probe. Batches 1 and 2 give the growth per row and
-    the batch it predicts; the search probes just under that prediction, then gallops (steps of 1/16 of the batch,
+    the batch it predicts (while the peak stays flat, loading rather than the cache setting it, the batch doubles
+    until it grows, and on until two doublings grow alike); the search probes just under that prediction, then gallops (steps of 1/16 of the batch,
     doubling) up from a fit or down from a miss until it holds a fit and a miss, then halves the gap until they are
     within 1/16 of each other (or adjacent). max_batch: the runtime's own limit (llama.cpp: 256 sequences): a fit
     there ends the search, noted."""
@@ -157,11 +161,23 @@ def search(prober: Prober, context: int, args, log, max_batch: int = None) -> di
             row["fit"] = (batch, peak)
         return True
 
+    def grows(fit_a, fit_b):
+        """Whether the peak grew from one fit to the next by a measurable share: a process's peak can be its loading
+        (onnxruntime's copy of the weights) until enough rows of cache pass it, which flat peaks say nothing about."""
+        return fit_b[1] - fit_a[1] > GROWTH_SHARE * fit_b[1]
+
+    def steady(fit_a, fit_b, fit_c):
+        """Whether the growth per row held from one doubling to the next (within STEADY_SHARE): past a flat start the
+        first rise is only part of a row's bytes (the rows fill the loading's peak before they pass it)."""
+        ab, bc = (fit_b[1] - fit_a[1]) / (fit_b[0] - fit_a[0]), (fit_c[1] - fit_b[1]) / (fit_c[0] - fit_b[0])
+        return abs(bc - ab) <= STEADY_SHARE * bc
+
     def close_enough(lo, hi):
         return hi - lo <= max(1, lo // 16)
 
     lo = hi = None  # the largest fit and the smallest miss so far
-    for batch in (1, 2):
+    batch = 1
+    while True:  # batches 1, 2, then doubling while the peak does not yet grow with the rows
         ok = probe(batch)
         if ok is None:
             return _finish(row, fits, budget)
@@ -169,10 +185,16 @@ def search(prober: Prober, context: int, args, log, max_batch: int = None) -> di
             hi = batch
             break
         lo = batch
+        if len(fits) >= 2 and grows(*fits[-2:]) and (len(fits) == 2 or steady(*fits[-3:])):
+            break
+        if max_batch and batch >= max_batch:
+            row["note"] = f"the runtime's limit: {max_batch} rows"
+            return _finish(row, fits, budget)
+        batch = min(2 * batch, max_batch) if max_batch else 2 * batch
     if hi is None:
         (a, pa), (b, pb) = fits[-2:]
-        growth = max(pb - pa, 1.0)
-        guess = max(3, int(b + (budget - pb) / growth * 0.98))  # just under the prediction: the fit is probed first
+        growth = (pb - pa) / (b - a)  # bytes a row
+        guess = max(b + 1, int(b + (budget - pb) / growth * 0.98))  # just under the prediction: the fit is probed first
         if max_batch:
             guess = min(guess, max_batch)
         ok = probe(guess)
@@ -245,6 +267,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if min(args.contexts) < 1 or args.budget_gb <= 0:
         p.error("--contexts must be >= 1 and --budget-gb > 0")
+    from fixtures.qwen3_shaped import qwen3_config
+
+    positions = qwen3_config(args.shape)["max_position_embeddings"]  # checked before minutes of checkpoint and exports
+    if max(args.contexts) >= positions:
+        p.error(f"--contexts past the {args.shape} shape's {positions} positions (a step needs one more)")
     from paddle_vha.cli import quiet
 
     quiet()
@@ -270,7 +297,7 @@ def main(argv=None) -> int:
             def run(b, c, kv_type=bench_llamacpp.KV_TYPES[kv][0]):
                 r, _ = bench_llamacpp.run_side(env[0], LLAMA_PROBE, [path, b, c, threads, kv_type], log)
                 if r.returncode != 0:
-                    log(f"  failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+                    log(f"  failed: {bench_serve_cpu.failure_line(r)}")
                     return None
                 return json.loads(r.stdout.strip().splitlines()[-1])
             probers.append(Prober(f"llama.cpp Q4_0, {kv} cache, FA", run, args.margin_gb * 1e9,

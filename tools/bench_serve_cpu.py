@@ -170,12 +170,23 @@ print(json.dumps(dict(prefill=prefill, step=(time.perf_counter() - t) / (new - 1
 """
 
 
+def failure_line(r: subprocess.CompletedProcess) -> str:
+    """A failed child's last line of stderr, or how it ended when it wrote none (SIGKILL: most likely the OOM killer)."""
+    last = (r.stderr or "").strip().splitlines()
+    if last:
+        return last[-1][:300]
+    if r.returncode < 0:
+        sig = -r.returncode
+        return f"killed by signal {sig}" + (" (SIGKILL: out of memory?)" if sig == 9 else "")
+    return f"exit {r.returncode}, nothing on stderr"
+
+
 def run_json(python, code, args, env_extra=None, log=print):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(env_extra or {})
     r = subprocess.run([python, "-c", code, *map(str, args)], capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode != 0:
-        log(f"  failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+        log(f"  failed: {failure_line(r)}")
         return None
     return json.loads(r.stdout.strip().splitlines()[-1])
 
