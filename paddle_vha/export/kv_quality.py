@@ -79,11 +79,12 @@ class _Tally:
 def compare_blocks(reference: Union[List[Tuple[int, np.ndarray]], "object"], session, ids: np.ndarray, chunk: int,
                    steps: int, text: str) -> Quality:
     """`session`'s cached logits over `ids` against `reference`'s: a session run alongside (both in memory), or its
-    blocks already computed (a list of cached_logits' (position, logits)). Positions before the first chunk's end are
-    not counted."""
+    blocks already computed (a list of cached_logits' (position, logits); a prefix of that list compares only its
+    positions). Positions before the first chunk's end are not counted."""
     ref_blocks = iter(reference) if isinstance(reference, list) else cached_logits(reference, ids, chunk, steps)
     tally = _Tally()
-    for (start, got), (ref_start, ref) in zip(cached_logits(session, ids, chunk, steps), ref_blocks):
+    # the reference first: a shortened reference list stops the session's run after its last block
+    for (ref_start, ref), (start, got) in zip(ref_blocks, cached_logits(session, ids, chunk, steps)):
         assert start == ref_start and got.shape == ref.shape, (start, ref_start, got.shape, ref.shape)
         if start > 0:
             tally.add(ref, got)
