@@ -103,3 +103,20 @@ def test_a_probe_killed_without_a_word_says_how_it_ended():
     print(lines)
     assert lines == ["killed by signal 9 (SIGKILL: out of memory?)", "exit 3, nothing on stderr",
                      "ZeroDivisionError: division by zero"]
+
+
+def test_a_context_past_the_positions_is_refused_before_anything_is_written(tmp_path):
+    """--contexts 40960 at the Qwen3 shape (40,960 positions; the step needs one more): one line, exit 2, no work
+    folder; the default contexts all lie below the shape's positions."""
+    import subprocess
+
+    from fixtures.qwen3_shaped import qwen3_config
+
+    work = tmp_path / "work"
+    r = subprocess.run([sys.executable, cap.__file__, str(work), "--shape", "1.7b", "--contexts", "4096", "40960"],
+                       capture_output=True, text=True)
+    print(r.returncode, r.stderr.strip().splitlines()[-1:])
+    assert r.returncode == 2 and "40960 positions" in r.stderr.strip().splitlines()[-1]
+    assert not work.exists()
+    for shape in ("0.6b", "1.7b"):
+        assert max(cap.DEFAULT_CONTEXTS) < qwen3_config(shape)["max_position_embeddings"]

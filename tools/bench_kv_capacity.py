@@ -4,7 +4,7 @@ q8_0) and context, the largest batch whose serving process (weights loaded, ever
 one decode step of every row run over it) peaks at or under --budget-gb of resident memory: batch x context.
 
     python tools/bench_kv_capacity.py WORK [--shape 1.7b] [--weights int4 --block-size 128]
-                                      [--contexts 4096 16384 40960] [--caches fp32 int8] [--llama-kv f16 q8_0]
+                                      [--contexts 4096 16384 40959] [--caches fp32 int8] [--llama-kv f16 q8_0]
                                       [--budget-gb 24]
 
 Nothing is computed from formulas: every number is a probe, one fresh process that loads the model, allocates its
@@ -15,8 +15,9 @@ steps up from a fit or down from a miss (1/16 of the batch, doubling) until it h
 budget (or failed to allocate) and one that did not, then halves the gap until they are within 1/16 of each other:
 4-6 probes where doubling from 1 took ~13. The answer printed is the largest probed batch that fit, with its
 measured peak, and the smallest probed that did not; beside them the growth per row of the two largest fits and the
-batch that growth would allow ("predicted", for scale only). A context is at most the model's
-max_position_embeddings (Qwen3: 40,960; its rotary tables end there).
+batch that growth would allow ("predicted", for scale only). A context is below the model's
+max_position_embeddings (Qwen3: 40,960, its rotary tables' end; the decode step takes one more position: 40,959
+at most).
 
 A probe that would pass this machine's available memory (MemAvailable, with --margin-gb to spare, as the fits so far
 predict it) is not started: the row says so, and its answer is the largest that was probed. On a machine
@@ -247,6 +248,8 @@ def _finish(row: dict, fits, budget: float) -> dict:
         row["note"] = "one row did not fit"
     return row
 
+DEFAULT_CONTEXTS = (4096, 16384, 40959)  # 40,959: Qwen3's 40,960 positions less the step's own
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
@@ -257,8 +260,9 @@ def main(argv=None) -> int:
     p.add_argument("--kv-heads", type=int, default=2, help="KV heads of the written checkpoint (default 2, GQA-2)")
     p.add_argument("--weights", default="int4", choices=["fp32", "int8", "int4"])
     p.add_argument("--block-size", type=int, default=128, help="MatMulNBits block of int8 / int4 (default 128)")
-    p.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 40960],
-                   help="positions per row (default 4096 16384 40960)")
+    p.add_argument("--contexts", type=int, nargs="+", default=list(DEFAULT_CONTEXTS),
+                   help=f"positions per row (default {' '.join(map(str, DEFAULT_CONTEXTS))}: below the shape's positions, "
+                        "a step needs one more)")
     p.add_argument("--caches", nargs="*", default=["fp32", "int8"], choices=["fp32", "int8"], help="ours")
     p.add_argument("--llama-kv", nargs="*", default=["f16", "q8_0"], choices=["f16", "q8_0"],
                    help="llama.cpp Q4_0's caches (none: no llama.cpp rows)")
