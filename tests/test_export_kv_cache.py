@@ -215,10 +215,10 @@ def test_paddle_inference_refuses_an_int8_cache_folder(exports):
         PaddleInferenceDecoder(exports["out"][("concat", "int8")])
 
 
-def _scores_products(model):
-    """The scores' MatMulIntegerToFloat nodes (the keys' product: its A operand is a key cache tensor, input 2 its
-    scales)."""
-    return [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat" and n.input[0].endswith(".key")]
+def _key_scale_uses(model):
+    """(the Transpose reading a layer's key scales, the Mul that scales the scores with them), per layer."""
+    reads = [n for n in model.graph.node if n.op_type == "Transpose" and n.input[0].endswith(".key_scale")]
+    return [(r, next(m for m in model.graph.node if m.op_type == "Mul" and r.output[0] in m.input)) for r in reads]
 
 
 @pytest.mark.parametrize("broken", ["dropped key scale", "value scales on the keys"])
@@ -232,13 +232,15 @@ def test_a_broken_cache_fails_the_quality_gate(exports, tmp_path, monkeypatch, b
     def broken_rewrite(path, plan):
         info = rewrite(path, plan)
         model = onnx.load(path)
-        for n in _scores_products(model):
+        uses = _key_scale_uses(model)
+        assert uses, "no key scales found in the rewritten graph"
+        for read, mul in uses:
             if broken == "dropped key scale":
-                one = f"{n.name}.one"
+                one = f"{mul.name}.one"
                 model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((), np.float32), one))
-                n.input[2] = one
+                mul.input[list(mul.input).index(read.output[0])] = one
             else:
-                n.input[2] = n.input[2].replace("key_scale", "value_scale")
+                read.input[0] = read.input[0].replace("key_scale", "value_scale")
         onnx.save(model, path)
         return info
 

@@ -70,15 +70,16 @@ def _broken_copy(src, dst, how):
         if name != "model.onnx" and os.path.isfile(os.path.join(src, name)):
             os.link(os.path.join(src, name), os.path.join(dst, name))  # onnxruntime refuses a data file linked out
     model = onnx.load(os.path.join(src, "model.onnx"), load_external_data=False)
-    scores = [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat" and n.input[0].endswith(".key")]
-    assert len(scores) == 2  # one per layer
-    for n in scores:
+    reads = [n for n in model.graph.node if n.op_type == "Transpose" and n.input[0].endswith(".key_scale")]
+    assert len(reads) == 2  # one per layer: the key scales, laid along T, then times the scores
+    for read in reads:
         if how == "dropped key scale":
-            one = f"{n.name}.one"
+            mul = next(m for m in model.graph.node if m.op_type == "Mul" and read.output[0] in m.input)
+            one = f"{mul.name}.one"
             model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((), np.float32), one))
-            n.input[2] = one
+            mul.input[list(mul.input).index(read.output[0])] = one
         else:
-            n.input[2] = n.input[2].replace("key_scale", "value_scale")
+            read.input[0] = read.input[0].replace("key_scale", "value_scale")
     onnx.save(model, os.path.join(dst, "model.onnx"))
     return dst
 
