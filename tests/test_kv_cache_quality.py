@@ -16,10 +16,10 @@ by `python tools/import_gguf.py "$(bash tools/fetch_smollm2.sh)" runs/smollm2`) 
 import os
 import shutil
 
-import numpy as np
 import onnx
 import pytest
 
+from _utils import break_key_scales
 from paddle_vha.export.errors import ExportError
 from paddle_vha.export.kv_quality import CACHE_BOUNDS, cached_logits, check_cache_quality, compare_blocks, \
     compare_exports, quality_line
@@ -70,16 +70,7 @@ def _broken_copy(src, dst, how):
         if name != "model.onnx" and os.path.isfile(os.path.join(src, name)):
             os.link(os.path.join(src, name), os.path.join(dst, name))  # onnxruntime refuses a data file linked out
     model = onnx.load(os.path.join(src, "model.onnx"), load_external_data=False)
-    reads = [n for n in model.graph.node if n.op_type == "Transpose" and n.input[0].endswith(".key_scale")]
-    assert len(reads) == 2  # one per layer: the key scales, laid along T, then times the scores
-    for read in reads:
-        if how == "dropped key scale":
-            mul = next(m for m in model.graph.node if m.op_type == "Mul" and read.output[0] in m.input)
-            one = f"{mul.name}.one"
-            model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((), np.float32), one))
-            mul.input[list(mul.input).index(read.output[0])] = one
-        else:
-            read.input[0] = read.input[0].replace("key_scale", "value_scale")
+    assert break_key_scales(model, how) == 2  # one per layer
     onnx.save(model, os.path.join(dst, "model.onnx"))
     return dst
 

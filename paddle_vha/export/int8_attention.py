@@ -16,10 +16,11 @@ standard ONNX), each product reading the int8 cache as it lies, int8 dot product
 the output, no float copy of the cache made:
 
 - scores^T = keys . q^T: the cache is the left operand (uint8 rows; their scales multiply the scores after the
-  product), the queries the right one (a few columns: G = H / H_kv per cached head, times the new tokens). onnxruntime packs its right operand on every
-  call when it is not a constant, and its u8 x s8 kernels are the fast ones: with the keys on the left the product
-  ran 3.2x faster than with them transposed on the right (1 thread, batch 8, 16K positions: 4.0 vs 12.7 ms), so
-  the keys are stored uint8 and the (T, R) scores transposed back (one pass over R x T floats);
+  product), the queries the right one (a few columns: G = H / H_kv per cached head, times the new tokens).
+  onnxruntime packs its right operand on every call when it is not a constant, and its u8 x s8 kernels are the fast
+  ones: with the keys on the left the product ran 3.2x faster than with them transposed on the right (1 thread,
+  batch 8, 16K positions: 4.0 vs 12.7 ms), so the keys are stored uint8 and the (T, R) scores transposed back (one
+  pass over R x T floats);
 - y = p . values: the values' per-token scales fold into the probabilities (p' = p * value_scale, over columns), the
   values are the right operand.
 
