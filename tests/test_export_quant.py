@@ -81,24 +81,34 @@ def _norm_initializers(model):
 @pytest.mark.parametrize("case", [("int8", "tied", "concat", False), ("int4", "untied", "buffer", True)],
                          ids=["int8-tied-concat", "int4-untied-buffer-external"])
 def test_quantized_export_keeps_norms_and_quantizes_every_linear(ckpts, tmp_path, case):
-    from paddle_vha.export.quantize import DEFAULT_BLOCK_SIZE
+    from paddle_vha.export.quantize import DEFAULT_BLOCK, DEFAULT_RECIPE
 
     weights, tie, cache, external = case
     out = tmp_path / "onnx"
     lines, info = _export(ckpts / tie, out, weights, cache_io=cache, external_data=external)
     q = info["weights"]
     line = next(ln for ln in lines if ln.startswith("quality:"))
-    assert q["format"] == weights and q["bits"] == int(weights[3:]) and q["block_size"] == DEFAULT_BLOCK_SIZE
-    assert q["lm_head"] == weights and q["accuracy_level"] == 4
+    assert q["format"] == weights and q["bits"] == int(weights[3:]) and q["block_size"] == DEFAULT_BLOCK[weights]
+    assert q["recipe"] == DEFAULT_RECIPE[weights] and q["lm_head"] == weights and q["accuracy_level"] == 4
     assert q["tied_head_untied"] is (tie == "tied")
-    assert q["quantized_matmuls"] == QUANTIZED and q["float_matmuls"] == 0, q
-    assert q["merged_matmul_groups"] == 2 * LAYERS and q["fused"] == FUSED, q
+    # the default int4 rule puts v_proj, down_proj, the last two layers' up_proj (here: both) and the head in 8 bits:
+    # v_proj then leaves the q|k|v merge, up_proj the gate|up one
+    mixed = weights == "int4"
+    assert q["quantized_matmuls"] == QUANTIZED + (2 * LAYERS if mixed else 0) and q["float_matmuls"] == 0, q
+    assert q["quantized_matmuls_by_bits"] == ({"4": 3 * LAYERS, "8": 3 * LAYERS + 1} if mixed else {"8": QUANTIZED})
+    assert q["merged_matmul_groups"] == (1 if mixed else 2) * LAYERS, q
+    # the embedding is quantized too: one table with the tied head (the head's bits), its own for an untied model
+    bits = 8 if (tie == "tied" or not mixed) else 4
+    assert q["embedding"] == dict(bits=bits, block_size=64 if mixed and bits == 8 else DEFAULT_BLOCK[weights],
+                                  shared_with_lm_head=tie == "tied", op="GatherBlockQuantized"), q["embedding"]
+    assert "paddle" not in os.listdir(out) and info["paddle_program"] is None  # not asked for
+    assert q["fused"] == FUSED, q
     assert os.path.isfile(out / "model.onnx.data") is external and info["external_data"] == (
         "model.onnx.data" if external else None)
     assert "MatMulNBits" in info["ops"] and info["cache_io"] == cache
     model = onnx.load(str(out / "model.onnx"))
     contrib = {(n.domain, n.op_type) for n in model.graph.node if n.domain not in ("", "ai.onnx")}
-    assert contrib == {("com.microsoft", op) for op in ("MatMulNBits", "RotaryEmbedding",
+    assert contrib == {("com.microsoft", op) for op in ("MatMulNBits", "GatherBlockQuantized", "RotaryEmbedding",
                                                          "SkipSimplifiedLayerNormalization")}, contrib
     # q_norm / k_norm: present in the quantized graph, float32, the checkpoint's values, read by a Mul
     want = norm_weights(ckpts / tie)
@@ -200,7 +210,8 @@ def test_int4_at_qwen3_0_6b_widths(tmp_path):
     shaped(str(ckpt), "0.6b", layers=2)
     lines, info = _export(ckpt, out, "int4", cache_io="buffer", external_data=True)
     q = info["weights"]
-    assert q["quantized_matmuls"] == QUANTIZED and q["tied_head_untied"] and q["lm_head"] == "int4", q
+    assert q["quantized_matmuls"] == QUANTIZED + 2 * LAYERS and q["tied_head_untied"] and q["lm_head"] == "int4", q
+    assert q["embedding"]["shared_with_lm_head"] and q["embedding"]["bits"] == 8, q  # the head's 8 bits (default rule)
     assert q["fused"] == FUSED and q["max_positions"] == 40960, q
     assert "checkpoint's tokenizer" in q["quality"]["text"] and q["quality"]["mean_kl"] <= BOUNDS["int4"][0]
     assert os.path.getsize(out / "model.onnx.data") > 100e6 and info["cache_io"] == "buffer"
@@ -255,7 +266,7 @@ def test_node_by_node_quantization_is_the_quantizers(tmp_path, monkeypatch, weig
                     size_threshold=0)
     ours = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
     store = LazyWeights(ours, str(tmp_path))
-    assert quantize_matmuls(ours, store, node_quantizer(weights, block)) == 2
+    assert len(quantize_matmuls(ours, store, node_quantizer(weights, block))) == 2
     drop_unread_initializers(ours.graph)
     store.materialize()
     node = lambda n: (n.op_type, n.domain, list(n.input), list(n.output), sorted(  # noqa: E731
@@ -356,13 +367,13 @@ def test_one_block_size_recommendation_and_the_default_follows_it():
     import re
 
     from paddle_vha.cli.export_onnx import build_parser
-    from paddle_vha.export.quantize import DEFAULT_BLOCK_SIZE
+    from paddle_vha.export.quantize import DEFAULT_BLOCK
 
     docs = open(os.path.join(ROOT, "docs", "deploy.md"), encoding="utf-8").read()
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     said = re.findall(r"\*\*The block size: (\d+), the export's default\*\*", docs)
-    print("recommended:", said, "default:", DEFAULT_BLOCK_SIZE)
-    assert said == [str(DEFAULT_BLOCK_SIZE)]
+    print("recommended:", said, "default:", DEFAULT_BLOCK)
+    assert said == [str(DEFAULT_BLOCK["int4"])] and DEFAULT_BLOCK["int8"] == DEFAULT_BLOCK["int4"]
     assert "int4 at the smallest quality cost" not in docs
-    assert f"default {DEFAULT_BLOCK_SIZE}" in " ".join(build_parser().format_help().split())
-    assert re.findall(r"int4 at block (\d+) \(the default\)", readme) == [str(DEFAULT_BLOCK_SIZE)]
+    assert f"default {DEFAULT_BLOCK['int4']}" in " ".join(build_parser().format_help().split())
+    assert re.findall(r"the int4 default \(block (\d+)", readme) == [str(DEFAULT_BLOCK["int4"])]

@@ -3,12 +3,14 @@
     python tools/export_onnx.py FOLDED_DIR OUT_DIR [--cache concat|buffer] [--external-data] [--opset 17]
                                 [--decode-steps 16] [--force] [--weights fp32|int8|int4] [--block-size 128]
                                 [--max-kl NATS] [--min-agreement FRACTION] [--kv-cache fp32|int8]
+                                [--quant-recipe rtn|symsearch|asym|search|awq] [--mixed ROLES] [--float-embedding]
+                                [--calibration-text FILE] [--paddle-program]
 
 Goes through Paddle's own route (jit.save of a static program, then paddle2onnx) and checks the result as
 Optimum does: onnx.checker full check, standard ONNX ops only, KV inputs with H_kv heads, and onnxruntime vs
 Paddle logits for a prefill and greedy decode steps (fp32, max abs diff <= --tolerance x max(1, max |logit|)). I/O follows the
 onnxruntime-genai / Optimum convention: input_ids, attention_mask, position_ids, past_key_values.{i}.key/.value
-[batch, H_kv, past, head_dim] -> logits, present.{i}.key/.value. OUT_DIR also gets the static Paddle program
+[batch, H_kv, past, head_dim] -> logits, present.{i}.key/.value. An fp32 OUT_DIR also gets the static Paddle program
 (OUT_DIR/paddle/) for Paddle Inference. Nothing is written unless everything passes.
 
 --cache buffer writes the in-place flavour instead (docs/deploy.md): the cache goes in as the runtime's buffers and
@@ -19,16 +21,23 @@ Weights go to OUT_DIR/model.onnx.data (ONNX external data, beside a model.onnx o
 graph past protobuf's 2 GB limit (e.g. any Qwen3-0.6B: 2.4 GB in float32), or always with --external-data; any
 size exports the same way (the program converted without its weights, then the weights attached).
 
---weights int8 / int4 quantizes the validated float32 graph with onnxruntime's own block quantizer (weight-only,
-symmetric blocks of --block-size along the input axis, float32 scales; default 128, the one recommendation of
-docs/deploy.md; the block size is tried on the quantizer before any work; the LM head too, tied or not, unless
---float-lm-head; the embedding, the RMSNorms including q_norm / k_norm, attention and the cache stay float32), then
-prints its quality against the float32 graph on held-out text (mean logit KL, greedy-token agreement on decisive
-positions) and fails outside the format's bounds (int8: KL <= 0.01 nats, agreement >= 95%; int4: 0.25, 80%;
-docs/deploy.md, "The quality gate"); --max-kl / --min-agreement replace a bound knowingly (said in the quality line
-and export_info.json). The graph then uses onnxruntime's contrib op MatMulNBits (onnxruntime, onnxruntime-genai and
-paddle_vha.serve run it; paddle/ keeps the float32 program). fp16 / bf16 are refused: onnxruntime's CPU EP casts
-float16 weights back to float32 (no gain).
+--weights int8 / int4 quantizes the validated float32 graph into onnxruntime's stock contrib ops (MatMulNBits for every
+linear layer and the LM head, GatherBlockQuantized for the embedding table: onnxruntime, onnxruntime-genai and
+Optimum load it), weight-only, in blocks of --block-size values along the input axis (default 32), each block with
+a float32 scale and a uint8 zero point. The default recipe (--quant-recipe) is the one measured best on a real model
+against llama.cpp (docs/deploy.md, "Quantized exports on a real model"): int4 'awq' (a per-block scale / zero-point
+search weighted by the activations measured on the calibration text) with v_proj, down_proj and the LM head in 8
+bits (--mixed; 'none' for all 4-bit; the 8-bit ones in symmetric blocks of 64), the tied embedding one table with
+the head; int8 'awq' too. 'rtn' is
+onnxruntime's symmetric round to nearest, the old default (--quant-recipe rtn --block-size 128 --mixed none
+--float-embedding reproduces it). The quantization calibrates on --calibration-text FILE (its first 90%; default: the
+embedded English prose + Python code) and its quality gate reads the file's held-out last 10%: mean logit KL against
+the float32 graph and greedy-token agreement on decisive positions, failing outside the format's bounds (int8: KL <=
+0.01 nats, agreement >= 95%; int4: 0.25, 80%; docs/deploy.md, "The quality gate"); --max-kl / --min-agreement
+replace a bound knowingly (said in the quality line and export_info.json). A quantized folder holds what its
+onnxruntime deployment needs; the float32 Paddle program for Paddle Inference (paddle/) is kept with
+--paddle-program (an fp32 export always has it). fp16 / bf16 are refused: onnxruntime's CPU EP casts float16
+weights back to float32 (no gain).
 
 --kv-cache int8 stores the KV cache in 8 bits (paddle_vha/export/kv_cache.py): each token's key and value per KV head
 in 8 bits with a float32 scale (the largest |x| / 127), 264 bytes a position per KV head at head_dim 128 instead of
@@ -56,7 +65,8 @@ import sys
 
 from paddle_vha.cli import command, fail, quiet
 from paddle_vha.cli.options import ALWAYS, PERMISSION, Effect, parse_checked
-from paddle_vha.export.quantize import BLOCK_SIZES, DEFAULT_BLOCK_SIZE
+from paddle_vha.export.quant_plan import MIXED_DEFAULT
+from paddle_vha.export.quantize import BLOCK_SIZES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,8 +89,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight format of model.onnx (default fp32; fp16 / bf16 are refused with the reason)")
     p.add_argument("--block-size", type=int, default=None,
                    help=f"values per quantization block for int8 / int4: {', '.join(map(str, BLOCK_SIZES))} "
-                        f"(onnxruntime's quantizer; default {DEFAULT_BLOCK_SIZE}, docs/deploy.md)")
+                        "(what onnxruntime's MatMulNBits takes; default 32, docs/deploy.md)")
     p.add_argument("--float-lm-head", action="store_true", help="keep the LM head float32 when quantizing")
+    p.add_argument("--quant-recipe", default=None, choices=["rtn", "symsearch", "asym", "search", "awq"],
+                   help="how each block's codes, scale and zero point are chosen (default: awq for int4, search for "
+                        "int8): rtn = onnxruntime's symmetric round to nearest (the old default); asym = zero points; "
+                        "search = asym + a per-block scale search with least-squares refits (symsearch: the same without zero points); awq = search weighted by "
+                        "the activations measured on the calibration text (docs/deploy.md)")
+    p.add_argument("--mixed", default=None, metavar="ROLES",
+                   help="int4: comma-separated roles stored in 8 bits (q_proj k_proj v_proj o_proj gate_proj up_proj "
+                        "down_proj lm_head, each optionally @FIRST-LAST layers, e.g. down_proj@0-7); 'none' for all "
+                        f"4-bit; default {','.join(MIXED_DEFAULT)} (chosen from the measured sensitivity table; "
+                        "the 8-bit weights in symmetric blocks of 64)")
+    p.add_argument("--float-embedding", action="store_true",
+                   help="keep the embedding table float32 (default: quantized and read by GatherBlockQuantized; a "
+                        "tied table is one initializer with the LM head's)")
+    p.add_argument("--calibration-text", default=None, metavar="FILE",
+                   help="UTF-8 text (.txt, or .jsonl with a \"text\" field) the quantization calibrates on (its first "
+                        "90%%) and the quality gate reads (its last 10%%); default: the embedded English prose + "
+                        "Python text (paddle_vha/export/data/README.md)")
+    p.add_argument("--paddle-program", action="store_true",
+                   help="keep the static float32 Paddle program (paddle/, for Paddle Inference) in a quantized "
+                        "export's folder too (an fp32 export always has it)")
     p.add_argument("--max-kl", type=float, default=None, metavar="NATS",
                    help="int8 / int4: accept a mean KL from the float32 export up to NATS instead of the format's "
                         "bound (int8 0.01, int4 0.25; docs/deploy.md, 'the quality gate')")
@@ -101,7 +131,11 @@ TAKES_EFFECT = {
     "--force": PERMISSION, "--cache": ALWAYS, "--weights": ALWAYS,
     "--external-data": Effect("always (over 2 GB the weights are external data anyway)"),
     "--block-size": QUANTIZED, "--float-lm-head": QUANTIZED, "--max-kl": GATED, "--min-agreement": GATED,
-    "--kv-cache": ALWAYS,
+    "--kv-cache": ALWAYS, "--quant-recipe": QUANTIZED, "--float-embedding": QUANTIZED,
+    "--mixed": Effect("with --weights int4", lambda a: a.weights == "int4"),
+    "--calibration-text": QUANTIZED,
+    "--paddle-program": Effect("with --weights int8 / int4 (an fp32 export always keeps paddle/)",
+                               lambda a: a.weights in ("int8", "int4")),
 }
 
 
@@ -116,6 +150,31 @@ def _check_ranges(p, args) -> None:
         p.error(f"--min-agreement {args.min_agreement}: must be a fraction in [0, 1] (0.8 is 80%)")
 
 
+def _check_text_file(path: str) -> None:
+    """--calibration-text refused up front (ExportError, one line) when it is not a readable, non-empty UTF-8 text
+    file; its length in tokens is checked when the model's tokenizer reads it."""
+    import os
+
+    from paddle_vha.export.errors import ExportError
+
+    if not os.path.isfile(path):
+        raise ExportError(f"--calibration-text {path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+    except OSError as e:
+        raise ExportError(f"--calibration-text {path}: cannot read it ({e.strerror or e})") from None
+    if not head.strip():
+        raise ExportError(f"--calibration-text {path}: no text in it (empty, or only whitespace)")
+    if b"\0" in head:
+        raise ExportError(f"--calibration-text {path}: a binary file (it holds NUL bytes), not text")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # not just a character cut at the 1 MB mark
+            raise ExportError(f"--calibration-text {path}: not UTF-8 text (byte {e.start})") from None
+
+
 @command
 def main(argv=None):
     p = build_parser()
@@ -125,10 +184,21 @@ def main(argv=None):
     from paddle_vha.export.quality import gate_bounds
     from paddle_vha.export.quantize import check_weights
 
-    try:  # before Paddle is even imported: a refused format or block size costs nothing
+    from paddle_vha.export.quant_plan import RuleError, parse_rule
+    from paddle_vha.export.quantize import default_spec
+
+    spec = None
+    try:  # before Paddle is even imported: a refused format, block size, rule or text file costs nothing
         check_weights(args.weights, args.block_size)
         check_kv_cache(args.kv_cache)
-    except ExportError as e:
+        if args.weights in ("int8", "int4"):
+            mixed = None if args.mixed is None else tuple(x for x in args.mixed.split(",") if x.strip() != "none")
+            parse_rule(mixed or ())
+            spec = default_spec(args.weights, args.block_size, args.quant_recipe, mixed,
+                                quantize_embedding=not args.float_embedding, quantize_lm_head=not args.float_lm_head)
+        if args.calibration_text is not None:
+            _check_text_file(args.calibration_text)
+    except (ExportError, RuleError) as e:
         fail(str(e))
     from paddle_vha.export.kv_quality import CACHE_BOUNDS
 
@@ -142,9 +212,9 @@ def main(argv=None):
     try:
         export_onnx(args.folded_dir, args.out_dir, opset=args.opset, decode_steps=args.decode_steps,
                     tolerance=args.tolerance, force=args.force, cache_io=args.cache,
-                    external_data=args.external_data or None, weights=args.weights, block_size=args.block_size,
-                    quantize_lm_head=not args.float_lm_head, quality_bounds=bounds, kv_cache=args.kv_cache,
-                    kv_quality_bounds=kv_bounds)
+                    external_data=args.external_data or None, weights=spec or args.weights,
+                    quality_bounds=bounds, kv_cache=args.kv_cache, kv_quality_bounds=kv_bounds,
+                    calibration_text=args.calibration_text, paddle_program=args.paddle_program or None)
     except (CheckpointError, ExportError) as e:
         fail(str(e))
     print(f"wrote {args.out_dir}")

@@ -73,8 +73,10 @@ class KVDecoder(nn.Layer):
             a = tensors[name]
             if transpose:
                 a = np.ascontiguousarray(a.T)  # (in, out); the (out, in) original is freed here
-            return self._const(a)
+            return self._const(a, source=name)
 
+        self.weight_sources = {}  # the program's parameter name -> the checkpoint tensor it holds (quantization
+        # reads roles from it: paddle_vha/export/quant_plan.py)
         self.embed = w("model.embed_tokens.weight")  # (V, h)
         self.final_norm = w("model.norm.weight")
         # tied embeddings: the LM head multiplies by the embedding itself, stored once (None here)
@@ -92,7 +94,7 @@ class KVDecoder(nn.Layer):
             self.layer_weights.append({k: w(p + k, transpose=k.endswith("proj.weight")) for k in names})
             self.forms.append(form)
 
-    def _const(self, array):
+    def _const(self, array, source=None):
         """A frozen parameter holding `array`, copied straight into it (no passing paddle copy: at real size the
         export builds one of these per checkpoint tensor and holds only the parameters)."""
         a = np.ascontiguousarray(np.asarray(array, np.float32))
@@ -102,6 +104,8 @@ class KVDecoder(nn.Layer):
         del a
         p.stop_gradient = True
         self.add_parameter(f"w{len(self._parameters)}", p)  # registered, so jit.save stores it
+        if source is not None:
+            self.weight_sources[p.name] = source
         return p
 
     def _lin(self, x, lw, name):

@@ -10,7 +10,7 @@ of once per weight (docs/deploy.md has the measurement).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -20,11 +20,14 @@ from .node_edit import GraphIndex, drop_unread_initializers, splice_nodes
 __all__ = ["merge_sibling_matmuls"]
 
 
-def merge_sibling_matmuls(model, weights: Optional[LazyWeights] = None) -> int:
+def merge_sibling_matmuls(model, weights: Optional[LazyWeights] = None, key: Optional[Callable[[str], object]] = None,
+                          members: Optional[Dict[str, List[str]]] = None) -> int:
     """Merge, in place, every group of >= 2 MatMuls that read the same activation and each a float32 2-D constant of
-    the same input width; returns the number of groups merged. A weight read by anything else stays as it is.
+    the same input width (and the same `key(weight name)`, when given: a mixed-precision export merges only weights
+    of the same bits); returns the number of groups merged. A weight read by anything else stays as it is.
     `weights`: the graph's LazyWeights when its weights are still external (the merged ones are then recipes, read at
-    its materialize); without it the graph is inline and the merged weights are computed here."""
+    its materialize); without it the graph is inline and the merged weights are computed here. `members`, when
+    given, gets {merged weight name: [the weights it holds, in order]}."""
     from onnx import TensorProto, helper
 
     graph = model.graph
@@ -35,9 +38,9 @@ def merge_sibling_matmuls(model, weights: Optional[LazyWeights] = None) -> int:
     for n in graph.node:
         if n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in mats and g.n_readers(n.input[1]) == 1:
             k = mats[n.input[1]].dims[0]
-            groups.setdefault((n.input[0], k), []).append(n)
+            groups.setdefault((n.input[0], k, key(n.input[1]) if key else None), []).append(n)
     merged, replace, drop = 0, {}, set()
-    for (activation, k), nodes in groups.items():
+    for (activation, k, _), nodes in groups.items():
         if len(nodes) < 2:
             continue
         widths = [int(mats[n.input[1]].dims[1]) for n in nodes]
@@ -51,6 +54,8 @@ def merge_sibling_matmuls(model, weights: Optional[LazyWeights] = None) -> int:
         matmul = helper.make_node("MatMul", [activation, tensor.name], [base + ".out"], name=base + ".matmul")
         split = helper.make_node("Split", [base + ".out", sizes.name], [n.output[0] for n in nodes], axis=-1,
                                  name=base + ".split")
+        if members is not None:
+            members[tensor.name] = [n.input[1] for n in nodes]
         replace[id(nodes[0])] = [matmul, split]  # at the first sibling: its activation exists there, readers follow
         drop.update(id(n) for n in nodes[1:])
         merged += 1

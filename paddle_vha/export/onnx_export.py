@@ -30,6 +30,8 @@ import os
 import shutil
 import time
 
+import numpy as np
+
 from ..checkpoint.contract import CheckpointError, file_problem
 from ..checkpoint.folder import CheckpointFolder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir
@@ -41,9 +43,9 @@ from .graph import finalize_graph
 from .memory import check_memory
 from .paddle_program import convert_without_weights, run_paddle2onnx, save_program
 from .plan import CACHE_IO, ServingPlan, serving_plan
-from .quality import (BOUNDS, bounds_note, check_quality, held_out_windows, measure_quality, quality_tokens,
-                      teacher_forced_logits)
-from .quantize import check_weights, quantize_graph
+from .quality import (BOUNDS, bounds_note, check_quality, gate_text, held_out_windows, measure_quality,
+                      quality_tokens, teacher_forced_logits)
+from .quantize import QuantSpec, check_weights, default_spec, quantize_graph
 from .reference import CheckpointTensors, reference_model, weight_bytes  # noqa: F401 - reference_model re-exported
 from .validation import Validation, validate_onnx
 from .weights import DATA_FILE, attach_weights, needs_external_data
@@ -59,6 +61,9 @@ OPSETS = range(14, 22)  # Qwen3's causal mask needs Trilu (14); paddle2onnx 2.1.
 # --kv-cache's quality gate: 2 held-out windows of KV_GATE_POSITIONS tokens, prefilled KV_GATE_CHUNK at a time through
 # the cache, the last KV_GATE_STEPS one decode step each (paddle_vha/export/kv_quality.py)
 KV_GATE_POSITIONS, KV_GATE_CHUNK, KV_GATE_STEPS = 320, 64, 32
+# activation statistics for an activation-aware recipe: CALIBRATION_BATCHES x 4 windows of CALIBRATION_WINDOW tokens
+# of the calibration text's calibration part (SmolLM2-135M: 4,096 tokens in ~13 s)
+CALIBRATION_BATCHES, CALIBRATION_WINDOW = 4, 256
 _run_paddle2onnx = run_paddle2onnx  # the converter's child process (tests/test_export_bad_input.py)
 
 
@@ -73,7 +78,8 @@ def _check_options(opset: int, cache_io: str) -> None:
 
 def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, force=False, log=print,
                 external_data=None, cache_io="concat", weights="fp32", block_size=None, quantize_lm_head=True,
-                quality_bounds=None, kv_cache="fp32", kv_quality_bounds=None):
+                quality_bounds=None, kv_cache="fp32", kv_quality_bounds=None, calibration_text=None,
+                paddle_program=None):
     """Export the servable checkpoint `ckpt_dir` (a path or an opened CheckpointFolder) and validate it; writes out_dir
     atomically (a temp folder renamed at the end). Refused up front (ExportError, nothing read or written) when the
     machine's available memory is below the export's need (paddle_vha/export/memory.py).
@@ -82,15 +88,24 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     limit with them inline, paddle_vha/export/weights.py).
     cache_io: "concat" (the onnxruntime-genai / Optimum interface: present = past + new) or "buffer" (the in-place
     flavour paddle_vha.serve runs: the runtime's cache buffers in, the new positions out; paddle_vha/export/decoder.py).
-    weights: "fp32", or "int8" / "int4" (paddle_vha/export/quantize.py: the float32 graph is exported and validated
-    first, then quantized by onnxruntime's MatMulNBitsQuantizer in blocks of `block_size`, and its logits on held-out
-    text must stay within `quality_bounds` of the float32 graph's, paddle_vha/export/quality.py).
+    weights: "fp32", or "int8" / "int4" (the format's default recipe, paddle_vha/export/quantize.py default_spec, in
+    blocks of `block_size` when given), or a QuantSpec: the float32 graph is exported and validated first, then
+    quantized, and its logits on the held-out part of `calibration_text` (a file; the embedded prose + code text by
+    default) must stay within `quality_bounds` of the float32 graph's (paddle_vha/export/quality.py).
+    paddle_program: keep the static float32 Paddle program (paddle/, for Paddle Inference) in OUT_DIR; default: with
+    float32 weights only (a quantized folder holds what its onnxruntime deployment needs).
     kv_cache: "fp32", or "int8" (paddle_vha/export/kv_cache.py: the graph's attention rewritten to read an int8 cache
     with per-token scales, after the weights' quantization; its logits over held-out text at a longer context must
     stay within `kv_quality_bounds` of the float32 cache's, paddle_vha/export/kv_quality.py).
     """
     _check_options(opset, cache_io)
-    check_weights(weights, block_size)
+    spec = weights if isinstance(weights, QuantSpec) else None
+    if spec is None:
+        check_weights(weights, block_size)
+        spec = default_spec(weights, block_size, quantize_lm_head=quantize_lm_head) if weights != "fp32" else None
+    else:
+        check_weights(spec.weights, spec.block_size)
+    weights = spec.weights if spec else "fp32"
     check_kv_cache(kv_cache)
     ckpt_path = ckpt_dir.path if isinstance(ckpt_dir, CheckpointFolder) else ckpt_dir
     check_output_dir(out_dir, [ckpt_path], force, ExportError, input_label="the checkpoint")
@@ -112,7 +127,7 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         f"the export needs about {need / 1e9:.1f} GB of memory")
     tensors = CheckpointTensors(plan.folder)  # each tensor read when the decoder / the reference model takes it
     with atomic_dir(out_dir, tool="export_onnx", replace=force, error=ExportError) as tmp:
-        onnx_path, param_bytes, external = _write_graphs(plan, tensors, tmp, opset, external_data)
+        onnx_path, param_bytes, external, sources = _write_graphs(plan, tensors, tmp, opset, external_data)
         log(f"exported {onnx_path.replace(tmp, out_dir)} (opset {opset}, {param_bytes / 1e6:.1f} MB of weights"
             f"{', external data in ' + DATA_FILE if external else ''}) in {time.time() - t0:.1f} s")
         val = validate_onnx(onnx_path, plan, tensors, decode_steps=decode_steps, log=log)
@@ -123,19 +138,21 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
             raise ExportError("validation failed: greedy tokens differ between onnxruntime and Paddle")
         quant = None
         if weights != "fp32":
-            quant = _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_data, quality_bounds,
-                              log)
+            quant = _quantize(onnx_path, plan, spec, external_data, quality_bounds, log, sources, calibration_text)
             external = quant["external_data"]
         kv = None
         if kv_cache != "fp32":
             kv = _quantize_cache(onnx_path, plan, kv_cache, kv_quality_bounds, log)
             plan = dataclasses.replace(plan, cache_names=[INT8_NAMES] * plan.num_layers, genai_refusal=GENAI_REFUSAL)
+        keep_program = (weights == "fp32") if paddle_program is None else bool(paddle_program)
+        if not keep_program:  # the float32 program is 4-8x a quantized graph's bytes: written only when asked for
+            shutil.rmtree(os.path.join(tmp, "paddle"))
         for name in COPY_FILES:
             src = os.path.join(plan.folder.path, name)
             if os.path.isfile(src):
                 shutil.copy2(src, os.path.join(tmp, name))
         write_genai_files(tmp, plan, log=log)
-        _write_export_info(tmp, plan, opset, val, tolerance, external, quant, kv)
+        _write_export_info(tmp, plan, opset, val, tolerance, external, sources, quant, kv)
     return val
 
 
@@ -175,14 +192,20 @@ def _quantize_cache(onnx_path, plan, kv_cache, bounds, log) -> dict:
     return dict(info, quality=quality.as_dict(), bounds=list(bounds or CACHE_BOUNDS[kv_cache]), bounds_set_by_user=note)
 
 
-def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_data, bounds, log) -> dict:
-    """The validated float32 graph at onnx_path quantized in place, and its quality on held-out text checked against
-    the float32 graph's (ExportError outside the bounds); returns export_info's "weights" entry."""
+def _quantize(onnx_path, plan, spec, external_data, bounds, log, sources=None, calibration_text=None) -> dict:
+    """The validated float32 graph at onnx_path quantized in place by `spec` (a QuantSpec), calibrated on the
+    calibration part of the text (activation statistics, for an activation-aware recipe), and its quality on the
+    text's held-out part checked against the float32 graph's (ExportError outside the bounds); returns export_info's
+    "weights" entry."""
     from ..serve.ort_session import OrtDecoder
+    from .blockquant import RECIPES
+    from .calibration import activation_importance
 
     t0 = time.time()
-    ids, text = held_out_windows(plan.folder.path, int(plan.config.vocab_size),
-                                 seq_len=quality_tokens(int(plan.rope.context)))
+    context = int(plan.rope.context)
+    seq = quality_tokens(context)
+    text = gate_text(plan.folder.path, int(plan.config.vocab_size), calibration_text, min_tokens=seq + 2)
+    ids, words = held_out_windows(plan.folder.path, int(plan.config.vocab_size), seq_len=seq, text=text)
 
     def session():
         s = OrtDecoder(onnx_path)
@@ -193,19 +216,33 @@ def _quantize(onnx_path, plan, weights, block_size, quantize_lm_head, external_d
     reference = teacher_forced_logits(sess, ids)  # the float32 graph's, then freed
     del sess
     gc.collect()
-    info = quantize_graph(onnx_path, weights, block_size, quantize_lm_head, bool(external_data),
-                          max_positions=int(plan.rope.context))
-    log(f"quantized to {weights} (onnxruntime MatMulNBits, symmetric blocks of {info['block_size']}, LM head "
-        f"{info['lm_head']}): {info['quantized_matmuls']} MatMuls, {info['weight_bytes'] / 1e6:.1f} MB of weights "
-        f"in the graph, in {time.time() - t0:.1f} s")
+    importance = None
+    if spec.recipe != "rtn" and RECIPES[spec.recipe].weighted:
+        length = min(CALIBRATION_WINDOW, context, len(text.train) - 1)
+        calib = np.concatenate([x for x, _ in text.windows("train", CALIBRATION_BATCHES, length, batch_size=4)])
+        importance = activation_importance(onnx_path, calib, plan.input_windows, plan.cache_io)
+        log(f"calibration: activation statistics of {len(importance)} MatMul inputs over {calib.size} tokens of "
+            f"{text.source} in {time.time() - t0:.1f} s")
+    info = quantize_graph(onnx_path, spec, external_data=bool(external_data), max_positions=context,
+                          sources=sources, importance=importance, num_layers=plan.num_layers)
+    by_bits = ", ".join(f"{v} in {k} bits" for k, v in sorted(info["quantized_matmuls_by_bits"].items()))
+    log(f"quantized: {spec.describe()} (onnxruntime MatMulNBits: {by_bits}; embedding {_embedding_words(info)}): "
+        f"{info['weight_bytes'] / 1e6:.1f} MB of weights in the graph, in {time.time() - t0:.1f} s")
     sess = session()
-    quality = measure_quality(reference, sess, ids, text)
+    quality = measure_quality(reference, sess, ids, words)
     del sess, reference
     gc.collect()
-    log(quality.line(weights, bounds))
-    check_quality(quality, weights, bounds)
-    return dict(info, quality=quality.as_dict(), bounds=list(bounds or BOUNDS[weights]),
-                bounds_set_by_user=bounds_note(weights, bounds))
+    log(quality.line(spec.weights, bounds))
+    check_quality(quality, spec.weights, bounds)
+    return dict(info, quality=quality.as_dict(), bounds=list(bounds or BOUNDS[spec.weights]),
+                bounds_set_by_user=bounds_note(spec.weights, bounds), calibration_text=text.source)
+
+
+def _embedding_words(info: dict) -> str:
+    emb = info.get("embedding")
+    if not isinstance(emb, dict):
+        return "float32"
+    return f"{emb['bits']} bits" + (", one table with the LM head" if emb["shared_with_lm_head"] else "")
 
 
 def _check_side_files(folder: str) -> None:
@@ -217,31 +254,35 @@ def _check_side_files(folder: str) -> None:
             raise CheckpointError(f"{path}: {file_problem(path)}; refusing to copy it")
 
 
-def _save_decoder(plan: ServingPlan, tensors, prefix: str) -> None:
+def _save_decoder(plan: ServingPlan, tensors, prefix: str) -> dict:
     """The decoder built from the checkpoint, saved as the static Paddle program PREFIX.json + PREFIX.pdiparams, and
-    freed (the next stages read the weights from PREFIX.pdiparams)."""
+    freed (the next stages read the weights from PREFIX.pdiparams); returns {parameter name: checkpoint tensor}."""
     import paddle
 
     paddle.set_default_dtype("float32")
     decoder = KVDecoder(plan, tensors)
     decoder.eval()
     save_program(decoder, plan, prefix)
+    sources = dict(decoder.weight_sources)
     del decoder
     gc.collect()
+    return sources
 
 
 def _write_graphs(plan: ServingPlan, tensors, tmp: str, opset: int, external_data):
     """The static Paddle program (tmp/paddle/) and the cleaned-up ONNX graph (tmp/model.onnx, its weights inline or
-    in model.onnx.data); returns (the ONNX path, the weights' bytes, whether they are external data)."""
+    in model.onnx.data); returns (the ONNX path, the weights' bytes, whether they are external data, {initializer name:
+    the checkpoint tensor it holds})."""
     import onnx
 
     prefix = os.path.join(tmp, "paddle", "model")
-    _save_decoder(plan, tensors, prefix)
+    sources = _save_decoder(plan, tensors, prefix)
     raw_onnx = os.path.join(tmp, "raw.onnx")
     entries = convert_without_weights(prefix, raw_onnx, opset)
     model = finalize_graph(onnx.load(raw_onnx), plan, {e.name for e in entries})
     os.remove(raw_onnx)
     read = {t.name for t in model.graph.initializer}
+    sources = {name: src for name, src in sources.items() if name in read}
     param_bytes = sum(e.nbytes for e in entries if e.name in read)
     external = bool(external_data) or needs_external_data(param_bytes, model.ByteSize())
     attach_weights(model, entries, prefix + ".pdiparams", tmp, external)
@@ -250,11 +291,11 @@ def _write_graphs(plan: ServingPlan, tensors, tmp: str, opset: int, external_dat
         f.write(model.SerializeToString())
     del model
     gc.collect()
-    return onnx_path, param_bytes, external
+    return onnx_path, param_bytes, external, sources
 
 
 def _write_export_info(tmp: str, plan: ServingPlan, opset: int, val: Validation, tolerance: float,
-                       external: bool, quant: dict = None, kv: dict = None) -> None:
+                       external: bool, sources: dict, quant: dict = None, kv: dict = None) -> None:
     """export_info.json: the graph's I/O names and cache layout (what paddle_vha.serve reads), the validation."""
     cfg = plan.config
     ins, outs = plan.io_names
@@ -275,7 +316,8 @@ def _write_export_info(tmp: str, plan: ServingPlan, opset: int, val: Validation,
                 validation=dict(prefill_max_abs=val.prefill_max_abs, decode_max_abs=val.decode_max_abs,
                                 decode_steps=val.steps, tolerance=tolerance, logit_scale=val.logit_scale,
                                 bound=val.bound(tolerance)),
-                ops=ops, weights=quant or dict(format="fp32"), kv_cache=kv or dict(format="fp32"))
+                ops=ops, weights=quant or dict(format="fp32"), kv_cache=kv or dict(format="fp32"),
+                weight_sources=sources, paddle_program="paddle/" if os.path.isdir(os.path.join(tmp, "paddle")) else None)
     with open(os.path.join(tmp, "export_info.json"), "w") as f:
         json.dump(info, f, indent=2)
 

@@ -18,6 +18,7 @@ distribution by far more than rounding does (tests/test_export_quant.py corrupts
 from __future__ import annotations
 
 import gc
+import os
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional
 
@@ -27,7 +28,7 @@ from ..evaluate import compare_logits
 from .errors import ExportError
 
 __all__ = ["BOUNDS", "Quality", "held_out_windows", "teacher_forced_logits", "measure_quality", "check_quality",
-           "gate_bounds", "bounds_note", "QUALITY_TOKENS", "quality_tokens"]
+           "gate_bounds", "bounds_note", "QUALITY_TOKENS", "quality_tokens", "gate_text", "DEFAULT_TEXT"]
 
 # (max mean KL in nats, min greedy agreement on decisive positions), per format. Measured (docs/deploy.md): int8
 # 1e-5..1e-3 nats, int4 up to 0.12 on the sharpened toy models of tests/test_export_quant.py (round-to-nearest int4
@@ -94,11 +95,33 @@ class Quality:
         return asdict(self)
 
 
-def held_out_windows(folder: str, vocab: int, batch: int = 2, seq_len: int = QUALITY_TOKENS):
-    """(ids (batch, seq_len) int64, what they are in words): fixed windows of the held-out text."""
+DEFAULT_TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "calibration.txt")
+DEFAULT_TEXT_WORDS = ("the embedded calibration text (English prose: 12 chapters of Jane Austen's novels, public "
+                      "domain; Python code: 6 standard-library modules, PSF licence; paddle_vha/export/data/README.md)")
+
+
+def gate_text(folder: str, vocab: int, calibration_text: Optional[str] = None, min_tokens: int = QUALITY_TOKENS + 2):
+    """The text (TextTokens: a calibration part, a held-out part) the quantized export calibrates on and its gate
+    reads: `calibration_text` (--calibration-text FILE), else the embedded prose + code file (DEFAULT_TEXT) for a
+    model with a tokenizer, and the embedded standard-library corpus for a byte-level toy model (what those were
+    trained and their gate bounds measured on). ExportError (one line) for a file that is empty, binary, unreadable
+    or too short."""
+    from ..transform.text import load_text, BYTE_LEVEL_MAX, TOKENIZER_FILE
+
+    if calibration_text is None:
+        if not os.path.isfile(os.path.join(folder, TOKENIZER_FILE)) and vocab < BYTE_LEVEL_MAX:
+            return load_text(folder, vocab, None, ExportError, min_tokens=min_tokens)
+        return load_text(folder, vocab, DEFAULT_TEXT, ExportError, min_tokens=min_tokens, flag="the embedded text",
+                         source=DEFAULT_TEXT_WORDS)
+    return load_text(folder, vocab, calibration_text, ExportError, min_tokens=min_tokens, flag="--calibration-text")
+
+
+def held_out_windows(folder: str, vocab: int, batch: int = 2, seq_len: int = QUALITY_TOKENS, text=None):
+    """(ids (batch, seq_len) int64, what they are in words): fixed windows of the held-out text (`text`, a
+    TextTokens, or the embedded standard-library corpus)."""
     from ..transform.text import load_text
 
-    text = load_text(folder, vocab, None, ExportError, min_tokens=seq_len + 2)
+    text = text or load_text(folder, vocab, None, ExportError, min_tokens=seq_len + 2)
     ids, _ = text.windows("val", 1, seq_len, batch_size=batch)[0]
     return ids, text.describe(int(ids.size), "val")
 

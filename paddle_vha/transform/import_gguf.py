@@ -318,9 +318,10 @@ def plan_import_gguf(path: str, out_dir: str, dtype: str = "float32", force: boo
     notes = []
     if precision["quantized_types"]:
         notes.append(f"the weights were quantized in the file ({', '.join(precision['quantized_types'])}): the "
-                     "imported float weights sit on that grid, so int4 / int8 numbers measured on this model later "
-                     "are optimistic (re-quantizing a model already on a 4-bit grid is close to lossless by "
-                     "construction)")
+                     "imported float weights sit on that grid; re-quantizing them is not lossless unless the new "
+                     "grid is the file's (Q4_1's block minimum is a free float: int4 with integer zero points, or "
+                     "symmetric, loses 0.4 nats of KL on SmolLM2's Q4_1 file, docs/deploy.md), and quantization "
+                     "numbers on such a model may differ from a float-trained one's")
     if form.interleaved_rope:
         notes.append("q_proj / k_proj rows are put back in Hugging Face's order (llama.cpp's converter interleaved "
                      "each head's two RoPE halves)")

@@ -55,26 +55,32 @@ class TextTokens:
         return f"{tokens} {part}tokens of {self.source}, {self.tokens_how}"
 
 
-def _read_documents(path: str, error) -> List[str]:
-    """The documents of a --calib-data file: a .jsonl's "text" fields, or the whole of any other file."""
+def _read_documents(path: str, error, flag: str = "--calib-data") -> List[str]:
+    """The documents of a --calib-data file: a .jsonl's "text" fields, or the whole of any other file (refused when it
+    is empty, or binary: NUL bytes)."""
     try:
         with open(path, encoding="utf-8") as f:
-            if not path.endswith(".jsonl"):
-                return [f.read()]
-            docs = []
-            for k, line in enumerate(f, 1):
-                if line.strip():
-                    obj = json.loads(line)
-                    if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                        raise ValueError(f"line {k} has no string \"text\" field")
-                    docs.append(obj["text"])
-            return docs
+            if path.endswith(".jsonl"):
+                docs = []
+                for k, line in enumerate(f, 1):
+                    if line.strip():
+                        obj = json.loads(line)
+                        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                            raise ValueError(f"line {k} has no string \"text\" field")
+                        docs.append(obj["text"])
+            else:
+                docs = [f.read()]
     except OSError as e:
-        raise error(f"--calib-data {path}: cannot read it ({e.strerror or e})") from None
+        raise error(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError:
-        raise error(f"--calib-data {path}: not UTF-8 text") from None
+        raise error(f"{flag} {path}: not UTF-8 text (a binary file?)") from None
     except ValueError as e:  # json.JSONDecodeError is a ValueError
-        raise error(f"--calib-data {path}: not JSON lines with a \"text\" field ({str(e).splitlines()[0]})") from None
+        raise error(f"{flag} {path}: not JSON lines with a \"text\" field ({str(e).splitlines()[0]})") from None
+    if not any(d.strip() for d in docs):
+        raise error(f"{flag} {path}: no text in it (empty, or only whitespace)")
+    if any("\0" in d for d in docs):
+        raise error(f"{flag} {path}: a binary file (it holds NUL bytes), not text")
+    return docs
 
 
 def _encoder(in_dir: str, vocab: int, error):
@@ -107,9 +113,11 @@ def _check_range(tokens: np.ndarray, vocab: int, in_dir: str, error) -> None:
                     f"{vocab}-token vocabulary")
 
 
-def load_text(in_dir: str, vocab: int, calib_data: Optional[str], error, min_tokens: int = 130) -> TextTokens:
+def load_text(in_dir: str, vocab: int, calib_data: Optional[str], error, min_tokens: int = 130,
+              flag: str = "--calib-data", source: Optional[str] = None) -> TextTokens:
     """The calibration and held-out token streams for the checkpoint in `in_dir` (see the module docstring);
-    `error` (one line) when the text cannot be read or tokenized, or a stream is shorter than `min_tokens`."""
+    `error` (one line) when the text cannot be read or tokenized, or a stream is shorter than `min_tokens`. `flag`:
+    the option that named the file, in messages; `source`: the file's description in words (its path otherwise)."""
     encode, how, byte_level = _encoder(in_dir, vocab, error)
     if calib_data is None:
         from ..train.corpus import load_stdlib_corpus
@@ -122,12 +130,12 @@ def load_text(in_dir: str, vocab: int, calib_data: Optional[str], error, min_tok
             train, val = encode(split(corpus.train)), encode(split(corpus.val))
         source = "the embedded standard-library corpus"
     else:
-        tokens = encode(_read_documents(calib_data, error))
+        tokens = encode(_read_documents(calib_data, error, flag))
         cut = int(len(tokens) * (1 - HELD_OUT))
-        train, val, source = tokens[:cut], tokens[cut:], calib_data
+        train, val, source = tokens[:cut], tokens[cut:], source or calib_data
     for name, part in (("calibration", train), ("held-out", val)):
         if len(part) < min_tokens:
-            raise error(f"--calib-data {source}: its {name} part has {len(part)} tokens, fewer than the {min_tokens} "
+            raise error(f"{flag} {source}: its {name} part has {len(part)} tokens, fewer than the {min_tokens} "
                         "one window needs (the last 10% of a file's tokens are held out for the KL)")
     _check_range(np.concatenate([train, val]), vocab, in_dir, error)
     return TextTokens(train, val, source, how, byte_level)
