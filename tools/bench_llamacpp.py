@@ -22,7 +22,7 @@ import subprocess
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FORMATS = ("F32", "F16", "Q8_0", "Q4_0")
+FORMATS = ("F32", "F16", "Q8_0", "Q4_0", "Q4_K_M")
 # every side script's peak memory: this process's resident high-water mark (VmHWM; getrusage's ru_maxrss carries the
 # parent's over fork + exec, so every child of a large bench reported the bench's own)
 PEAK_RSS = """
@@ -211,9 +211,9 @@ CONVERT = """
 import os, subprocess, sys
 import llama_cpp
 src, folder, out, kind = sys.argv[1:5]
-if kind == "Q4_0":
+if kind in ("Q4_0", "Q4_K_M"):  # llama.cpp's quantizer over the F32 file
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0 if kind == "Q4_0" else llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
     rc = llama_cpp.llama_model_quantize(os.path.join(os.path.dirname(out), "F32.gguf").encode(), out.encode(), params)
     sys.exit(f"llama_model_quantize: {rc}" if rc else 0)
 conv = os.path.join(src, "vendor", "llama.cpp", "convert_hf_to_gguf.py")
@@ -273,7 +273,7 @@ def prepare_gguf(work: str, ckpt: str, formats, env, log) -> dict:
     python, src = env
     folder, out_dir = llama_source(work, ckpt, src), os.path.join(work, "gguf")
     os.makedirs(out_dir, exist_ok=True)
-    need = list(formats) + (["F32"] if "Q4_0" in formats and "F32" not in formats else [])
+    need = list(formats) + (["F32"] if {"Q4_0", "Q4_K_M"} & set(formats) and "F32" not in formats else [])
     paths = {}
     for kind in sorted(need, key=FORMATS.index):
         path = os.path.join(out_dir, f"{kind}.gguf")

@@ -50,7 +50,6 @@ ROWS = {  # name -> QuantSpec keyword arguments (or the format's default); the a
     "int8 default": "int8",
 }
 LLAMA_TYPES = {"F32": "f32", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_M": "q4_k_m"}
-DECISIVE = 0.5
 
 # llama.cpp's logits of each window, its own decode of the ids in one call (extra buffer types off: on an AMX Xeon
 # llama-cpp-python 0.3.36 crashes in their batched path)
@@ -65,7 +64,7 @@ rows = []
 for row in ids:
     llm.reset()
     llm.eval([int(t) for t in row])
-    rows.append(np.asarray(llm.scores[:len(row)], np.float32))
+    rows.append(np.array(llm.scores[:len(row)], np.float32))  # a copy: scores is llama's buffer, rewritten per row
 np.save(out, np.stack(rows))
 """
 
@@ -131,22 +130,14 @@ np.save(out, np.stack(res))
 """
 
 
-def log_softmax(x):
-    x = x.astype(np.float64)
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
-
-
 def compare(ref: np.ndarray, got: np.ndarray, ids: np.ndarray) -> dict:
-    """Mean KL(ref || got), agreement on decisive positions, perplexity of got on the windows' next tokens."""
-    la, lb = log_softmax(ref), log_softmax(got)
-    kl = (np.exp(la) * (la - lb)).sum(-1)
-    top2 = np.partition(la, -2, -1)[..., -2:]
-    decisive = (top2[..., 1] - top2[..., 0]) >= DECISIVE
-    same = ref.argmax(-1) == got.argmax(-1)
-    nll = -np.take_along_axis(lb[:, :-1], ids[:, 1:, None], -1)[..., 0]
-    return dict(kl=float(kl.mean()), agreement=float(same[decisive].mean()) if decisive.any() else 1.0,
-                ppl=float(np.exp(nll.mean())))
+    """Mean KL(fp32 || format), agreement on decisive positions, perplexity of the format on the windows' next
+    tokens (export/quality.py's comparison, the gate's)."""
+    from paddle_vha.export.quality import compare_distributions
+
+    d = compare_distributions(ref, got, ids)
+    return dict(kl=float(d["kl"].mean()), ppl=float(np.exp(d["nll"].mean())),
+                agreement=float(d["same"][d["decisive"]].mean()) if d["decisive"].any() else 1.0)
 
 
 def text_windows(ckpt: str, path: str, count: int, length: int) -> np.ndarray:
@@ -193,7 +184,7 @@ def our_speed(folder: str, prompt: np.ndarray, new: int) -> float:
 
 def ours(args, ids, ref, prompt, params, log):
     """Rows of our recipes: (name, MB, bits/weight, quality dict, tokens/s, what)."""
-    from paddle_vha.export.calibration import activation_importance
+    from paddle_vha.export.calibration import text_importance
     from paddle_vha.export.quality import gate_text
     from paddle_vha.export.quantize import QuantSpec, default_spec, quantize_graph
     from paddle_vha.export.quality import teacher_forced_logits
@@ -202,10 +193,10 @@ def ours(args, ids, ref, prompt, params, log):
     fp32 = os.path.join(args.work, "fp32")
     info = json.load(open(os.path.join(fp32, "export_info.json")))
     text = gate_text(args.checkpoint, int(info["vocab_size"]), args.calibration_text)
-    calib = np.concatenate([x for x, _ in text.windows("train", 4, min(256, info["context_length"]), batch_size=4)])
     t = time.time()
-    importance = activation_importance(os.path.join(fp32, "model.onnx"), calib, info["cache_windows"], info["cache_io"])
-    log(f"calibration: {calib.size} tokens of {text.source} in {time.time() - t:.0f} s")
+    importance = text_importance(os.path.join(fp32, "model.onnx"), text, info["context_length"], info["cache_windows"],
+                                 info["cache_io"])
+    log(f"calibration: {text.source} in {time.time() - t:.0f} s")
     rows = []
     specs = [(name, default_spec(ROWS[name]) if isinstance(ROWS[name], str) else QuantSpec(**ROWS[name]))
              for name in args.rows]
@@ -253,7 +244,8 @@ def llama(args, ids, ref, prompt, params, log):
                 log(f"llama.cpp {kind}: export_gguf failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
                 continue
         out = os.path.join(args.work, f"llama-{kind}.npy")
-        # extra weight buffer types off: llama-cpp-python 0.3.36 crashes in their batched path on an AMX Xeon
+        # extra weight buffer types off: llama-cpp-python 0.3.36 crashes in their batched path for quantized weights
+        # on an AMX Xeon (SIGSEGV at n_batch > 1)
         r = bench_llamacpp._side(env[0], LLAMA_LOGITS, [path, ids_path, out], extra_bufts=False)
         if r.returncode != 0:
             log(f"llama.cpp {kind}: logits failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
@@ -261,8 +253,7 @@ def llama(args, ids, ref, prompt, params, log):
         got = np.load(out)
         if kind == "F32" and compare(ref, got, ids)["kl"] > 1e-2:
             log("WARNING: llama.cpp's F32 logits disagree with our float32 export (KL > 0.01): the llama.cpp quality "
-                "columns below are not trustworthy (seen on an AMX Xeon with extra buffer types off; the speed column "
-                "is separate)")
+                "columns below do not compare the same model (the checkpoint, the conversion or the tokens differ)")
         prompt_path = os.path.join(args.work, "prompt.npy")
         np.save(prompt_path, prompt)
         r, retried = bench_llamacpp.run_side(env[0], LLAMA_SPEED, [path, prompt_path, args.speed_new], log)

@@ -333,7 +333,7 @@ def export_folder(args, ckpt, cache_io, key, log) -> str:
         return fp32
     fmt, _, block = key.partition("-b")
     block = int(block) if block else None
-    out = os.path.join(args.work, key + tail)
+    out = os.path.join(args.work, key + tail + ("-default" if args.recipe == "default" else ""))
     if os.path.isfile(os.path.join(out, "export_info.json")):
         return out
     tmp = out + ".tmp"
@@ -342,8 +342,9 @@ def export_folder(args, ckpt, cache_io, key, log) -> str:
     t = time.time()
     path = os.path.join(tmp, "export_info.json")
     meta = json.load(open(path))
-    info = quantize_graph(os.path.join(tmp, "model.onnx"), fmt, block,
-                          max_positions=meta["context_length"])
+    weights, extra = _recipe(args, ckpt, fp32, fmt, block, meta)
+    info = quantize_graph(os.path.join(tmp, "model.onnx"), weights, block, max_positions=meta["context_length"],
+                          num_layers=meta["num_hidden_layers"], **extra)
     meta["ops"], meta["weights"] = info.pop("ops"), dict(info, quality="not checked (bench copy)")
     meta["external_data"] = "model.onnx.data" if info["external_data"] else None
     with open(path + ".tmp", "w") as f:
@@ -353,6 +354,26 @@ def export_folder(args, ckpt, cache_io, key, log) -> str:
     log(f"{fmt} (block {info['block_size']}, {cache_io} flavour): quantized in {time.time() - t:.0f} s, "
         f"{info['weight_bytes'] / 1e6:.0f} MB of weights")
     return out
+
+
+def _recipe(args, ckpt, fp32, fmt, block, meta):
+    """(weights, more keyword arguments) of quantize_graph for --recipe: "rtn"
+    (onnxruntime's round to nearest at the block, what the tables of docs/deploy.md timed) or "default" (what
+    `export_onnx --weights FMT` writes: its recipe, mixed bits and quantized embedding, calibrated on the embedded
+    text as the export is)."""
+    if args.recipe == "rtn":
+        return fmt, {}
+    from paddle_vha.export.calibration import text_importance
+    from paddle_vha.export.quality import gate_text
+    from paddle_vha.export.quantize import default_spec
+
+    if "weight_sources" not in meta:
+        sys.exit(f"error: {fp32} predates export_info.json's weight_sources (the roles --recipe default needs): "
+                 "remove it to export it again")
+    text = gate_text(ckpt, int(meta["vocab_size"]), None)
+    importance = text_importance(os.path.join(fp32, "model.onnx"), text, meta["context_length"], meta["cache_windows"],
+                                 meta["cache_io"])
+    return default_spec(fmt, block), dict(sources=meta["weight_sources"], importance=importance)
 
 
 def int8_cache_copy(args, ckpt, folder, log) -> str:
@@ -392,9 +413,10 @@ def label(args, key: str) -> str:
     are timed."""
     from paddle_vha.export.quantize import DEFAULT_BLOCK_SIZE
 
+    recipe = " (default recipe)" if key != "fp32" and getattr(args, "recipe", "rtn") == "default" else ""
     if key != "fp32" and "-b" not in key and args.block_size and len(args.block_size) > 1:
-        return f"{key} b{DEFAULT_BLOCK_SIZE}"
-    return key.replace("-b", " b")
+        return f"{key} b{DEFAULT_BLOCK_SIZE}{recipe}"
+    return key.replace("-b", " b") + recipe
 
 
 def timings(args, ckpt, ours, genai, cfg, log):
@@ -476,6 +498,10 @@ def main(argv=None) -> int:
                    "session's and HF's caches filled with random keys and values, llama.cpp's with a 512-position "
                    "prefill's cache tiled to the prompt's length: decode speed does not depend on them; genai still "
                    "prefills)")
+    p.add_argument("--recipe", default="rtn", choices=["rtn", "default"],
+                   help="how our int8 / int4 copies are quantized: rtn (onnxruntime's round to nearest at --block-size, "
+                        "what docs/deploy.md's serving tables timed; default) or default (export_onnx's default recipe, "
+                        "mixed bits and quantized embedding, calibrated as the export is)")
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--llama-formats", nargs="*", default=list(bench_llamacpp.FORMATS),

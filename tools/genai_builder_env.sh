@@ -14,20 +14,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${GENAI_BUILDER_VENV:-$ROOT/.venv-genai-builder}"
 PY="${PYTHON:-python3}"
 PINS="torch==2.13.0 transformers==5.18.0 onnxruntime==1.32.0 onnxruntime-genai==0.18.0 onnx==1.23.1 onnx-ir==1.0.0 safetensors==0.8.0 numpy==2.2.6"
-STAMP="$VENV/.genai_builder_env"
-needs_setup() { [ ! -x "$VENV/bin/python" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$PINS" ]; }
-if needs_setup; then
-  mkdir -p "$(dirname "$VENV")"
-  exec 9>"$VENV.lock"
-  flock 9
-fi
-if needs_setup; then
-  echo "[genai-builder-env] setting up $VENV ($PINS)" >&2
-  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check $PINS >&2
-  "$VENV/bin/python" -m pip check >&2
-  echo "$PINS" > "$STAMP"
-fi
+# shellcheck source=tools/side_env_lib.sh
+. "$ROOT/tools/side_env_lib.sh"
+ensure_side_env "$VENV" "$PY" "$PINS" genai_builder_env "import onnxruntime_genai.models.builder, onnx_ir, transformers"
+
 if [ "$#" -eq 0 ]; then
   echo "$VENV/bin/python"
 else

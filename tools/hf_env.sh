@@ -16,25 +16,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${HF_VENV:-$ROOT/.venv-hf}"
 PY="${PYTHON:-python3}"
 PINS="torch==2.13.0 transformers==4.57.6 safetensors==0.8.0 numpy==1.26.4 optimum-onnx==0.1.0 onnxruntime==1.32.0 onnxruntime-genai==0.18.0"
-STAMP="$VENV/.hf_env"
-
-needs_setup() { [ ! -x "$VENV/bin/python" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$PINS" ]; }
-if needs_setup; then
-  # One set-up at a time (the test suite's workers may both ask): wait for the lock, then look again.
-  mkdir -p "$(dirname "$VENV")"
-  exec 9>"$VENV.lock"
-  flock 9
-fi
-if needs_setup; then
-  echo "[hf-env] setting up $VENV ($PINS)" >&2
-  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  # shellcheck disable=SC2086
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check $PINS
-  "$VENV/bin/python" -c "import torch, transformers, safetensors, numpy, onnxruntime_genai; from transformers import Qwen3ForCausalLM; from optimum.onnxruntime import ORTModelForCausalLM" \
-    || { echo "[hf-env] import check failed" >&2; exit 1; }
-  echo "$PINS" > "$STAMP"
-  echo "[hf-env] ready" >&2
-fi
+# shellcheck source=tools/side_env_lib.sh
+. "$ROOT/tools/side_env_lib.sh"
+ensure_side_env "$VENV" "$PY" "$PINS" hf_env \
+  "import torch, transformers, safetensors, numpy, onnxruntime_genai; from transformers import Qwen3ForCausalLM; from optimum.onnxruntime import ORTModelForCausalLM"
 
 if [ "$#" -eq 0 ]; then
   echo "$VENV/bin/python"

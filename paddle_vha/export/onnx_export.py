@@ -30,8 +30,6 @@ import os
 import shutil
 import time
 
-import numpy as np
-
 from ..checkpoint.contract import CheckpointError, file_problem
 from ..checkpoint.folder import CheckpointFolder
 from ..checkpoint.fsutil import atomic_dir, check_output_dir
@@ -61,9 +59,6 @@ OPSETS = range(14, 22)  # Qwen3's causal mask needs Trilu (14); paddle2onnx 2.1.
 # --kv-cache's quality gate: 2 held-out windows of KV_GATE_POSITIONS tokens, prefilled KV_GATE_CHUNK at a time through
 # the cache, the last KV_GATE_STEPS one decode step each (paddle_vha/export/kv_quality.py)
 KV_GATE_POSITIONS, KV_GATE_CHUNK, KV_GATE_STEPS = 320, 64, 32
-# activation statistics for an activation-aware recipe: CALIBRATION_BATCHES x 4 windows of CALIBRATION_WINDOW tokens
-# of the calibration text's calibration part (SmolLM2-135M: 4,096 tokens in ~13 s)
-CALIBRATION_BATCHES, CALIBRATION_WINDOW = 4, 256
 _run_paddle2onnx = run_paddle2onnx  # the converter's child process (tests/test_export_bad_input.py)
 
 
@@ -199,7 +194,7 @@ def _quantize(onnx_path, plan, spec, external_data, bounds, log, sources=None, c
     "weights" entry."""
     from ..serve.ort_session import OrtDecoder
     from .blockquant import RECIPES
-    from .calibration import activation_importance
+    from .calibration import text_importance
 
     t0 = time.time()
     context = int(plan.rope.context)
@@ -218,11 +213,9 @@ def _quantize(onnx_path, plan, spec, external_data, bounds, log, sources=None, c
     gc.collect()
     importance = None
     if spec.recipe != "rtn" and RECIPES[spec.recipe].weighted:
-        length = min(CALIBRATION_WINDOW, context, len(text.train) - 1)
-        calib = np.concatenate([x for x, _ in text.windows("train", CALIBRATION_BATCHES, length, batch_size=4)])
-        importance = activation_importance(onnx_path, calib, plan.input_windows, plan.cache_io)
-        log(f"calibration: activation statistics of {len(importance)} MatMul inputs over {calib.size} tokens of "
-            f"{text.source} in {time.time() - t0:.1f} s")
+        importance = text_importance(onnx_path, text, context, plan.input_windows, plan.cache_io)
+        log(f"calibration: activation statistics of {len(importance)} MatMul inputs on {text.source} in "
+            f"{time.time() - t0:.1f} s")
     info = quantize_graph(onnx_path, spec, external_data=bool(external_data), max_positions=context,
                           sources=sources, importance=importance, num_layers=plan.num_layers)
     by_bits = ", ".join(f"{v} in {k} bits" for k, v in sorted(info["quantized_matmuls_by_bits"].items()))

@@ -28,7 +28,8 @@ from ..evaluate import compare_logits
 from .errors import ExportError
 
 __all__ = ["BOUNDS", "Quality", "held_out_windows", "teacher_forced_logits", "measure_quality", "check_quality",
-           "gate_bounds", "bounds_note", "QUALITY_TOKENS", "quality_tokens", "gate_text", "DEFAULT_TEXT"]
+           "gate_bounds", "bounds_note", "QUALITY_TOKENS", "quality_tokens", "gate_text", "DEFAULT_TEXT",
+           "compare_distributions"]
 
 # (max mean KL in nats, min greedy agreement on decisive positions), per format. Measured (docs/deploy.md): int8
 # 1e-5..1e-3 nats, int4 up to 0.12 on the sharpened toy models of tests/test_export_quant.py (round-to-nearest int4
@@ -137,21 +138,31 @@ def teacher_forced_logits(session, ids: np.ndarray) -> np.ndarray:
     return np.concatenate(out, axis=1)
 
 
+def compare_distributions(reference: np.ndarray, got: np.ndarray, ids: Optional[np.ndarray] = None) -> dict:
+    """Per position (B, S): kl = KL(softmax(reference) || softmax(got)) in nats, same = the argmaxes agree, decisive
+    = the reference's top token leads its runner-up by >= DECISIVE nats; with `ids` (B, S), nll = -log p_got of each
+    next token (B, S - 1). In float64."""
+    from ..evaluate import log_softmax
+
+    la, lb = log_softmax(reference.astype(np.float64)), log_softmax(got.astype(np.float64))
+    out = dict(kl=(np.exp(la) * (la - lb)).sum(-1), same=reference.argmax(-1) == got.argmax(-1))
+    top2 = np.partition(la, -2, axis=-1)[..., -2:]  # (B, S, 2): runner-up, top log-probability
+    out["decisive"] = (top2[..., 1] - top2[..., 0]) >= DECISIVE
+    if ids is not None:
+        out["nll"] = -np.take_along_axis(lb[:, :-1], ids[:, 1:, None], -1)[..., 0]
+    return out
+
+
 def measure_quality(reference: np.ndarray, session, ids: np.ndarray, text: str) -> Quality:
     """The quantized `session`'s logits over `ids` against the float32 export's `reference` logits."""
     got = teacher_forced_logits(session, ids)
     cmp = compare_logits(reference, got)
     if cmp["nonfinite"]:
         raise ExportError(f"quality check failed: the {cmp['nonfinite']} logits are not finite (NaN or Inf)")
-    from ..evaluate import log_softmax
-
-    la, lb = log_softmax(reference.astype(np.float64)), log_softmax(got.astype(np.float64))
-    kl = (np.exp(la) * (la - lb)).sum(-1)
-    same = reference.argmax(-1) == got.argmax(-1)
-    top2 = np.partition(la, -2, axis=-1)[..., -2:]  # (B, S, 2): runner-up, top log-probability
-    decisive = (top2[..., 1] - top2[..., 0]) >= DECISIVE
-    del got, la, lb, top2
+    d = compare_distributions(reference, got)
+    del got
     gc.collect()
+    kl, same, decisive = d["kl"], d["same"], d["decisive"]
     agree = float(same[decisive].mean()) if decisive.any() else 1.0
     return Quality(mean_kl=float(kl.mean()), max_kl=float(kl.max()), agreement=agree, decisive=int(decisive.sum()),
                    agreement_all=float(same.mean()), positions=int(kl.size), max_abs=cmp["max_abs"], text=text)
