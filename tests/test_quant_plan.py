@@ -63,6 +63,8 @@ def test_calibration_text_refusals(tmp_path):
     assert "binary file" in _cli(tmp_path, "--calibration-text", tmp_path / "binary.txt")
     assert "not UTF-8" in _cli(tmp_path, "--calibration-text", tmp_path / "latin1.txt")
     assert "no such file" in _cli(tmp_path, "--calibration-text", tmp_path / "missing.txt")
+    (tmp_path / "folder").mkdir()
+    assert "a folder, not a text file" in _cli(tmp_path, "--calibration-text", tmp_path / "folder")
     assert "unknown role 'vproj'" in _cli(tmp_path, "--mixed", "vproj,down_proj")
 
 

@@ -157,6 +157,8 @@ def _check_text_file(path: str) -> None:
 
     from paddle_vha.export.errors import ExportError
 
+    if os.path.isdir(path):
+        raise ExportError(f"--calibration-text {path}: a folder, not a text file")
     if not os.path.isfile(path):
         raise ExportError(f"--calibration-text {path}: no such file")
     try:
