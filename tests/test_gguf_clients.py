@@ -30,8 +30,7 @@ from _utils import llama_side_env, smollm2_gguf_path
 from gguf_synth import hf_weights, llama_cpp_order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from bench_llamacpp import EXTRA_BUFTS_SWITCH  # noqa: E402  (tools/)
+from tools.bench_llamacpp import EXTRA_BUFTS_SWITCH  # noqa: E402
 
 PROMPT_IDS = [785, 6722, 315, 9625, 374, 12095, 13, 576, 1156, 1616, 4172, 220, 18, 15, 17, 11]
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

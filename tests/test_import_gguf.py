@@ -55,9 +55,9 @@ def test_each_type_matches_the_block_layout_oracle(tmp_path, capsys, qtype):
     assert said["on_a_quantization_grid"] == (qtype.startswith("Q"))
     assert (qtype in said["tensor_types"])
     if qtype.startswith("Q"):
-        assert f"quantized, mostly {qtype}" in out and "optimistic" in out
+        assert f"quantized, mostly {qtype}" in out and "re-quantizing them is not lossless" in out
     else:
-        assert "optimistic" not in out
+        assert "re-quantizing them is not lossless" not in out
 
 
 def test_oracle_quantizer_is_the_layout_it_says():

@@ -31,11 +31,10 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-ROOT = os.path.dirname(HERE)
+import bench_llamacpp  # tools/ is the script's folder, first on the path
 
-import bench_llamacpp  # noqa: E402  (tools/)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 
 ROWS = {  # name -> QuantSpec keyword arguments (or the format's default); the ablation, one change a row
     "int4 rtn b128 (old default)": dict(weights="int4", block_size=128, recipe="rtn"),
