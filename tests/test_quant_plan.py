@@ -79,3 +79,68 @@ def test_a_too_short_calibration_text_is_refused_by_the_tokenizer_count(tmp_path
         gate_text(str(tmp_path), 256, str(tmp_path / "short.txt"))
     print(e.value)
     assert "--calibration-text" in str(e.value) and "tokens, fewer than" in str(e.value)
+
+
+def _graph_of_roles(tmp_path):
+    """An ONNX graph x @ W_i for one weight of each layer role (two layers) and a head, with export_info-style
+    sources: what quantize_graph reads the rule against."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, sources, x = [], [], {}, "x"
+    for i in range(2):
+        for r in ("q_proj", "v_proj", "down_proj"):
+            name = f"w{i}{r}"
+            inits.append(numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), name))
+            sources[name] = f"model.layers.{i}.{'mlp' if r == 'down_proj' else 'self_attn'}.{r}.weight"
+            nodes.append(helper.make_node("MatMul", [x, name], [name + ".out"], name=name + ".mm"))
+            x = name + ".out"
+    inits.append(numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "head"))
+    sources["head"] = "lm_head.weight"
+    nodes.append(helper.make_node("MatMul", [x, "head"], ["logits"], name="head.mm"))
+    g = helper.make_graph(nodes, "roles", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 32])], inits)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path, sources
+
+
+def _bits_by_source(path, sources):
+    import onnx
+
+    model = onnx.load(path)
+    out = {}
+    for n in model.graph.node:
+        if n.op_type == "MatMulNBits":
+            weight = n.input[1].rsplit("_Q", 1)[0]
+            out[sources[weight]] = next(a.i for a in n.attribute if a.name == "bits")
+    return out
+
+
+def check_rule_is_applied(path, sources):
+    from paddle_vha.export.quantize import QuantSpec, quantize_graph
+
+    quantize_graph(path, QuantSpec("int4", 32, "asym", mixed=("v_proj", "down_proj@-1-", "lm_head")),
+                   sources=sources)
+    got = _bits_by_source(path, sources)
+    print(got)
+    eight = sorted(s for s, b in got.items() if b == 8)
+    assert eight == ["lm_head.weight", "model.layers.0.self_attn.v_proj.weight", "model.layers.1.mlp.down_proj.weight",
+                     "model.layers.1.self_attn.v_proj.weight"], eight
+    assert len(got) == 7 and all(b == 4 for s, b in got.items() if s not in eight)
+
+
+def test_the_written_graph_follows_the_rule(tmp_path):
+    check_rule_is_applied(*_graph_of_roles(tmp_path))
+
+
+def test_a_sensitivity_choice_ignored_fails(tmp_path, monkeypatch):
+    """Planted fault: the quantizer ignoring the rule (every weight in the base bits) fails the check above."""
+    from paddle_vha.export import quantize
+
+    real = quantize.bits_for
+    monkeypatch.setattr(quantize, "bits_for", lambda sources, base, rule, layers: real(sources, base, (), layers))
+    with pytest.raises(AssertionError):
+        check_rule_is_applied(*_graph_of_roles(tmp_path))
