@@ -60,3 +60,68 @@ def test_output_rules(tmp_path, capsys):
     assert code == 2 and "not a directory" in err
     code, _, err = run(capsys, src, tmp_path / "y.gguf", "--type", "q5_k")
     assert code == 2 and "invalid choice: 'q5_k'" in err
+
+
+@pytest.mark.parametrize("via", ["flag", "env"])
+def test_a_side_python_that_does_not_exist_is_one_line(tmp_path, capsys, monkeypatch, via):
+    """Round 4: --llama-python / $LLAMA_PYTHON naming a missing file was a FileNotFoundError traceback from Popen."""
+    src = tmp_path / "in"
+    os.makedirs(src)
+    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    from safetensors.numpy import save_file
+    import numpy as np
+
+    save_file({"model.norm.weight": np.ones(4, np.float32)}, str(src / "model.safetensors"))
+    missing, sdist = tmp_path / "no-python", tmp_path / "sdist"
+    os.makedirs(sdist)
+    if via == "flag":
+        extra = ["--llama-python", missing, "--llama-src", sdist]
+    else:
+        monkeypatch.setenv("LLAMA_PYTHON", str(missing))
+        monkeypatch.setenv("LLAMA_SRC", str(sdist))
+        extra = []
+    code, out, err = run(capsys, src, tmp_path / "x.gguf", "--type", "f32", *extra)
+    print(err)
+    said = "--llama-python" if via == "flag" else "$LLAMA_PYTHON"
+    assert code == 2 and err.count("\n") == 1 and f"{said} {missing}: no such file" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["in", "sdist"]
+
+
+# A stand-in for llama.cpp's converter (fault injection: the real one is run by tests/test_gguf_clients.py): its
+# --vocab-only run writes a vocabulary GGUF as the real one does, its full run writes a file llama.cpp cannot load.
+STAND_IN_CONVERTER = """
+import sys
+import gguf
+out = sys.argv[sys.argv.index("--outfile") + 1]
+if "--vocab-only" in sys.argv:
+    w = gguf.GGUFWriter(out, "llama")
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "default")
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+else:
+    open(out, "wb").write(b"GGUF" + bytes(60))
+"""
+
+
+def test_a_file_llamacpp_cannot_run_is_never_put_in_place_nor_announced(tmp_path, capsys):
+    """Round 4: the command printed "wrote X.gguf: 0.0 MB" and then refused with the temporary path, which no longer
+    existed. The smoke check now runs on the temporary file before it is put in place; its refusal names OUT."""
+    import sys
+
+    from gguf_synth import write_model
+    from paddle_vha.cli.import_gguf import main as import_main
+
+    write_model(str(tmp_path / "m.gguf"), "llama", layers=1, hidden=32, heads=2, kv_heads=1, head_dim=16, inter=64)
+    assert import_main([str(tmp_path / "m.gguf"), str(tmp_path / "in"), "--no-progress"]) == 0
+    sdist = tmp_path / "sdist" / "vendor" / "llama.cpp"
+    os.makedirs(sdist)
+    (sdist / "convert_hf_to_gguf.py").write_text(STAND_IN_CONVERTER)
+    capsys.readouterr()
+    code, out, err = run(capsys, tmp_path / "in", tmp_path / "x.gguf", "--type", "f32", "--no-progress",
+                         "--llama-python", sys.executable, "--llama-src", tmp_path / "sdist")
+    print(out, err)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'x.gguf'}: llama.cpp could not "
+                                                                 "run the file"), err
+    assert ".tmp" not in err and "wrote" not in out and "nothing written" in err
+    assert sorted(os.listdir(tmp_path)) == ["in", "m.gguf", "sdist"]

@@ -269,3 +269,61 @@ def test_bad_dtype_is_a_usage_error(tmp_path, capsys):
     code, out, err = run(capsys, src, tmp_path / "out", "--dtype", "float64")
     assert code == 2 and "invalid choice: 'float64'" in err
     assert not (tmp_path / "out").exists()
+
+
+# Round 4 (docs/reliability.md): metadata the file gets wrong, each refused in one line naming it, before anything is
+# written. Before the fix the first eight were imported with exit 0 (and refused later by export), the next two were
+# tracebacks, the chat template was dropped while the import said "chat template yes", the integer tokens gave a
+# three-line dump of the tokenizers library, the odd head_dim failed in a reshape, and the block count built 900
+# million expected names (MemoryError after a minute at 6+ GB).
+HOSTILE = {
+    "eps zero": ({"llama.attention.layer_norm_rms_epsilon": 0.0},
+                 "rms_norm_eps must be a positive finite number, got 0.0 (metadata llama.attention.layer_norm_rms_"),
+    "eps negative": ({"llama.attention.layer_norm_rms_epsilon": -1e-6}, "rms_norm_eps must be a positive finite"),
+    "eps NaN": ({"llama.attention.layer_norm_rms_epsilon": float("nan")}, "rms_norm_eps must be a positive finite"),
+    "theta zero": ({"llama.rope.freq_base": 0.0}, "rope_theta must be a positive finite number, got 0.0 (metadata "
+                                                  "llama.rope.freq_base)"),
+    "theta negative": ({"llama.rope.freq_base": -5.0}, "rope_theta must be a positive finite number"),
+    "theta NaN": ({"llama.rope.freq_base": float("nan")}, "rope_theta must be a positive finite number, got nan"),
+    "factor negative": ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": -2.0},
+                        "factor must be a finite number >= 1, got -2.0 (metadata llama.rope.scaling.*)"),
+    "factor NaN": ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": float("nan")},
+                   "factor must be a finite number >= 1, got nan"),
+    "factor string": ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": "two"},
+                      "metadata llama.rope.scaling.factor = 'two' is a string, not a number"),
+    "yarn without factor": ({"llama.rope.scaling.type": "yarn"},
+                            "llama.rope.scaling.type is 'yarn' but llama.rope.scaling.factor is missing"),
+    "chat template integer": ({"tokenizer.chat_template": 7},
+                              "metadata tokenizer.chat_template = 7 is an integer, not a string"),
+    "tokens integers": ({"tokenizer.ggml.tokens": list(range(268))},
+                        "metadata tokenizer.ggml.tokens holds an integer (0), not a list of strings"),
+    "merges integers": ({"tokenizer.ggml.merges": [1, 2]}, "tokenizer.ggml.merges holds an integer"),
+    "add_bos string": ({"tokenizer.ggml.add_bos_token": "yes"}, "add_bos_token = 'yes' is a string, not true or"),
+    "block_count 1e8": ({"llama.block_count": 100_000_000},
+                        "llama.block_count = 100000000, but the file holds tensors of layers 0..1 only"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_metadata_is_refused_before_anything_is_written(tmp_path, capsys, case):
+    import resource
+    import time
+
+    meta, said = HOSTILE[case]
+    src = tmp_path / "m.gguf"
+    write_model(str(src), "llama", meta=meta, **SMALL)
+    t0, rss0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    _refused(tmp_path, capsys, src, match=said)
+    grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    print(f"{case}: refused in {time.perf_counter() - t0:.2f} s, peak RSS grew {grew:.0f} MB")
+    assert time.perf_counter() - t0 < 20 and grew < 500
+
+
+def test_odd_head_dim_llama_is_refused_in_the_plan(tmp_path, capsys):
+    src = tmp_path / "m.gguf"
+    write_model(str(src), "llama", **{**SMALL, "head_dim": 15})
+    _refused(tmp_path, capsys, src, "--dry-run", match="head_dim 15 is odd: llama.cpp stores a Llama head's q / k rows")
+    qwen = tmp_path / "q.gguf"  # Qwen3's rows are Hugging Face's: an odd head_dim is not this refusal
+    write_model(str(qwen), "qwen3", qk_norm=True, **{**SMALL, "head_dim": 15})
+    code, out, err = run(capsys, qwen, tmp_path / "q-out", "--dry-run")
+    assert "is odd" not in err, err

@@ -55,6 +55,21 @@ def bits_per_weight(type_name: str) -> float:
     return 8.0 * size / block
 
 
+def _wrong(value, kind) -> bool:
+    return not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple)
+                                                                                    else (kind,)))
+
+
+def _kind(value) -> str:
+    name = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "a list"}
+    return name.get(type(value), type(value).__name__)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class GGUFFile:
     """The header of one GGUF file (see the module docstring). `meta(key)` gives a metadata value as Python (str, int,
     float, bool, list)."""
@@ -112,6 +127,23 @@ class GGUFFile:
             value = field.contents()
         except (ValueError, IndexError, UnicodeDecodeError) as e:
             raise GGUFError(f"{self.path}: metadata {key} cannot be read ({e})") from None
+        return value
+
+    def typed(self, key: str, kind, what: str, default=None):
+        """meta(key) checked to be of `kind` (a type or tuple; bool is never an int here), else GGUFError naming the
+        key, the value and `what` it should be ("a string", "a number"). A list `kind` ((list, str)) checks a list and
+        every item."""
+        value = self.meta(key)
+        if value is None:
+            return default
+        listed = isinstance(kind, tuple) and kind[:1] == (list,)
+        if listed and isinstance(value, list):
+            bad = next((v for v in value if _wrong(v, kind[1])), None)
+            if bad is None:
+                return value
+            raise GGUFError(f"{self.path}: metadata {key} holds {_kind(bad)} ({_short(bad)}), not {what}")
+        if listed or _wrong(value, kind):
+            raise GGUFError(f"{self.path}: metadata {key} = {_short(value)} is {_kind(value)}, not {what}")
         return value
 
     def keys(self):

@@ -85,7 +85,7 @@ def _smoke(args, side, plan, path, scratch) -> None:
         print("smoke check: skipped (no tokenizer.json in FOLDED)")
         return
     ids = codec.encode(args.prompt)
-    got = llama_greedy(side, path, args.prompt, ids, args.new, scratch)
+    got = llama_greedy(side, path, args.prompt, ids, args.new, scratch, name=args.out)
     try:
         ours = paddle_greedy(plan.folder.path, ids, args.new)
     except CheckpointError as e:
@@ -111,6 +111,7 @@ def main(argv=None) -> int:
     from paddle_vha.checkpoint.contract import CheckpointError
     from paddle_vha.checkpoint.fsutil import atomic_file, scratch_dir
     from paddle_vha.export.gguf import GGUFExportError, check_tokenizer, find_side, plan_gguf_export, write_gguf
+    from paddle_vha.units import fmt_bytes
 
     try:
         plan = plan_gguf_export(args.folded, args.out, args.type, args.force)
@@ -129,9 +130,11 @@ def main(argv=None) -> int:
             with atomic_file(args.out, tool="paddle-vha-export-gguf", replace=args.force,
                              error=GGUFExportError) as path:
                 write_gguf(side, plan, path, scratch, progress=not args.no_progress)
-                print(f"wrote {args.out}: {os.path.getsize(path) / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
-                if not args.no_check:
+                seconds = time.perf_counter() - t0
+                if not args.no_check:  # on the temporary file: a file llama.cpp cannot run is never put in place
                     _smoke(args, side, plan, path, scratch)
+            print(f"wrote {args.out}: {fmt_bytes(os.path.getsize(args.out))} in {seconds:.1f} s"
+                  + ("" if args.no_check else " (smoke check above)"))
     except CheckpointError as e:
         tool_failed = isinstance(e, GGUFExportError) and ("failed (exit" in str(e) or "could not run" in str(e))
         fail(str(e), 1 if tool_failed else 2)

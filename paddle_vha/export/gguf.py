@@ -64,6 +64,13 @@ def find_side(python: Optional[str] = None, src: Optional[str] = None, log=print
     if python or src:
         if not (python and src):
             raise GGUFExportError("give both --llama-python and --llama-src (or $LLAMA_PYTHON and $LLAMA_SRC)")
+        flag = "--llama-python" if python != os.environ.get("LLAMA_PYTHON") else "$LLAMA_PYTHON"
+        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise GGUFExportError(f"{flag} {python}: " + ("not an executable file" if os.path.exists(python) else
+                                                          "no such file") + " (the side environment's python)")
+        if not os.path.isdir(src):
+            flag = "--llama-src" if src != os.environ.get("LLAMA_SRC") else "$LLAMA_SRC"
+            raise GGUFExportError(f"{flag} {src}: not a directory (llama-cpp-python's unpacked sdist)")
         side = LlamaSide(python, src)
     else:
         script = _checkout_script()
@@ -219,13 +226,15 @@ print(json.dumps(dict(tokenized=[int(i) for i in mine], greedy=out)))
 """
 
 
-def llama_greedy(side: LlamaSide, path: str, text: str, ids: List[int], new: int, scratch: str) -> dict:
-    """llama.cpp on the GGUF: its own ids for `text`, and `new` greedy tokens after `ids`."""
+def llama_greedy(side: LlamaSide, path: str, text: str, ids: List[int], new: int, scratch: str,
+                 name: Optional[str] = None) -> dict:
+    """llama.cpp on the GGUF: its own ids for `text`, and `new` greedy tokens after `ids`. `name`: what the refusal
+    calls the file (the destination, when `path` is still the temporary one)."""
     r = subprocess.run([side.python, "-c", GREEDY, path, text, json.dumps(ids), str(new)], cwd=scratch,
                        capture_output=True, text=True)
     if r.returncode != 0:
-        raise GGUFExportError(f"{path}: llama.cpp could not run the file (exit {r.returncode}): "
-                              f"{_tail(r.stderr + r.stdout)}")
+        raise GGUFExportError(f"{name or path}: llama.cpp could not run the file it was about to become (exit "
+                              f"{r.returncode}): {_tail(r.stderr + r.stdout)}; nothing written")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

@@ -60,25 +60,34 @@ def _id(gf: GGUFFile, key: str, vocab: int) -> Optional[int]:
 def read_text(gf: GGUFFile, vocab_size: int) -> Optional[GGUFText]:
     """The file's tokenizer metadata, checked (None when it has no vocabulary); GGUFError (one line) for a tokenizer
     model the conversion does not take or a vocabulary larger than the embedding."""
-    tokens = gf.meta("tokenizer.ggml.tokens")
+    tokens = gf.typed("tokenizer.ggml.tokens", (list, str), "a list of strings")
     if tokens is None:
         return None
     from ..families import GGUF_BPE, GGUF_SENTENCEPIECE
 
     model = gf.meta("tokenizer.ggml.model")
     if model not in (GGUF_BPE, GGUF_SENTENCEPIECE):
-        raise GGUFError(f"{gf.path}: tokenizer.ggml.model {model!r} is not one this importer converts "
+        raise GGUFError(f"{gf.path}: tokenizer.ggml.model {model!r:.60} is not one this importer converts "
                         f"({GGUF_BPE}: byte-level BPE, {GGUF_SENTENCEPIECE}: SentencePiece-style)")
     if len(tokens) > vocab_size:
         raise GGUFError(f"{gf.path}: the tokenizer has {len(tokens)} tokens, the embedding {vocab_size} rows")
     n = len(tokens)
-    types = gf.meta("tokenizer.ggml.token_type") or [1] * n
-    return GGUFText(model=model, pre=gf.meta("tokenizer.ggml.pre"), tokens=list(tokens), token_types=list(types), bos=_id(gf, "bos_token_id", n),
+    types = gf.typed("tokenizer.ggml.token_type", (list, int), "a list of integers") or [1] * n
+    for key, kind, what in _CHECKED:  # read later by the conversion: their types are checked here, up front
+        gf.typed(f"tokenizer.ggml.{key}", kind, what)
+    if len(types) != n:
+        raise GGUFError(f"{gf.path}: tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
+    return GGUFText(model=model, pre=gf.typed("tokenizer.ggml.pre", str, "a string"), tokens=list(tokens),
+                    token_types=list(types), bos=_id(gf, "bos_token_id", n),
                     eos=_id(gf, "eos_token_id", n), unk=_id(gf, "unknown_token_id", n),
                     pad=_id(gf, "padding_token_id", n), eot=_id(gf, "eot_token_id", n),
-                    add_bos=bool(gf.meta("tokenizer.ggml.add_bos_token", False)),
-                    add_eos=bool(gf.meta("tokenizer.ggml.add_eos_token", False)),
-                    chat_template=gf.meta("tokenizer.chat_template"))
+                    add_bos=gf.typed("tokenizer.ggml.add_bos_token", bool, "true or false", False),
+                    add_eos=gf.typed("tokenizer.ggml.add_eos_token", bool, "true or false", False),
+                    chat_template=gf.typed("tokenizer.chat_template", str, "a string (a Jinja template)"))
+
+
+_CHECKED = (("merges", (list, str), "a list of strings"), ("scores", (list, (int, float)), "a list of numbers"),
+            ("add_space_prefix", bool, "true or false"))
 
 
 def _converter_input(gf: GGUFFile, text: GGUFText) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -34,6 +35,7 @@ IMPORT_DTYPES = ("float32", "bfloat16", "float16")
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency RoPE divisors (Llama 3.1's scaling)
 RECORD = "gguf_import.json"  # OUT's record of where the weights came from, and at what precision
 FLOAT_TYPES = ("F32", "F16", "BF16")
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.")
 
 
 def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -134,12 +136,15 @@ def _hparams(gf: GGUFFile, form: GGUFForm) -> dict:
     a = form.arch
 
     def get(key, default=None, required=True, kind=int):
+        """A size (kind int: a positive integer) or a number (kind float: its range is the contract's)."""
         value = gf.meta(f"{a}.{key}", default)
         if value is None and required:
             raise GGUFError(f"{gf.path}: metadata {a}.{key} is missing")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or
+        number = kind is float and isinstance(value, (int, float))
+        if value is not None and (isinstance(value, bool) or not (isinstance(value, kind) or number) or
                                   (kind is int and value <= 0)):
-            raise GGUFError(f"{gf.path}: metadata {a}.{key} = {value!r} is not a positive {kind.__name__}"
+            raise GGUFError(f"{gf.path}: metadata {a}.{key} = {value!r:.60} is not "
+                            f"{'a positive integer' if kind is int else 'a number'}"
                             + (" (per-layer values are not read)" if isinstance(value, list) else ""))
         return value
 
@@ -156,27 +161,56 @@ def _hparams(gf: GGUFFile, form: GGUFForm) -> dict:
                         "(partial RoPE), which these architectures do not have")
     if h["heads"] % h["kv_heads"]:
         raise GGUFError(f"{gf.path}: {h['heads']} query heads do not split over {h['kv_heads']} KV heads")
-    h["eps"] = get("attention.layer_norm_rms_epsilon", kind=float)
-    h["theta"] = float(get("rope.freq_base", 10000.0, kind=(int, float)))
+    h["eps"] = float(get("attention.layer_norm_rms_epsilon", kind=float))
+    h["theta"] = float(get("rope.freq_base", 10000.0, kind=float))
     h["rope_scaling"] = _rope_scaling(gf, a)
     return h
 
 
 def _rope_scaling(gf: GGUFFile, a: str) -> Optional[dict]:
-    """config.json's rope_scaling from the rope.scaling.* metadata (linear, yarn), None for none."""
-    kind = gf.meta(f"{a}.rope.scaling.type")
-    factor = gf.meta(f"{a}.rope.scaling.factor")
+    """config.json's rope_scaling from the rope.scaling.* metadata (linear, yarn), None for none; the values' types
+    checked here, their ranges by _check_values."""
+    kind = gf.typed(f"{a}.rope.scaling.type", str, "a string")
+    factor = gf.typed(f"{a}.rope.scaling.factor", (int, float), "a number")
     if kind in (None, "none") and not factor:
         return None
-    if kind == "linear" or (kind is None and factor):
+    if kind not in (None, "linear", "yarn"):
+        raise GGUFError(f"{gf.path}: rope scaling {kind!r} is not one this importer reads (linear, yarn)")
+    if factor is None:
+        raise GGUFError(f"{gf.path}: metadata {a}.rope.scaling.type is {kind!r} but {a}.rope.scaling.factor is missing")
+    if kind != "yarn":
         return {"rope_type": "linear", "factor": float(factor)}
-    if kind == "yarn":
-        out = {"rope_type": "yarn", "factor": float(factor)}
-        orig = gf.meta(f"{a}.rope.scaling.original_context_length")
-        if orig:
-            out["original_max_position_embeddings"] = int(orig)
-        return out
-    raise GGUFError(f"{gf.path}: rope scaling {kind!r} is not one this importer reads (linear, yarn)")
+    out = {"rope_type": "yarn", "factor": float(factor)}
+    orig = gf.typed(f"{a}.rope.scaling.original_context_length", int, "a token count")
+    if orig:
+        out["original_max_position_embeddings"] = orig
+    return out
+
+
+# config.json field -> the metadata key (after "{arch}.") it comes from, for the contract's one-line refusals
+FIELD_KEYS = {"rms_norm_eps": "attention.layer_norm_rms_epsilon", "rope_theta": "rope.freq_base",
+              "rope_scaling": "rope.scaling.*", "max_position_embeddings": "context_length",
+              "hidden_size": "embedding_length", "intermediate_size": "feed_forward_length",
+              "num_hidden_layers": "block_count", "num_attention_heads": "attention.head_count",
+              "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length"}
+
+
+def _check_values(gf: GGUFFile, form: GGUFForm, fields: dict) -> None:
+    """The config the import would write, through the value checks every base runs first on a checkpoint's
+    config.json, whichever tool reads it (qwen3/contract.py check_config_fields: positive integer sizes, positive
+    finite eps and RoPE base, a RoPE scaling served as PaddleFormers and transformers both read it, ...): a file that
+    breaks them is refused before anything is written, in one line naming the metadata key. (A base's structural
+    limits, e.g. PaddleFormers' Llama needing heads x head_dim = hidden, are not bad values: Hugging Face reads such a
+    checkpoint, so it is written and the summary says which tools refuse it.)"""
+    from ..qwen3.contract import check_config_fields
+
+    try:
+        check_config_fields(fields)
+    except ValueError as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        field_name = next((f for f in FIELD_KEYS if msg.startswith(f)), None)
+        where = f" (metadata {form.arch}.{FIELD_KEYS[field_name]})" if field_name else ""
+        raise GGUFError(f"{gf.path}: {msg}{where}") from None
 
 
 def llama3_scaling(factors: np.ndarray, head_dim: int, theta: float, where: str) -> dict:
@@ -218,6 +252,20 @@ def llama3_scaling(factors: np.ndarray, head_dim: int, theta: float, where: str)
             "original_max_position_embeddings": original}
 
 
+def _check_layers(gf: GGUFFile, form: GGUFForm, h: dict) -> None:
+    """Refusals that must come before the expected tensor table is built: a block_count beyond the layers the file
+    holds tensors for (a corrupt count would build millions of names first), and, where llama.cpp interleaved the
+    RoPE halves, an odd head_dim (its rows pair up within a head: they cannot be put back)."""
+    layers = {int(m.group(1)) for m in map(_LAYER_NAME.match, gf.tensors) if m}
+    top = max(layers, default=-1) + 1
+    if h["layers"] > top:
+        raise GGUFError(f"{gf.path}: metadata {form.arch}.block_count = {h['layers']}, but the file holds tensors of "
+                        + (f"layers 0..{top - 1} only" if top else "no layer (no blk.N.* tensor)"))
+    if form.interleaved_rope and h["head_dim"] % 2:
+        raise GGUFError(f"{gf.path}: head_dim {h['head_dim']} is odd: llama.cpp stores a {form.label} head's q / k rows "
+                        "as RoPE pairs, which need an even head_dim (the file cannot be a converted checkpoint)")
+
+
 def _expected(gf: GGUFFile, form: GGUFForm, h: dict, vocab: int) -> Dict[str, tuple]:
     """GGUF name -> numpy-order shape of every tensor the file must hold (optional ones as the file has them)."""
     d, hid, inter = h["head_dim"], h["hidden"], h["inter"]
@@ -255,6 +303,7 @@ def _config(gf: GGUFFile, form: GGUFForm, h: dict, vocab: int, text: Optional[GG
                   torch_dtype=st.dtype_name(code), **form.config_extra)
     if text is not None:
         fields.update(bos_token_id=text.bos, eos_token_id=text.eos, pad_token_id=text.pad)
+    _check_values(gf, form, fields)
     try:
         cfg = cls(**fields)
     except (ValueError, TypeError, KeyError) as e:
@@ -287,6 +336,7 @@ def plan_import_gguf(path: str, out_dir: str, dtype: str = "float32", force: boo
     if "token_embd.weight" not in gf.tensors:
         raise GGUFError(f"{gf.path}: missing tensors: token_embd.weight")
     h = _hparams(gf, form)
+    _check_layers(gf, form, h)
     vocab = gf.tensors["token_embd.weight"].shape[0]
     expected = _expected(gf, form, h, vocab)
     if ROPE_FREQS in gf.tensors:  # Llama 3.1's per-frequency RoPE scaling, stored as its factors: read, not written
