@@ -93,18 +93,45 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     with per-token scales, after the weights' quantization; its logits over held-out text at a longer context must
     stay within `kv_quality_bounds` of the float32 cache's, paddle_vha/export/kv_quality.py).
     """
-    _check_options(opset, cache_io)
-    spec = weights if isinstance(weights, QuantSpec) else None
-    if spec is None:
-        check_weights(weights, block_size)
-        spec = default_spec(weights, block_size, quantize_lm_head=quantize_lm_head) if weights != "fp32" else None
-    else:
-        check_weights(spec.weights, spec.block_size)
+    spec = _resolve_options(opset, cache_io, weights, block_size, quantize_lm_head, kv_cache)
     weights = spec.weights if spec else "fp32"
+    t0 = time.time()
+    plan = _checked_plan(ckpt_dir, out_dir, force, cache_io, weights, kv_cache, log)
+    tensors = CheckpointTensors(plan.folder)  # each tensor read when the decoder / the reference model takes it
+    with atomic_dir(out_dir, tool="export_onnx", replace=force, error=ExportError) as tmp:
+        onnx_path, param_bytes, external, sources = _write_graphs(plan, tensors, tmp, opset, external_data)
+        log(f"exported {onnx_path.replace(tmp, out_dir)} (opset {opset}, {param_bytes / 1e6:.1f} MB of weights"
+            f"{', external data in ' + DATA_FILE if external else ''}) in {time.time() - t0:.1f} s")
+        val = _validate_float(onnx_path, plan, tensors, decode_steps, tolerance, log)
+        quant = kv = None
+        if weights != "fp32":
+            quant = _quantize(onnx_path, plan, spec, external_data, quality_bounds, log, sources, calibration_text)
+            external = quant["external_data"]
+        if kv_cache != "fp32":
+            kv = _quantize_cache(onnx_path, plan, kv_cache, kv_quality_bounds, log)
+            plan = dataclasses.replace(plan, cache_names=[INT8_NAMES] * plan.num_layers, genai_refusal=GENAI_REFUSAL)
+        _side_files(tmp, plan, keep_program=(weights == "fp32") if paddle_program is None else bool(paddle_program),
+                    log=log)
+        _write_export_info(tmp, plan, opset, val, tolerance, external, sources, quant, kv)
+    return val
+
+
+def _resolve_options(opset, cache_io, weights, block_size, quantize_lm_head, kv_cache):
+    """The options checked (ExportError, before anything is read); the QuantSpec of `weights` (None for fp32)."""
+    _check_options(opset, cache_io)
     check_kv_cache(kv_cache)
+    if isinstance(weights, QuantSpec):
+        check_weights(weights.weights, weights.block_size)
+        return weights
+    check_weights(weights, block_size)
+    return default_spec(weights, block_size, quantize_lm_head=quantize_lm_head) if weights != "fp32" else None
+
+
+def _checked_plan(ckpt_dir, out_dir, force, cache_io, weights, kv_cache, log) -> ServingPlan:
+    """The serving plan of the checkpoint, after every refusal that needs no tensor: OUT, the flavour for sliding
+    windows, the cache type for the model, the side files, the quality check's windows, the machine's memory."""
     ckpt_path = ckpt_dir.path if isinstance(ckpt_dir, CheckpointFolder) else ckpt_dir
     check_output_dir(out_dir, [ckpt_path], force, ExportError, input_label="the checkpoint")
-    t0 = time.time()
     plan = serving_plan(ckpt_dir, cache_io)  # the folder opened, the registry asked: once, here
     cfg = plan.config
     if cache_io == "buffer" and any(plan.cache_windows):
@@ -120,35 +147,30 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     log(f"loaded {plan.folder.path}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
         f"{cfg.num_key_value_heads} KV heads, head_dim {cfg.head_dim}; {float_bytes / 1e9:.2f} GB of float32 weights, "
         f"the export needs about {need / 1e9:.1f} GB of memory")
-    tensors = CheckpointTensors(plan.folder)  # each tensor read when the decoder / the reference model takes it
-    with atomic_dir(out_dir, tool="export_onnx", replace=force, error=ExportError) as tmp:
-        onnx_path, param_bytes, external, sources = _write_graphs(plan, tensors, tmp, opset, external_data)
-        log(f"exported {onnx_path.replace(tmp, out_dir)} (opset {opset}, {param_bytes / 1e6:.1f} MB of weights"
-            f"{', external data in ' + DATA_FILE if external else ''}) in {time.time() - t0:.1f} s")
-        val = validate_onnx(onnx_path, plan, tensors, decode_steps=decode_steps, log=log)
-        if not val.max_abs <= val.bound(tolerance):
-            raise ExportError(f"validation failed: onnxruntime vs Paddle max abs logit diff {val.max_abs:.2e} > "
-                              f"{val.bound(tolerance):.2e} ({tolerance:.0e} x max |logit| {val.logit_scale:.3g})")
-        if not val.tokens_match:
-            raise ExportError("validation failed: greedy tokens differ between onnxruntime and Paddle")
-        quant = None
-        if weights != "fp32":
-            quant = _quantize(onnx_path, plan, spec, external_data, quality_bounds, log, sources, calibration_text)
-            external = quant["external_data"]
-        kv = None
-        if kv_cache != "fp32":
-            kv = _quantize_cache(onnx_path, plan, kv_cache, kv_quality_bounds, log)
-            plan = dataclasses.replace(plan, cache_names=[INT8_NAMES] * plan.num_layers, genai_refusal=GENAI_REFUSAL)
-        keep_program = (weights == "fp32") if paddle_program is None else bool(paddle_program)
-        if not keep_program:  # the float32 program is 4-8x a quantized graph's bytes: written only when asked for
-            shutil.rmtree(os.path.join(tmp, "paddle"))
-        for name in COPY_FILES:
-            src = os.path.join(plan.folder.path, name)
-            if os.path.isfile(src):
-                shutil.copy2(src, os.path.join(tmp, name))
-        write_genai_files(tmp, plan, log=log)
-        _write_export_info(tmp, plan, opset, val, tolerance, external, sources, quant, kv)
+    return plan
+
+
+def _validate_float(onnx_path, plan, tensors, decode_steps, tolerance, log) -> Validation:
+    """The float32 graph against the Paddle model (prefill + greedy decode); ExportError outside `tolerance`."""
+    val = validate_onnx(onnx_path, plan, tensors, decode_steps=decode_steps, log=log)
+    if not val.max_abs <= val.bound(tolerance):
+        raise ExportError(f"validation failed: onnxruntime vs Paddle max abs logit diff {val.max_abs:.2e} > "
+                          f"{val.bound(tolerance):.2e} ({tolerance:.0e} x max |logit| {val.logit_scale:.3g})")
+    if not val.tokens_match:
+        raise ExportError("validation failed: greedy tokens differ between onnxruntime and Paddle")
     return val
+
+
+def _side_files(tmp: str, plan: ServingPlan, keep_program: bool, log) -> None:
+    """What ships beside the graph: the checkpoint's tokenizer / config files, onnxruntime-genai's, and the Paddle
+    program only when kept (the float32 program is 4-8x a quantized graph's bytes)."""
+    if not keep_program:
+        shutil.rmtree(os.path.join(tmp, "paddle"))
+    for name in COPY_FILES:
+        src = os.path.join(plan.folder.path, name)
+        if os.path.isfile(src):
+            shutil.copy2(src, os.path.join(tmp, name))
+    write_genai_files(tmp, plan, log=log)
 
 
 def _quantize_cache(onnx_path, plan, kv_cache, bounds, log) -> dict:

@@ -22,6 +22,8 @@ import shutil
 import sys
 import time
 
+from .real_plan import CHEAP, ORIGINAL, kv_bytes_per_token
+
 __all__ = ["cost_rows"]
 
 THREADS = len(os.sched_getaffinity(0))
@@ -95,7 +97,6 @@ def _time(export, args, log) -> dict:
 def cost_rows(args, journal, starts, log) -> list:
     """One journal record per start (and the original): its form, KV bytes, int4 gate and decode speed. The exports
     and folds are removed once measured (the disk is shared)."""
-    from .real_model_study import CHEAP, ORIGINAL, kv_bytes_per_token
 
     rows, timed = [], {}
     for name in [ORIGINAL] + args.starts:

@@ -49,12 +49,10 @@ import time
 
 from paddle_vha.cli import command, fail, quiet
 
+from .real_plan import (CHEAP, FINETUNED, LOSSES, ORIGINAL, PHASES, STARTS, eval_key, heal_plan,  # noqa: F401
+                        kv_bytes_per_token, train_key)
 from .report import write_atomic, write_json
 
-ORIGINAL, FINETUNED = "original", "original fine-tuned"
-STARTS = ["MQA mean-pool", "MEA", "VHA mean", "VHA svd", "VHA calibrated", "VHA refined"]
-LOSSES = ["ce", "kd"]
-PHASES = ["step0", "heal", "cost", "report"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -259,9 +257,6 @@ def mean_pooled(orig: str, out: str, kv: int) -> None:
     os.replace(tmp, out)
 
 
-CHEAP = ("MQA mean-pool", "MEA", "VHA mean", "VHA svd")  # built in seconds: not kept on the (shared) disk
-
-
 class Starts:
     """The starts' folders under --cache/starts, built when asked for; a CHEAP start's folder is removed once its
     model is loaded (the calibrated and refined ones take minutes to build and are kept)."""
@@ -407,25 +402,6 @@ class Log:
         return rec
 
 
-def eval_key(args) -> dict:
-    return dict(eval_windows=args.eval_windows, seq_len=args.seq_len, cloze=args.cloze_items,
-                cloze_context=args.cloze_context, chat_new=args.chat_new, kv=args.kv_heads,
-                calib=args.calib_tokens, refine=[args.refine_steps, args.refine_tokens, args.refine_len])
-
-
-def train_key(args) -> dict:
-    return dict(eval_key(args), lr=args.lr, warmup=args.warmup, batch=args.batch_size, eval_every=args.eval_every)
-
-
-def kv_bytes_per_token(folder) -> int:
-    """Cache bytes per token in 16-bit values: layers x 2 (K, V) x KV heads x head_dim x 2 B (MEA: its physical heads,
-    what its serving form caches)."""
-    with open(os.path.join(folder, "config.json")) as f:
-        c = json.load(f)
-    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    return c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * 2
-
-
 # --- phases ---------------------------------------------------------------------------------------------------------
 
 def step0(args, journal, bench, starts) -> dict:
@@ -447,23 +423,6 @@ def step0(args, journal, bench, starts) -> dict:
             f"{m['chat_agreement']:.3f}  identical {m.get('chat_identical', '-')}/20")
         out[name] = rec
     return out
-
-
-def heal_plan(args, s0) -> list:
-    """[(start, loss, seed, steps, trainable)] in the order they run: the best starts first (full length), the
-    fine-tuned control, the other starts (short), the extra seeds of the best, the attention-only run."""
-    ranked = sorted(args.starts, key=lambda n: s0[n]["metrics"]["kl"] if n in s0 else float("inf"))
-    full = ranked[:args.full]
-    plan = [(n, l, args.seeds[0], args.heal_steps, "all") for n in full for l in args.losses]
-    plan.append((ORIGINAL, "ce", args.seeds[0], args.finetune_steps or args.heal_steps, "all"))
-    plan += [(n, l, args.seeds[0], args.short_steps, "all") for n in ranked[args.full:] for l in args.losses]
-    for seed in args.seeds[1:]:
-        plan += [(n, l, seed, args.heal_steps if n in full else args.short_steps, "all")
-                 for n in ranked[:args.best] for l in args.losses]
-    attn = ranked[0] if args.attn_only_start == "best" else args.attn_only_start
-    if attn != "none" and attn in s0:
-        plan.append((attn, "kd", args.seeds[0], args.heal_steps if attn in full else args.short_steps, "attention"))
-    return plan
 
 
 def heal_one(args, journal, bench, starts, corpus, teacher_fn, run) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 
+from .real_plan import ORIGINAL, eval_key, heal_plan, train_key
 from .report import write_atomic, write_json
 
 __all__ = ["write_report", "mean_std", "arm_label", "per_thousand"]
@@ -52,9 +53,8 @@ def _matches(rec, want: dict) -> bool:
 
 
 def write_report(args, journal, facts, bench, wall: float) -> None:
-    from . import real_model_study as study
 
-    ek, tk = study.eval_key(args), study.train_key(args)
+    ek, tk = eval_key(args), train_key(args)
     s0 = {r["key"]["start"]: r for r in journal.records if r["key"].get("kind") == "step0" and _matches(r, ek)}
     heals = [r for r in journal.records if r["key"].get("kind") == "heal" and _matches(r, tk)
              and "ppl" in r["metrics"]]
@@ -62,15 +62,15 @@ def write_report(args, journal, facts, bench, wall: float) -> None:
                 and "ppl" not in r["metrics"]]
     costs = [r for r in journal.records if r["key"].get("kind") == "cost"]
     starts = [n for n in args.starts if n in s0]
-    planned = study.heal_plan(args, s0) if all(n in s0 for n in args.starts) else []
+    planned = heal_plan(args, s0) if all(n in s0 for n in args.starts) else []
     done = {(r["key"]["start"], r["key"]["loss"], r["key"]["seed"], r["key"]["steps"], r["key"]["trainable"])
             for r in heals + diverged}
     missing = [p for p in planned if p not in done]
-    orig = s0.get(study.ORIGINAL)
+    orig = s0.get(ORIGINAL)
 
     lines = [f"# The conversion on a real model: SmolLM2-135M-Instruct, {3} KV heads -> {args.kv_heads} "
              "(written by tools/real_model_study.py)", ""]
-    no_step0 = [n for n in [study.ORIGINAL] + args.starts if n not in s0]
+    no_step0 = [n for n in [ORIGINAL] + args.starts if n not in s0]
     if missing or no_step0:
         what = [f"step 0 of {', '.join(no_step0)}"] if no_step0 else []
         what += [f"{n} {l.upper()} seed {s} ({k} steps{', attention only' if t != 'all' else ''})"
@@ -80,7 +80,7 @@ def write_report(args, journal, facts, bench, wall: float) -> None:
                   + "; ".join(what + ([] if planned else ["the healing runs, planned once every step 0 is in"]))
                   + ". Rerun the same command to continue (it resumes from the journal and a run's last save).", ""]
     lines += [_setup(args, facts, bench), "", "### Step 0: every start before healing", "",
-              _step0_table(s0, [study.ORIGINAL] + starts), "", "### Healed: step 0, CE, KD", "",
+              _step0_table(s0, [ORIGINAL] + starts), "", "### Healed: step 0, CE, KD", "",
               _main_table(args, s0, heals, starts), "", _per_thousand_table(s0, heals), "",
               "### Healing curves", "", "Held-out perplexity (the same windows as the tables) against healing "
               "tokens:", "",
@@ -89,7 +89,7 @@ def write_report(args, journal, facts, bench, wall: float) -> None:
     if costs:
         lines += ["### Cost: KV cache and int4 decode speed", "", _cost_table(costs), ""]
     # the best converted arm (the fine-tuned original is a control, and a diverged run has no metrics)
-    converted = [r for r in heals if r["key"]["start"] != study.ORIGINAL and "kl" in r["metrics"]]
+    converted = [r for r in heals if r["key"]["start"] != ORIGINAL and "kl" in r["metrics"]]
     best = min(converted, key=lambda r: r["metrics"]["kl"]) if converted else None
     if best and orig and orig["metrics"].get("chat_answers") and best["metrics"].get("chat_answers"):
         from .real_eval import PROMPTS
@@ -131,7 +131,18 @@ def _setup(args, facts, bench) -> str:
             f"original's greedy answers (<= {args.chat_new} tokens) to 20 prompts through the chat template, token "
             f"agreement teacher-forced and identical greedy answers. Healing: batch {args.batch_size} x "
             f"{args.seq_len} tokens, AdamW at a constant {args.lr:g} after {args.warmup} warm-up steps, the same "
-            f"batches for every start and loss of a seed; KD = 1 CE + 1 T^2 KL (T = 1) against the frozen original.")
+            f"batches for every start and loss of a seed; KD = 1 CE + 1 T^2 KL (T = 1) against the frozen original."
+            "\n\n" + FORMS.format(kv=args.kv_heads))
+
+
+# what each arm is (the tables' rows), so that its numbers can be read: the VHA arms are not VHA trained from scratch
+FORMS = ("Arms (each caches {kv} KV head(s)): **MQA mean-pool** is the stock Llama with its KV heads averaged; **MEA** is "
+         "tools/compress_kv.py's form (learned key / value head combinations, k_norm before them); the **VHA** arms "
+         "are the form tools/convert_to_vha.py gives a pretrained model: **Premix off** (no d x d map per KV group: "
+         "each query head is used as it is), **every query head kept** (not halved as in VHA trained from scratch), "
+         "and **Postmix added** (identity + rank-4 head mixing, starting as the identity); mean / svd / calibrated "
+         "name how the new K / V projections are made from the old ones, refined = calibrated then layer-wise "
+         "refinement against the original. Folded, every VHA arm is a stock Llama with {kv} KV head(s).")
 
 
 def _row(m):
@@ -155,18 +166,17 @@ def _groups(heals):
 
 
 def _main_table(args, s0, heals, starts) -> str:
-    from . import real_model_study as study
 
     rows = ["| start | when | tokens | seeds | " + " | ".join(h for _, h, _ in METRICS) + " |",
             "| --- | --- | ---: | ---: |" + " ---: |" * len(METRICS)]
     groups = _groups(heals)
-    for n in [study.ORIGINAL] + starts:
+    for n in [ORIGINAL] + starts:
         if n in s0:
             rows.append(f"| {n} | step 0 | 0 | — | " + " | ".join(_row([s0[n]["metrics"]])) + " |")
         for (start, loss, trainable, steps), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
             if start != n:
                 continue
-            when = (f"{'fine-tuned' if n == study.ORIGINAL else 'healed'} {loss.upper()}"
+            when = (f"{'fine-tuned' if n == ORIGINAL else 'healed'} {loss.upper()}"
                     + (" (attention only)" if trainable != "all" else ""))
             rows.append(f"| {n} | {when} | {rs[0]['tokens']:,} | {len(rs)} | "
                         + " | ".join(_row([r["metrics"] for r in rs])) + " |")
