@@ -125,3 +125,10 @@ def test_a_file_llamacpp_cannot_run_is_never_put_in_place_nor_announced(tmp_path
                                                                  "run the file"), err
     assert ".tmp" not in err and "wrote" not in out and "nothing written" in err
     assert sorted(os.listdir(tmp_path)) == ["in", "m.gguf", "sdist"]
+
+
+def test_a_model_type_that_is_not_a_string_is_one_line(tmp_path, capsys):
+    """Round 4's fuzz test: model_type [1, 2] was a TypeError (unhashable list) from the registry lookup."""
+    src = folder(tmp_path / "in", [1, 2])
+    code, out, err = run(capsys, src, tmp_path / "x.gguf", "--type", "f16")
+    assert code == 2 and err.count("\n") == 1 and "model_type must be a string, got [1, 2]" in err, err

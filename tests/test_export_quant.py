@@ -377,3 +377,31 @@ def test_one_block_size_recommendation_and_the_default_follows_it():
     assert "int4 at the smallest quality cost" not in docs
     assert f"default {DEFAULT_BLOCK['int4']}" in " ".join(build_parser().format_help().split())
     assert re.findall(r"the int4 default \(block (\d+)", readme) == [str(DEFAULT_BLOCK["int4"])]
+
+
+@pytest.mark.parametrize("tied", ["tied", "untied"])
+def test_calibration_skips_the_head_product_and_measures_the_same(ckpts, tmp_path, monkeypatch, tied):
+    """The calibration probe gives the LM head a (K, 1) stand-in weight (its (B, S, V) product was most of the time at
+    a 151,936-token vocabulary): every activation statistic, the head's own input included, is the one the whole graph
+    gives, and the probe's logits are one column wide."""
+    from paddle_vha.export import calibration
+
+    out = tmp_path / "fp32"
+    _export(ckpts / tied, out, "fp32")
+    ids = np.random.default_rng(3).integers(0, 200, (3, 17))
+    seen = []
+    real_stub = calibration._stub_head
+
+    def spy(graph):
+        real_stub(graph)
+        seen.append([t for t in graph.initializer if t.name.endswith(".calibration_stub")])
+
+    monkeypatch.setattr(calibration, "_stub_head", spy)
+    stubbed = calibration.activation_importance(str(out / "model.onnx"), ids, [None] * 2, "concat")
+    monkeypatch.setattr(calibration, "_stub_head", lambda graph: None)
+    whole = calibration.activation_importance(str(out / "model.onnx"), ids, [None] * 2, "concat")
+    assert len(seen) == 1 and len(seen[0]) == 1 and list(seen[0][0].dims)[1] == 1, seen
+    assert set(stubbed) == set(whole) and len(whole) >= 5
+    for name in whole:
+        np.testing.assert_array_equal(stubbed[name], whole[name], err_msg=name)
+    print(f"{tied}: {len(whole)} activation statistics identical with the head stubbed ({seen[0][0].dims})")

@@ -327,3 +327,42 @@ def test_odd_head_dim_llama_is_refused_in_the_plan(tmp_path, capsys):
     write_model(str(qwen), "qwen3", qk_norm=True, **{**SMALL, "head_dim": 15})
     code, out, err = run(capsys, qwen, tmp_path / "q-out", "--dry-run")
     assert "is odd" not in err, err
+
+
+# Round 4's fuzz test (tests/test_fuzz_inputs.py) found these; each is kept here as a named case.
+def _vocab_with(i, token):
+    tokens = bpe_vocab()[0]
+    tokens[i] = token
+    return tokens
+
+
+FUZZ_FOUND = {
+    "merge outside the vocabulary": ({"tokenizer.ggml.merges": ["h e", "h q"]},
+                                     "tokenizer.ggml.merges[1] = 'h q': 'hq' is not a token of the vocabulary"),
+    "token twice": ({"tokenizer.ggml.tokens": _vocab_with(100, bpe_vocab()[0][60])},
+                    "holds " + repr(bpe_vocab()[0][60]) + " twice (ids 60 and 100)"),
+}
+
+
+@pytest.mark.parametrize("case", list(FUZZ_FOUND))
+def test_fuzz_findings_are_refused_in_the_plan(tmp_path, capsys, case):
+    """Before the fix: a traceback from the tokenizers library after the plan ("Error while initializing BPE: Token
+    `hq` out of vocabulary"); the duplicated token was imported with a hole in tokenizer.json's vocabulary."""
+    meta, said = FUZZ_FOUND[case]
+    src = tmp_path / "m.gguf"
+    write_model(str(src), "llama", meta=meta, **SMALL)
+    _refused(tmp_path, capsys, src, match=said)
+
+
+def test_a_nan_block_scale_is_one_line(tmp_path, capsys):
+    """A Q8_0 block whose fp16 scale is NaN: refused naming the tensor, and nothing else on stderr (numpy's
+    RuntimeWarning from the dequantization made it two lines)."""
+    import gguf
+
+    src = tmp_path / "m.gguf"
+    write_model(str(src), "llama", qtype="Q8_0", **SMALL)
+    t = next(t for t in gguf.GGUFReader(str(src)).tensors if t.name == "blk.0.attn_k.weight")
+    data = bytearray(src.read_bytes())
+    data[int(t.data_offset):int(t.data_offset) + 2] = np.float16(np.nan).tobytes()
+    src.write_bytes(bytes(data))
+    _refused(tmp_path, capsys, src, match="model.layers.0.self_attn.k_proj.weight: 32 non-finite value(s)")

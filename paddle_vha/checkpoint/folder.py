@@ -34,7 +34,11 @@ def _read_config(path: str) -> dict:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.lexists(cfg_path):
         raise CheckpointError(f"{cfg_path}: missing (a checkpoint folder needs config.json)")
-    return read_json_object(cfg_path)
+    cfg = read_json_object(cfg_path)
+    kind = cfg.get("model_type")
+    if kind is not None and not isinstance(kind, str):  # every tool looks it up in the registry by it
+        raise CheckpointError(f"{cfg_path}: model_type must be a string, got {kind!r:.60}")
+    return cfg
 
 
 def tensor_refs(path: str) -> Dict[str, st.TensorRef]:

@@ -179,5 +179,6 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: tensor {name} rows of {ref.shape[-1]} do not split into {ref.type} blocks "
                             f"of {block}")
         # (rows, bytes per row) -> (rows, row length): blocks never straddle rows
-        out = gguf.quants.dequantize(raw.reshape(rows, -1), qtype)
+        with np.errstate(all="ignore"):  # a NaN / Inf block scale: counted and refused by the caller, in one line
+            out = gguf.quants.dequantize(raw.reshape(rows, -1), qtype)
         return np.asarray(out, dtype=np.float32).reshape(ref.shape)

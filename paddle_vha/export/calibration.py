@@ -41,6 +41,30 @@ def weight_matmul_inputs(graph) -> Dict[str, str]:
     return out
 
 
+def _stub_head(graph) -> None:
+    """The LM head's MatMul (the one the logits output comes from) given a (K, 1) zero weight in this probe: its input
+    is what calibration reads, its (B, S, V) product nobody does (at a 151,936-token vocabulary it was most of the
+    calibration's time). Everything else, the caches included, computes as in the graph."""
+    from onnx import numpy_helper
+
+    made = {o: n for n in graph.node for o in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    node = made.get(graph.output[0].name)
+    while node is not None and node.op_type != "MatMul":
+        node = made.get(node.input[0]) if node.input else None
+    if node is None:
+        return
+    src, flips = node.input[1], 0
+    while src in made and made[src].op_type == "Transpose":
+        src, flips = made[src].input[0], flips + 1
+    if src not in inits or len(inits[src].dims) != 2:
+        return
+    k = int(inits[src].dims[flips % 2])
+    stub = numpy_helper.from_array(np.zeros((k, 1), np.float32), name=node.input[1] + ".calibration_stub")
+    graph.initializer.append(stub)
+    node.input[1] = stub.name
+
+
 def activation_importance(onnx_path: str, ids: np.ndarray, cache_windows, cache_io: str,
                           chunk: int = 2) -> Dict[str, np.ndarray]:
     """{activation name: (K,) float64 E[x_k^2]} over the prefill of every row of `ids` (B, S), `chunk` rows at a
@@ -57,6 +81,7 @@ def activation_importance(onnx_path: str, ids: np.ndarray, cache_windows, cache_
     base = [o.name for o in model.graph.output]
     for name in names:
         model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    _stub_head(model.graph)
     external = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
     probe_path = None
     try:

@@ -72,9 +72,16 @@ def read_text(gf: GGUFFile, vocab_size: int) -> Optional[GGUFText]:
     if len(tokens) > vocab_size:
         raise GGUFError(f"{gf.path}: the tokenizer has {len(tokens)} tokens, the embedding {vocab_size} rows")
     n = len(tokens)
+    if model == GGUF_BPE and len(set(tokens)) != n:  # a byte-level BPE's vocabulary is a map from token to id
+        seen = {}
+        i, j = next((seen[t], i) for i, t in enumerate(tokens) if seen.setdefault(t, i) != i)
+        raise GGUFError(f"{gf.path}: tokenizer.ggml.tokens holds {tokens[j]!r:.40} twice (ids {i} and {j}): a "
+                        "byte-level BPE vocabulary maps each token to one id, so one of them would be lost")
     types = gf.typed("tokenizer.ggml.token_type", (list, int), "a list of integers") or [1] * n
     for key, kind, what in _CHECKED:  # read later by the conversion: their types are checked here, up front
         gf.typed(f"tokenizer.ggml.{key}", kind, what)
+    if model == GGUF_BPE:
+        _check_merges(gf, set(tokens))
     if len(types) != n:
         raise GGUFError(f"{gf.path}: tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
     return GGUFText(model=model, pre=gf.typed("tokenizer.ggml.pre", str, "a string"), tokens=list(tokens),
@@ -84,6 +91,19 @@ def read_text(gf: GGUFFile, vocab_size: int) -> Optional[GGUFText]:
                     add_bos=gf.typed("tokenizer.ggml.add_bos_token", bool, "true or false", False),
                     add_eos=gf.typed("tokenizer.ggml.add_eos_token", bool, "true or false", False),
                     chat_template=gf.typed("tokenizer.chat_template", str, "a string (a Jinja template)"))
+
+
+def _check_merges(gf: GGUFFile, vocabulary: set) -> None:
+    """Each merge "a b" of a byte-level BPE names two tokens whose join is a token too (the BPE model is built from
+    them: one that is not refuses to build, after the plan); the first that does not, in one line."""
+    for i, merge in enumerate(gf.meta("tokenizer.ggml.merges") or []):
+        parts = merge.split(" ")
+        missing = next((t for t in (parts + ["".join(parts)] if len(parts) == 2 else []) if t not in vocabulary),
+                       None)
+        if len(parts) != 2 or missing is not None:
+            why = (f"{missing!r:.40} is not a token of the vocabulary" if len(parts) == 2 else
+                   f"it is not two tokens separated by one space")
+            raise GGUFError(f"{gf.path}: tokenizer.ggml.merges[{i}] = {merge!r:.60}: {why}")
 
 
 _CHECKED = (("merges", (list, str), "a list of strings"), ("scores", (list, (int, float)), "a list of numbers"),
@@ -152,8 +172,9 @@ def backend_tokenizer(gf: GGUFFile, text: GGUFText):
     spm = text.model == GGUF_SENTENCEPIECE
     try:
         tok, _ = convert_gguf_tokenizer(GGUF_SENTENCEPIECE if spm else GGUF_BPE, _converter_input(gf, text))
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-        raise GGUFError(f"{gf.path}: transformers cannot convert its tokenizer ({type(e).__name__}: {e})") from None
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own bare Exception
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise GGUFError(f"{gf.path}: transformers cannot convert its tokenizer ({type(e).__name__}: {first})") from None
     if spm:
         return tok
     pre = gguf_pre(text.pre) or DEFAULT_PRE
