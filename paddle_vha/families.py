@@ -48,7 +48,7 @@ from .sinks.spec import QWEN3_SINKS
 from .spec.base import Base
 from .spec.gguf import GGUFForm, GGUFPre
 from .spec.params import ModelSpec
-from .spec.validate import load_config, validate
+from .spec.validate import check_layer_count, load_config, validate
 from .vha import cost as vha_cost
 from .vha import tp_plan as vha_tp_plan
 from .vha.spec import QWEN3_VHA
@@ -174,6 +174,7 @@ class Family:
     def check_tensors(self, folder, cfg) -> None:
         """CheckpointError naming missing, unexpected or mis-shaped tensors (headers only) for config `cfg`."""
         ck = CheckpointFolder.open(folder)
+        check_layer_count(ck, cfg)
         compare_shapes(ck.path, ck.shapes, self.tensor_shapes(cfg))
 
     def validate(self, folder):

@@ -114,6 +114,7 @@ READ = ("config.json", "tokenizer.json", "generation_config.json", "model.safete
 
 def folder_case(valid_dir: str, rng, case_dir: str):
     from paddle_vha.checkpoint.contract import CheckpointError
+    from paddle_vha.cli import one_line
     from paddle_vha.export.gguf import plan_gguf_export
     from paddle_vha.families import family_of
     from paddle_vha.serve.session import ServeError
@@ -147,7 +148,7 @@ def folder_case(valid_dir: str, rng, case_dir: str):
                 codec.decode(ids, True)
             generation_defaults(folder)  # generate's EOS / sampling defaults
         except (CheckpointError, ServeError) as e:
-            said.append(str(e))
+            said.append(one_line(str(e)))  # as the command line prints it (paddle_vha.cli.fail)
         if said and (len(said[0].splitlines()) != 1 or not said[0].strip()):
             return "bad", f"a refusal of {len(said[0].splitlines())} lines: {said[0][:400]!r}"
         left = sorted(os.listdir(case_dir))

@@ -366,3 +366,29 @@ def test_a_nan_block_scale_is_one_line(tmp_path, capsys):
     data[int(t.data_offset):int(t.data_offset) + 2] = np.float16(np.nan).tobytes()
     src.write_bytes(bytes(data))
     _refused(tmp_path, capsys, src, match="model.layers.0.self_attn.k_proj.weight: 32 non-finite value(s)")
+
+
+@pytest.mark.parametrize("field,new", [("tokenizer.ggml.token_type item type", 9),  # an i32 array read as arrays
+                                       ("general.architecture type", 9),  # a string read as an array
+                                       ("tensor_count", 2 ** 40), ("blk.0.attn_q.weight n_dims", 7)])
+def test_a_header_count_the_file_cannot_hold_is_refused_before_the_reader(tmp_path, capsys, field, new):
+    """Round 4's fuzz test: the gguf package's reader turned such headers into 3.5-4 GB and more than 30 s (it builds
+    a view per item before it finds the end of the file). checkpoint/gguf_header.py walks the header first, each
+    count against the bytes left."""
+    import resource
+    import struct
+    import time
+
+    import fuzz_inputs as fz
+
+    src = tmp_path / "m.gguf"
+    write_model(str(src), "llama", **SMALL)
+    data = bytearray(src.read_bytes())
+    f = next(f for f in fz.gguf_fields(bytes(data)) if f.label == field)
+    struct.pack_into(f.fmt, data, f.at, new)
+    src.write_bytes(bytes(data))
+    t0, rss0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    line = _refused(tmp_path, capsys, src, match="truncated or malformed GGUF file")
+    grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    print(f"{field} -> {new}: {time.perf_counter() - t0:.2f} s, peak RSS +{grew:.0f} MB: {line}")
+    assert time.perf_counter() - t0 < 5 and grew < 200

@@ -19,6 +19,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from .contract import CheckpointError, file_problem
+from .gguf_header import check_header
 
 __all__ = ["GGUFError", "GGUFFile", "GGUFTensor", "SUPPORTED", "bits_per_weight"]
 
@@ -86,6 +87,7 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: not a GGUF file (it starts with {head!r}, not {MAGIC!r})")
         import gguf
 
+        check_header(self.path, GGUFError)  # counts, lengths and types against the bytes left, before the reader
         try:
             reader = gguf.GGUFReader(self.path)
         except (ValueError, IndexError, KeyError, OverflowError, MemoryError) as e:

@@ -139,9 +139,20 @@ def command(main):
     return wrapped
 
 
+# every character str.splitlines() breaks at, and the other C0 controls: a name read from a file may hold any of them
+_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(32), 127, 0x85]}
+_ESCAPES.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def one_line(message: str) -> str:
+    """`message` as one printable line: control and line-breaking characters (a tensor name from a corrupt file may
+    hold a carriage return) written as escapes."""
+    return message.translate(_ESCAPES)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print one line naming the problem and exit non-zero."""
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(message)}", file=sys.stderr)
     sys.exit(code)
 
 

@@ -70,14 +70,12 @@ def load_codec(folder: str, vocab_size: int) -> Optional[TextCodec]:
     path = os.path.join(folder, "tokenizer.json")
     if not os.path.isfile(path):
         return None
-    from tokenizers import Tokenizer
+    from ..checkpoint.tokenizer_file import guarded, open_tokenizer
 
-    try:
-        tok = Tokenizer.from_file(path)
-    except Exception as e:  # noqa: BLE001 - tokenizers raises its own Exception type for a malformed file
-        raise ServeError(f"{path}: cannot load ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})")
-    return TextCodec(lambda text: tok.encode(text, add_special_tokens=False).ids,
-                     lambda ids, skip: tok.decode(ids, skip_special_tokens=skip), "tokenizer.json")
+    tok = open_tokenizer(path, ServeError)
+    return TextCodec(guarded(lambda text: tok.encode(text, add_special_tokens=False).ids, path, "encode", ServeError),
+                     guarded(lambda ids, skip: tok.decode(ids, skip_special_tokens=skip), path, "decode", ServeError),
+                     "tokenizer.json")
 
 
 def _ids(value, what: str) -> List[int]:

@@ -7,7 +7,7 @@ from ..checkpoint.folder import CheckpointFolder
 from .base import Base
 from .params import ModelSpec
 
-__all__ = ["load_config", "validate"]
+__all__ = ["load_config", "validate", "check_layer_count"]
 
 
 def load_config(folder, model_type: str, label: str, config_class, base: Base):
@@ -29,5 +29,15 @@ def validate(folder, model_type: str, label: str, config_class, base: Base, spec
     """Check a checkpoint folder against a family's contract (config, then tensor names and shapes); its config."""
     ck = CheckpointFolder.open(folder)
     cfg = load_config(ck, model_type, label, config_class, base)
+    check_layer_count(ck, cfg)
     compare_shapes(ck.path, ck.shapes, spec.tensor_shapes(cfg))
     return cfg
+
+
+def check_layer_count(ck: CheckpointFolder, cfg) -> None:
+    """A num_hidden_layers no folder of these tensors can hold (more layers than tensors) is refused before the
+    expected tensor table is built from it (config.json's 10**30 layers built names until memory ran out)."""
+    layers = getattr(cfg, "num_hidden_layers", 0)
+    if isinstance(layers, int) and layers > len(ck.shapes):
+        raise CheckpointError(f"{ck.path}/config.json: num_hidden_layers {layers:,} but the folder holds "
+                              f"{len(ck.shapes):,} tensors in all")

@@ -87,15 +87,13 @@ def _encoder(in_dir: str, vocab: int, error):
     """(encode(list of texts) -> token stream, how in words, byte_level) for the checkpoint in `in_dir`."""
     path = os.path.join(in_dir, TOKENIZER_FILE)
     if os.path.isfile(path):
-        from tokenizers import Tokenizer
+        from ..checkpoint.tokenizer_file import guarded, open_tokenizer
 
-        try:
-            tok = Tokenizer.from_file(path)
-        except Exception as e:  # the tokenizers library raises its own exception types
-            raise error(f"{path}: not a tokenizer the tokenizers package reads ({str(e).splitlines()[0]})") from None
+        tok = open_tokenizer(path, error)
+        batch = guarded(tok.encode_batch, path, "encode", error)
 
         def encode(docs):
-            ids = [np.asarray(e.ids, np.int64) for e in tok.encode_batch(docs, add_special_tokens=False)]
+            ids = [np.asarray(e.ids, np.int64) for e in batch(docs, add_special_tokens=False)]
             return np.concatenate(ids) if ids else np.zeros(0, np.int64)
         return encode, "tokenized with the checkpoint's tokenizer", False
     if vocab >= BYTE_LEVEL_MAX:
