@@ -207,20 +207,8 @@ print(json.dumps(dict(prefill=prefill, step=step, weight_bytes=weights, tensor_t
                       peak_rss=peak_rss())))
 """
 
-CONVERT = """
-import os, subprocess, sys
-import llama_cpp
-src, folder, out, kind = sys.argv[1:5]
-if kind in ("Q4_0", "Q4_K_M"):  # llama.cpp's quantizer over the F32 file
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0 if kind == "Q4_0" else llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    rc = llama_cpp.llama_model_quantize(os.path.join(os.path.dirname(out), "F32.gguf").encode(), out.encode(), params)
-    sys.exit(f"llama_model_quantize: {rc}" if rc else 0)
-conv = os.path.join(src, "vendor", "llama.cpp", "convert_hf_to_gguf.py")
-r = subprocess.run([sys.executable, conv, folder, "--outfile", out, "--outtype", kind.lower()], capture_output=True,
-                   text=True)
-sys.exit(0 if r.returncode == 0 else "convert_hf_to_gguf: " + (r.stderr.strip().splitlines() or ["?"])[-1][:300])
-"""
+# FORMATS -> tools/export_gguf.py's --type: the GGUF files are written the way users write them
+GGUF_TYPES = {"F32": "f32", "F16": "f16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_M": "q4_k_m"}
 
 
 def llama_env():
@@ -269,24 +257,33 @@ def llama_source(work: str, ckpt: str, src: str) -> str:
 
 
 def prepare_gguf(work: str, ckpt: str, formats, env, log) -> dict:
-    """{format: GGUF path} in WORK/gguf, writing what is missing (Q4_0 needs F32, converted first)."""
+    """{format: GGUF path} in WORK/gguf, writing what is missing by tools/export_gguf.py's route (llama.cpp's converter,
+    then its quantizer for Q4_0 / Q4_K_M) from the checkpoint with its own tokenizer, or, for the tokenizer-less
+    checkpoints the benches write, from links to its weights beside Qwen's real tokenizer files (WORK/llama-src)."""
+    from paddle_vha.checkpoint.contract import CheckpointError
+    from paddle_vha.checkpoint.fsutil import scratch_dir
+    from paddle_vha.export.gguf import LlamaSide, plan_gguf_export, write_gguf
+
     python, src = env
-    folder, out_dir = llama_source(work, ckpt, src), os.path.join(work, "gguf")
+    own = os.path.isfile(os.path.join(ckpt, "tokenizer.json"))
+    folder, out_dir = ckpt if own else llama_source(work, ckpt, src), os.path.join(work, "gguf")
     os.makedirs(out_dir, exist_ok=True)
-    need = list(formats) + (["F32"] if {"Q4_0", "Q4_K_M"} & set(formats) and "F32" not in formats else [])
     paths = {}
-    for kind in sorted(need, key=FORMATS.index):
+    for kind in formats:
         path = os.path.join(out_dir, f"{kind}.gguf")
         if not os.path.isfile(path):
             t = time.time()
-            r = _side(python, CONVERT, [src, folder, path + ".tmp", kind])
-            if r.returncode != 0:
-                log(f"  GGUF {kind}: failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+            try:
+                plan = plan_gguf_export(folder, path, GGUF_TYPES[kind])
+                with scratch_dir("bench-gguf-") as scratch:
+                    write_gguf(LlamaSide(python, src), plan, path + ".tmp", scratch, progress=False)
+            except CheckpointError as e:
+                log(f"  GGUF {kind}: failed: {str(e)[:300]}")
                 continue
             os.rename(path + ".tmp", path)
             log(f"GGUF {kind}: written in {time.time() - t:.0f} s, {os.path.getsize(path) / 1e6:.0f} MB")
         paths[kind] = path
-    return {k: v for k, v in paths.items() if k in formats}
+    return paths
 
 
 def time_llama(env, path: str, shape, threads: int, log, kv: str = "default", context: str = "prompt"):

@@ -478,7 +478,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("work", help="folder for the checkpoint and the exports (reused when present)")
-    p.add_argument("--checkpoint", help="a folded / stock Qwen3 checkpoint to serve (default: written at --shape)")
+    p.add_argument("--checkpoint", help="a folded / stock checkpoint to serve: Qwen3, Llama or Qwen2, with its tokenizer "
+                   "for the llama.cpp rows (default: a Qwen3 written at --shape)")
     p.add_argument("--shape", default="0.6b", choices=["0.6b", "1.7b"])
     p.add_argument("--layers", type=int, default=None, help="decoder layers of the written checkpoint (default all)")
     p.add_argument("--kv-heads", type=int, default=2, help="KV heads of the written checkpoint (default 2: the "
@@ -549,12 +550,20 @@ def main(argv=None) -> int:
     context = args.prompt + args.new // 2  # the mean context of the timed steps
     fp32_kv = kv_bytes(cfg, args.batch, context)
     print(f"\n{cpu_line()}; load average {os.getloadavg()[0]:.1f} (a shared machine); read bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s (copy: {copy / 1e9:.1f} GB/s read + written); Qwen3 {cfg['num_hidden_layers']} "
+          f"{bandwidth / 1e9:.1f} GB/s (copy: {copy / 1e9:.1f} GB/s read + written); {model_label(ckpt)} "
+          f"{cfg['num_hidden_layers']} "
           f"layers, hidden {cfg['hidden_size']}, {cfg['num_key_value_heads']} KV heads, vocab {cfg['vocab_size']}; "
           f"batch {args.batch}, prompt {args.prompt}, {args.new} new tokens (greedy); floor = (weights the step reads "
           f"+ KV cache at the mean context in the row's format; float32: {fp32_kv / 1e6:.0f} MB) / read bandwidth")
     print(table(args, rows, cfg, context, bandwidth))
     return 0
+
+
+def model_label(ckpt: str) -> str:
+    """What the header calls the served model: its family's label (Qwen3, Llama, Qwen2, ...)."""
+    from paddle_vha.families import family_of
+
+    return family_of(ckpt).label
 
 
 def table(args, rows, cfg: dict, context: int, bandwidth: float) -> str:
