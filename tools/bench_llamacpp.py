@@ -62,7 +62,7 @@ kinds = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
 del reader
 llm = Llama(model_path=path, n_ctx=prompt + new + 8, n_threads=threads, n_threads_batch=threads, n_batch=512,
             logits_all=False, verbose=False, **kv)
-ids = np.random.default_rng(0).integers(0, 151643, size=prompt).tolist()
+ids = np.random.default_rng(0).integers(0, min(llm.n_vocab(), 151643), size=prompt).tolist()  # ids of this model
 llm.eval(ids[:8]); llm.eval([ids[8]]); llm.reset()  # warm-up
 t = time.perf_counter()
 llm.eval(ids)

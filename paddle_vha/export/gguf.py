@@ -187,6 +187,7 @@ def write_gguf(side: LlamaSide, plan: GGUFExportPlan, path: str, scratch: str, p
     q4_k_m); GGUFExportError (one line, the tool's last line) if either fails."""
     from tqdm import tqdm
 
+    path = os.path.abspath(path)  # both tools run in the scratch folder: a relative path would land there
     total = len(plan.folder.tensors)
     bar = tqdm(total=total, unit="tensor", desc=f"convert ({plan.outtype})", disable=not progress, leave=False)
 
