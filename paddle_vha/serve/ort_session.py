@@ -15,11 +15,14 @@ class OrtDecoder(DecoderSession):
     0). Whether off is faster on a shared 2-core VM was not settled: interleaved A/B rounds of the Qwen3-0.6B int4
     export under load averages 4-10 varied 2-4x from round to round, either way (docs/deploy.md)."""
 
-    def __init__(self, onnx_path: str, threads: int = 0, spin: bool = True):
+    def __init__(self, onnx_path: str, threads: int = 0, spin: bool = True, profile: str = ""):
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        if profile:  # onnxruntime's profiler: a JSON trace named PROFILE_<date>.json, written by end_profiling()
+            opts.enable_profiling = True
+            opts.profile_file_prefix = profile
         if threads:
             opts.intra_op_num_threads = threads
         if not spin:
@@ -41,9 +44,9 @@ class OrtDecoder(DecoderSession):
             raise ServeError(f"{onnx_path}: {e}") from None
 
     @classmethod
-    def from_dir(cls, export_dir: str, threads: int = 0, spin: bool = True):
+    def from_dir(cls, export_dir: str, threads: int = 0, spin: bool = True, profile: str = ""):
         info = read_export_info(export_dir)  # ServeError (one line) for a folder tools/export_onnx.py did not write whole
-        session = cls(os.path.join(export_dir, "model.onnx"), threads, spin)
+        session = cls(os.path.join(export_dir, "model.onnx"), threads, spin, profile)
         session.cache_windows = per_cache_input(info, "cache_windows")
         session.cache_io = info["cache_io"]
         return session
