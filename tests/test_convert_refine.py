@@ -68,8 +68,8 @@ def test_refinement_lowers_every_layers_error_and_the_kl(tmp_path, stock):  # no
     """GQA-4 -> VHA with 2 KV heads (svd): every layer's held-out error drops, the calibration error never rises
     (the best point is kept), and the written model's KL is below the closed-form fit's."""
     out = str(tmp_path / "refined")
-    r = run_tool(stock, out, "--kv-heads", "2", "--refine-steps", "60", "--refine-tokens", "1024", "--no-compare",
-                 "--no-progress", "--eval-len", "32", "--dtype", "float32")
+    r = run_tool(stock, out, "--kv-heads", "2", "--method", "svd", "--refine-steps", "60", "--refine-tokens", "1024",
+                 "--no-compare", "--no-progress", "--eval-len", "32", "--dtype", "float32")
     assert r.returncode == 0, r.stderr
     rows = layer_errors(r.stdout)
     assert [row[0] for row in rows] == list(range(SHAPE["num_hidden_layers"])), r.stdout

@@ -127,8 +127,8 @@ def test_regrouped_checkpoint_is_an_ordinary_vha_with_lower_kl(tmp_path, scrambl
     for regroup in ("contiguous", "key-similarity"):
         out = str(tmp_path / regroup)
         calib = ["--calib-tokens", "512"] if regroup == "key-similarity" else []  # only there is calibration read
-        r = run_tool(scrambled, out, "--kv-heads", "2", "--regroup", regroup, "--no-compare", "--no-progress",
-                     "--eval-len", "32", *calib, "--dtype", "float32")
+        r = run_tool(scrambled, out, "--kv-heads", "2", "--method", "svd", "--regroup", regroup, "--no-compare",
+                     "--no-progress", "--eval-len", "32", *calib, "--dtype", "float32")
         assert r.returncode == 0, r.stderr
         validate_vha_checkpoint(out)
         kls[regroup] = kl_table(r.stdout)["svd"]
@@ -156,7 +156,7 @@ def test_fold_then_convert_with_regrouping_is_exact(tmp_path, how):
     fold_checkpoint(plan_fold(vha_dir, folded), progress=False)
     calib = ["--calib-tokens", "512"] if how == "key-similarity" else []  # fit-error reads no calibration text
     r = run_tool(folded, back, "--kv-heads", "2", "--q-head-dim", "8", "--postmix-rank", "2", "--regroup", how,
-                 "--no-compare", "--no-progress", *calib, "--eval-len", "32")
+                 "--method", "svd", "--no-compare", "--no-progress", *calib, "--eval-len", "32")
     assert r.returncode == 0, r.stderr
     assert re.search(r"layer 0 \[\[0\], \[1\]\]", r.stdout), r.stdout
     assert kl_table(r.stdout)["svd"] < 1e-9

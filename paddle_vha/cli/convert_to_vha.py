@@ -16,7 +16,7 @@ tokenizer is refused. A checkpoint that came from a fold
 converts back exactly (same N and --q-head-dim): its KL is ~0. IN_DIR is never modified; OUT_DIR appears only when
 complete.
 
-    bash tools/env.sh python tools/convert_to_vha.py IN_DIR OUT_DIR --kv-heads 2
+    bash tools/env.sh python tools/convert_to_vha.py IN_DIR OUT_DIR --kv-heads 2   # --method best
     bash tools/env.sh python tools/convert_to_vha.py IN_DIR OUT_DIR --kv-heads 2 --method calibrated --calib-tokens 16384
     bash tools/env.sh python tools/convert_to_vha.py IN_DIR OUT_DIR --kv-heads 2 --q-head-dim 64 --dry-run
     bash tools/env.sh python tools/convert_to_vha.py IN_DIR OUT_DIR --kv-heads 2 --premix off
@@ -29,7 +29,9 @@ query heads following; printed per layer); --refine-steps N then refines each la
 original's layer output, layer by layer (printing each layer's held-out relative MSE before -> after; a layer that is
 exact already is left bit-identical). docs/conversion.md, "Head regrouping" and "Layer-wise refinement".
 
-Methods: mean   queries by the weight-space factorization, keys and values averaged per group (the GQA recipe)
+Methods: best   (default) each method below converted and its KL measured, the lowest written (with nothing
+                measured to choose by, --no-compare or --eval-batches 0: calibrated, the real model's ranking)
+         mean   queries by the weight-space factorization, keys and values averaged per group (the GQA recipe)
          svd    queries as mean; values by the best rank-d fit of each group, the maps absorbed into o_proj
          calibrated   as svd, both fits weighted by E[x x^T] of each layer's attention input on calibration text
 Memory: one decoder layer at a time (weights, calibration and the KL run layer by layer in float32, the logits in
@@ -61,7 +63,10 @@ def build_parser():
     p.add_argument("--premix", default="on", choices=["on", "off"],
                    help="off: keep every query head as it is and add Postmix only (the research fork's "
                         "kv_postmix_only, vha_enable_premix false); exact when --kv-heads keeps the KV heads")
-    p.add_argument("--method", default="svd", choices=["mean", "svd", "calibrated"], help="default svd")
+    p.add_argument("--method", default="best", choices=["best", "mean", "svd", "calibrated"],
+                   help="best (default): every method converted and its KL measured, the lowest written; without a "
+                        "KL to choose by (--no-compare, --eval-batches 0) calibrated, the real model's ranking "
+                        "(SmolLM2, 3 -> 1 KV heads: calibrated 3.79 < mean 7.53 < svd 9.14 nats; docs/conversion.md)")
     p.add_argument("--calib-tokens", type=int, default=8192, metavar="T",
                    help="calibration tokens (random windows of the calibration text) for 'calibrated' (default 8192)")
     p.add_argument("--regroup", default="contiguous", choices=["contiguous", "key-similarity", "fit-error"],
@@ -81,10 +86,18 @@ def build_parser():
     return p
 
 
+BY_RANK = "calibrated"  # --method best without a KL to choose by: the best of the real-model ranking
+
+
 def _calibrates(a) -> bool:
-    """Whether E[x x^T] of calibration text is computed: --method calibrated is converted (chosen, or compared
-    without --no-compare), or --regroup key-similarity."""
-    return a.method == "calibrated" or not a.no_compare or a.regroup == "key-similarity"
+    """Whether E[x x^T] of calibration text is computed: --method calibrated is converted (chosen, by --method best
+    too, or compared without --no-compare), or --regroup key-similarity."""
+    return a.method in ("calibrated", "best") or not a.no_compare or a.regroup == "key-similarity"
+
+
+def _measures(a) -> bool:
+    """Whether the methods' KLs are measured (and so --method best chooses by them)."""
+    return not a.no_compare and a.eval_batches > 0
 
 
 def _reads_text(a) -> bool:
@@ -136,10 +149,15 @@ def _errors_line(errors) -> str:
 def _plan(args):
     from paddle_vha.transform.convert_to_vha import plan_convert
 
-    return plan_convert(args.in_dir, args.out_dir, args.kv_heads, q_head_dim=args.q_head_dim,
-                        postmix_rank=args.postmix_rank, method=args.method, dtype=args.dtype, force=args.force,
+    method = BY_RANK if args.method == "best" else args.method
+    plan = plan_convert(args.in_dir, args.out_dir, args.kv_heads, q_head_dim=args.q_head_dim,
+                        postmix_rank=args.postmix_rank, method=method, dtype=args.dtype, force=args.force,
                         seed=args.seed, max_shard_size=args.max_shard_size, premix=args.premix,
                         regroup=args.regroup)
+    if args.method == "best":  # named once the choice is made (_write)
+        plan.method = "best (" + ("the lowest KL of the three" if _measures(args) else f"{BY_RANK}: nothing measured "
+                                                                                         "to choose by") + ")"
+    return plan
 
 
 def _reference(args, plan, text):
@@ -178,13 +196,17 @@ def _write(args, plan) -> None:
     from paddle_vha.transform import layerwise as lw
     from paddle_vha.transform.text import load_text
 
-    methods = [args.method] if args.no_compare else [m for m in cv.METHODS if m != args.method] + [args.method]
+    best = args.method == "best"
+    chosen = BY_RANK if best else args.method  # --method best: calibrated unless the KLs say otherwise
+    methods = [chosen] if args.no_compare else [m for m in cv.METHODS if m != chosen] + [chosen]
     text = None
     calibrate = "calibrated" in methods or args.regroup == "key-similarity"
     if calibrate or args.eval_batches or args.refine_steps:
         text = load_text(plan.in_dir, plan.src_cfg.vocab_size, args.calib_data, cv.ConvertError)
     moments = _moments(args, plan, text) if calibrate else None
     ref = _reference(args, plan, text)
+
+    measured = {}
 
     def report(method, model):
         kl = None
@@ -193,26 +215,36 @@ def _write(args, plan) -> None:
             if kl["nonfinite"]:
                 raise cv.ConvertError(f"logit KL: the {kl['nonfinite'].replace('compared', 'converted')} model's "
                                       "logits are not finite (NaN or Inf)")
-        mark = ("  <- written" + (f" (refined, {args.refine_steps} steps per layer)" if args.refine_steps else "")
-                if method == args.method else "")
+        if kl is not None:
+            measured[method] = kl["mean_kl"]
+        why = " (the lowest KL: --method best)" if args.method == "best" and _measures(args) else \
+            f" (--method best: {BY_RANK}, the real model's ranking)" if args.method == "best" else ""
+        mark = ("  <- written" + why + (f" (refined, {args.refine_steps} steps per layer)" if args.refine_steps
+                                         else "") if method == plan.method else "")
         kl_text = f"KL {kl['mean_kl']:.4e} nats/token, max rel logit diff {kl['max_rel']:.3e}; " if kl else ""
         print(f"  {method:<10} {kl_text}fit {_errors_line(plan.errors)}{mark}", flush=True)
         if mark and plan.groups:
             print("  " + groups_line(plan), flush=True)
 
-    for method in methods[:-1]:  # the others first, never written: converted layer by layer inside the forward
+    choose = best and ref is not None  # every method measured first, the lowest KL written
+    plan.method = None  # no "<- written" mark on the candidates
+    for method in methods if choose else methods[:-1]:  # never written: converted layer by layer inside the forward
         tensors = cv.LayerTensors(plan, method, moments)
         if ref is None:
             for i in range(plan.src_cfg.num_hidden_layers):
                 tensors(f"model.layers.{i}.self_attn.q_proj.weight")
         report(method, cv.candidate_weights(plan, tensors) if ref is not None else None)
-    tensors = cv.LayerTensors(plan, args.method, moments)
+    plan.method = min(measured, key=measured.get) if choose else chosen
+    if choose:
+        print(f"--method best: {plan.method} has the lowest KL ({measured[plan.method]:.4e} nats/token); writing it",
+              flush=True)
+    tensors = cv.LayerTensors(plan, plan.method, moments)
     if not args.refine_steps:
         cv.convert_checkpoint(plan, tensors, progress=not args.no_progress,
-                              check=lambda folder: report(args.method, lw.folder_weights(folder)))
+                              check=lambda folder: report(plan.method, lw.folder_weights(folder)))
         return
     if ref is not None:  # the closed-form start, for comparison with the refined model written
-        report(f"{args.method} (fit)", cv.candidate_weights(plan, tensors))
+        report(f"{plan.method} (fit)", cv.candidate_weights(plan, tensors))
     from paddle_vha.transform.refine import RefineSettings, refine_and_write, token_counts
 
     fit, held = token_counts(args.refine_tokens, args.eval_len)
@@ -222,7 +254,7 @@ def _write(args, plan) -> None:
           "layer's output on held-out tokens, before -> after:", flush=True)
     refine_and_write(plan, tensors, text, RefineSettings(args.refine_steps, lr=args.refine_lr, seed=args.seed),
                      args.refine_tokens, args.eval_len, progress=not args.no_progress,
-                     check=lambda folder: report(args.method, lw.folder_weights(folder)))
+                     check=lambda folder: report(plan.method, lw.folder_weights(folder)))
 
 
 def groups_line(plan) -> str:
@@ -236,8 +268,7 @@ def _memory(args, plan):
     from paddle_vha.transform import memory as mem
 
     c = plan.src_cfg
-    calibrated = "calibrated" in ([args.method] if args.no_compare else ["calibrated"]) or \
-        args.regroup == "key-similarity"
+    calibrated = _calibrates(args)
     eval_tokens = args.eval_batches * 4 * args.eval_len
     tokens = max(4 * args.eval_len, min(args.pass_tokens, max(eval_tokens, args.calib_tokens if calibrated else 0)))
     math = mem.tensor_bytes(max(c.num_attention_heads * c.head_dim, c.hidden_size) * c.hidden_size)
