@@ -68,22 +68,23 @@ def report(kind, results):
     return bad
 
 
+def fuzz(kind, valid_input, tmp_path, what):
+    """Run `kind`'s cases: each ends cleanly, and both ends (refused, and read / imported) are reached, so the
+    mutations are neither all fatal nor idle."""
+    n = cases(kind)
+    results = run_child(kind, valid_input, tmp_path, n)
+    bad = report(kind, results)
+    assert len(results) == n
+    assert not bad, f"{len(bad)} of {n} mutated {what} did not end cleanly (first: case {bad[0]['case']})"
+    statuses = {r["status"] for r in results}
+    assert statuses == {"refused", "ok"}, statuses
+
+
 @pytest.mark.slow
 def test_mutated_gguf_files_are_refused_in_one_line_or_imported_whole(valid, tmp_path):
-    n = cases("gguf")
-    results = run_child("gguf", valid[0], tmp_path, n)
-    bad = report("gguf", results)
-    assert len(results) == n
-    assert not bad, f"{len(bad)} of {n} mutated GGUF files did not end cleanly (first: case {bad[0]['case']})"
-    statuses = {r["status"] for r in results}
-    assert statuses == {"refused", "ok"}, statuses  # both ends reached: the mutations are neither all fatal nor idle
+    fuzz("gguf", valid[0], tmp_path, "GGUF files")
 
 
 @pytest.mark.slow
 def test_mutated_checkpoint_folders_are_refused_in_one_line_or_read(valid, tmp_path):
-    n = cases("folder")
-    results = run_child("folder", valid[1], tmp_path, n)
-    bad = report("folder", results)
-    assert len(results) == n
-    assert not bad, f"{len(bad)} of {n} mutated folders did not end cleanly (first: case {bad[0]['case']})"
-    assert {r["status"] for r in results} == {"refused", "ok"}
+    fuzz("folder", valid[1], tmp_path, "folders")

@@ -65,10 +65,12 @@ def _walk(data) -> None:
                        f"{size - pos:,} left")
         return n
 
-    def skip_string(what: str) -> None:
+    def string(length: str) -> str:
+        """The string whose u64 length `length` names, read (a key, a tensor name)."""
         nonlocal pos
-        n = count(f"{what}'s length", 1)
+        n = count(length, 1)
         pos += n
+        return bytes(data[pos - n:pos]).decode("utf-8", "replace")
 
     def value(kind: int, what: str, depth: int) -> None:
         nonlocal pos
@@ -77,7 +79,8 @@ def _walk(data) -> None:
                 raise _Bad(f"{what} at byte {pos} runs past the end of the file")
             pos += _SIZES[kind]
         elif kind == _STRING:
-            skip_string(what)
+            n = count(f"{what}'s length", 1)  # skipped: no string is built for a value
+            pos += n
         elif kind == _ARRAY:
             if depth >= _MAX_NESTING:
                 raise _Bad(f"{what}: arrays nested more than {_MAX_NESTING} deep")
@@ -99,15 +102,11 @@ def _walk(data) -> None:
     tensors = count("tensor count", 24)  # a name's length, n_dims, type and offset at the least
     kvs = count("metadata count", 12)  # a key's length and a value type at the least
     for k in range(kvs):
-        n = count(f"metadata entry {k}'s key length", 1)
-        key = bytes(data[pos:pos + n]).decode("utf-8", "replace")
-        pos += n
+        key = string(f"metadata entry {k}'s key length")
         kind = take("<I", f"metadata {key!r:.60}'s value type")
         value(kind, f"metadata {key!r:.60}", 0)
     for t in range(tensors):
-        n = count(f"tensor {t}'s name length", 1)
-        name = bytes(data[pos:pos + n]).decode("utf-8", "replace")
-        pos += n
+        name = string(f"tensor {t}'s name length")
         dims = take("<I", f"tensor {name!r:.60}'s n_dims")
         if not 1 <= dims <= MAX_DIMS:
             raise _Bad(f"tensor {name!r:.60} has {dims} dimensions (GGML tensors have 1 to {MAX_DIMS})")

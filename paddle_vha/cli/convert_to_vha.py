@@ -208,7 +208,7 @@ def _write(args, plan) -> None:
 
     measured = {}
 
-    def report(method, model):
+    def report(method, model, written=False):
         kl = None
         if ref is not None:
             kl = lw.logit_stats(ref[0], ref[3], model, lw.final_hidden(model, ref[1]), ref[2])
@@ -217,17 +217,16 @@ def _write(args, plan) -> None:
                                       "logits are not finite (NaN or Inf)")
         if kl is not None:
             measured[method] = kl["mean_kl"]
-        why = " (the lowest KL: --method best)" if args.method == "best" and _measures(args) else \
-            f" (--method best: {BY_RANK}, the real model's ranking)" if args.method == "best" else ""
-        mark = ("  <- written" + why + (f" (refined, {args.refine_steps} steps per layer)" if args.refine_steps
-                                         else "") if method == plan.method else "")
+        why = "" if not best else " (the lowest KL: --method best)" if _measures(args) else \
+            f" (--method best: {BY_RANK}, the real model's ranking)"
+        refined = f" (refined, {args.refine_steps} steps per layer)" if args.refine_steps else ""
+        mark = "  <- written" + why + refined if written else ""
         kl_text = f"KL {kl['mean_kl']:.4e} nats/token, max rel logit diff {kl['max_rel']:.3e}; " if kl else ""
         print(f"  {method:<10} {kl_text}fit {_errors_line(plan.errors)}{mark}", flush=True)
         if mark and plan.groups:
             print("  " + groups_line(plan), flush=True)
 
     choose = best and ref is not None  # every method measured first, the lowest KL written
-    plan.method = None  # no "<- written" mark on the candidates
     for method in methods if choose else methods[:-1]:  # never written: converted layer by layer inside the forward
         tensors = cv.LayerTensors(plan, method, moments)
         if ref is None:
@@ -241,7 +240,7 @@ def _write(args, plan) -> None:
     tensors = cv.LayerTensors(plan, plan.method, moments)
     if not args.refine_steps:
         cv.convert_checkpoint(plan, tensors, progress=not args.no_progress,
-                              check=lambda folder: report(plan.method, lw.folder_weights(folder)))
+                              check=lambda folder: report(plan.method, lw.folder_weights(folder), written=True))
         return
     if ref is not None:  # the closed-form start, for comparison with the refined model written
         report(f"{plan.method} (fit)", cv.candidate_weights(plan, tensors))
@@ -254,7 +253,7 @@ def _write(args, plan) -> None:
           "layer's output on held-out tokens, before -> after:", flush=True)
     refine_and_write(plan, tensors, text, RefineSettings(args.refine_steps, lr=args.refine_lr, seed=args.seed),
                      args.refine_tokens, args.eval_len, progress=not args.no_progress,
-                     check=lambda folder: report(plan.method, lw.folder_weights(folder)))
+                     check=lambda folder: report(plan.method, lw.folder_weights(folder), written=True))
 
 
 def groups_line(plan) -> str:

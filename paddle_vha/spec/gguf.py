@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-__all__ = ["DEFAULT_PRE", "GGUFForm", "GGUFPre", "LAYER_TENSORS", "MODEL_TENSORS", "hf_name"]
+__all__ = ["DEFAULT_PRE", "GGUFForm", "GGUFPre", "LAYER_TENSORS", "MODEL_TENSORS", "hf_name", "layer_of"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,12 @@ MODEL_TENSORS = {
     "output.weight": "lm_head.weight",
 }
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def layer_of(gguf_name: str) -> Optional[int]:
+    """The decoder layer a GGUF tensor name belongs to (blk.{i}.*), or None."""
+    m = _LAYER.fullmatch(gguf_name)
+    return int(m.group(1)) if m else None
 
 
 def hf_name(gguf_name: str) -> Optional[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -22,7 +21,7 @@ from ..checkpoint import safetensors_io as st
 from ..checkpoint.contract import CheckpointError, compare_shapes
 from ..checkpoint.fsutil import check_output_dir
 from ..checkpoint.gguf import SUPPORTED, GGUFError, GGUFFile, bits_per_weight
-from ..spec.gguf import LAYER_TENSORS, GGUFForm, hf_name
+from ..spec.gguf import LAYER_TENSORS, GGUFForm, hf_name, layer_of
 from ..units import fmt_bytes
 from .describe import Description, Table, group, layer_pattern
 from .gguf_tokenizer import GGUFText, read_text, write_text_files
@@ -35,7 +34,6 @@ IMPORT_DTYPES = ("float32", "bfloat16", "float16")
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency RoPE divisors (Llama 3.1's scaling)
 RECORD = "gguf_import.json"  # OUT's record of where the weights came from, and at what precision
 FLOAT_TYPES = ("F32", "F16", "BF16")
-_LAYER_NAME = re.compile(r"blk\.(\d+)\.")
 
 
 def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -256,8 +254,7 @@ def _check_layers(gf: GGUFFile, form: GGUFForm, h: dict) -> None:
     """Refusals that must come before the expected tensor table is built: a block_count beyond the layers the file
     holds tensors for (a corrupt count would build millions of names first), and, where llama.cpp interleaved the
     RoPE halves, an odd head_dim (its rows pair up within a head: they cannot be put back)."""
-    layers = {int(m.group(1)) for m in map(_LAYER_NAME.match, gf.tensors) if m}
-    top = max(layers, default=-1) + 1
+    top = max((i for i in map(layer_of, gf.tensors) if i is not None), default=-1) + 1
     if h["layers"] > top:
         raise GGUFError(f"{gf.path}: metadata {form.arch}.block_count = {h['layers']}, but the file holds tensors of "
                         + (f"layers 0..{top - 1} only" if top else "no layer (no blk.N.* tensor)"))
