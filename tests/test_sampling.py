@@ -135,3 +135,33 @@ def test_eos_stops_each_row_of_a_batch():
     res = generate(s, np.zeros((3, 2), np.int64), 5, eos_token_id=[9, 10], pad_token_id=0)
     assert res.tokens.shape == (3, 4) and s.t == 3, "every row finished at step 4: no further step runs"
     assert res.finished.all() and res.lengths.tolist() == [2, 4, 3]
+
+
+@pytest.mark.parametrize("spread", [0.05, 8.0])
+def test_top_p_over_a_vocabulary_larger_than_the_candidates(spread):
+    """A vocabulary of 3,000 (more than generate.CANDIDATES): with a peaked row the nucleus lies among the partially
+    sorted candidates, with a flat row (spread 0.05) it reaches past them and the row is sorted whole; both draw the
+    reference distribution (frequencies of the 8 most probable tokens and of the rest, within 5 standard errors)."""
+    from paddle_vha.serve import generate as gen
+
+    rng = np.random.default_rng(7)
+    row = (rng.standard_normal(3000) * spread).astype(np.float32)
+    assert 3000 > gen.CANDIDATES
+    want = reference(row, 1.0, 0, 0.9)
+    counts = np.zeros(3000)
+    for seed in range(4):
+        res = generate(FixedLogits(row[None], 500), np.zeros((500, 1), np.int64), 6, do_sample=True, top_p=0.9,
+                       seed=seed)
+        counts += np.bincount(res.tokens.ravel(), minlength=3000)
+    n = counts.sum()
+    top = np.argsort(-want)[:8]
+    groups = [counts[t] for t in top] + [n - counts[top].sum()]
+    probs = [want[t] for t in top] + [1 - want[top].sum()]
+    for got, p in zip(groups, probs):
+        se = np.sqrt(p * (1 - p) / n)
+        print(f"spread {spread}: freq {got / n:.4f} want {p:.4f} ({abs(got / n - p) / max(se, 1e-12):.2f} se)")
+        assert abs(got / n - p) <= 5 * se + 1e-3
+    assert counts[want == 0].sum() == 0, "a token outside the nucleus was sampled"
+    kept = int((want > 0).sum())
+    print(f"spread {spread}: nucleus of {kept} tokens ({'past' if kept > gen.CANDIDATES else 'within'} the candidates)")
+    assert (kept > gen.CANDIDATES) == (spread < 1)

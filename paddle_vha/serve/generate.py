@@ -51,25 +51,46 @@ def eos_ids(eos_token_id) -> np.ndarray:
     return np.atleast_1d(np.asarray(eos_token_id, np.int64)).reshape(-1)
 
 
+# candidates kept by a partial sort before top-p's full sort is needed: a row whose CANDIDATES most probable tokens
+# already hold the top-p mass has its whole nucleus among them (the nucleus is a prefix of the sorted order)
+CANDIDATES = 1024
+
+
 def _choose(logits: np.ndarray, rng, do_sample: bool, temperature: float, top_k: int, top_p: float) -> np.ndarray:
-    """Next token per row from last-position logits (B, V)."""
+    """Next token per row from last-position logits (B, V): the argmax, or a draw from softmax(logits / temperature)
+    restricted to the top_k largest (0: all), then to the smallest most-probable set whose mass reaches top_p,
+    renormalized (Hugging Face's definitions). Only candidates are sorted: the k largest with top_k, else the
+    CANDIDATES largest when they hold the top-p mass (that row sorted whole otherwise), so a step costs a partial sort
+    and one exp over the vocabulary, not a sort of it (at batch 16 over a 49,152-token vocabulary the full sort was
+    half of a 135M model's decode step)."""
     if not do_sample:
         return logits.argmax(-1)
-    z = logits.astype(np.float64) / max(temperature, 1e-6)
-    if top_k and top_k < z.shape[-1]:
-        kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]
-        z = np.where(z < kth, -np.inf, z)
-    p = np.exp(z - z.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    if top_p < 1.0:
-        order = np.argsort(-p, axis=-1)
-        sorted_p = np.take_along_axis(p, order, -1)
-        keep_sorted = np.cumsum(sorted_p, -1) - sorted_p < top_p  # smallest prefix with mass >= top_p
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, -1)
-        p = np.where(keep, p, 0.0)
-        p /= p.sum(-1, keepdims=True)
-    return np.array([rng.choice(p.shape[-1], p=row) for row in p])
+    z = np.asarray(logits, np.float32) / np.float32(max(temperature, 1e-6))  # (B, V); float64 for the kept ones
+    B, V = z.shape
+    k = top_k if top_k and top_k < V else V
+    c = k if k < V else (CANDIDATES if top_p < 1.0 and CANDIDATES < V else V)
+    cand = np.argpartition(-z, c - 1, axis=-1)[:, :c] if c < V else np.broadcast_to(np.arange(V), (B, V))  # (B, c)
+    out = np.empty(B, np.int64)
+    u = rng.random(B)
+    m = z.max(-1, keepdims=True)
+    total = np.exp(z - m).sum(-1, dtype=np.float64) if k == V else None  # (B,) the normalizer over the vocabulary
+    for r in range(B):
+        if c == V and top_p >= 1.0:  # temperature alone: no order needed
+            p = np.exp(z[r].astype(np.float64) - m[r, 0])
+            cdf = np.cumsum(p)
+            out[r] = min(int(np.searchsorted(cdf, u[r] * cdf[-1], side="right")), V - 1)
+            continue
+        ids = cand[r][np.argsort(-z[r, cand[r]], kind="stable")]  # most probable first
+        p = np.exp(z[r, ids].astype(np.float64) - m[r, 0])
+        mass = p.sum() if total is None else total[r]  # the renormalizer after top-k
+        if top_p < 1.0 and c < V and k == V and p.sum() < top_p * mass:  # the nucleus reaches past the candidates
+            ids = np.argsort(-z[r], kind="stable")
+            p = np.exp(z[r, ids].astype(np.float64) - m[r, 0])
+        if top_p < 1.0:
+            p = p[np.cumsum(p) - p < top_p * mass]  # the nucleus: a prefix of the sorted candidates
+        cdf = np.cumsum(p)
+        out[r] = ids[min(int(np.searchsorted(cdf, u[r] * cdf[-1], side="right")), len(p) - 1)]
+    return out
 
 
 def generate(session, prompt_ids, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
