@@ -235,7 +235,8 @@ def test_teacher_frozen_through_the_trainer(tmp_path):
     from paddle_vha.train.distill import DistillSettings
     from paddle_vha.train.distill_trainer import DistillTrainer
     from paddle_vha.train.teacher import distill_plan, load_teacher
-    from paddle_vha.train.trainer import build_config, build_data
+    from paddle_vha.train.run_model import build_config
+    from paddle_vha.train.run_data import build_data
 
     teacher_dir = _teacher(tmp_path / "teacher")
     m, d, args, req = parse([os.path.join(CONFIGS, "tiny-vha.json"), "--output_dir", str(tmp_path / "o"),
@@ -245,8 +246,9 @@ def test_teacher_frozen_through_the_trainer(tmp_path):
     args.dataloader_shuffle = False
     run_model = build_config(m, d, args, 1)
     config, model_cls = run_model.config, run_model.model_cls
-    fam, tcfg, settings = distill_plan(args, config)
-    assert settings == DistillSettings(hidden_weight=1.0)
+    plan = distill_plan(args, config)
+    fam, tcfg, settings = plan.family, plan.config, plan.settings
+    assert settings == DistillSettings(hidden_weight=1.0) and not plan.stored
     train, _, _ = build_data(d, args, config.vocab_size)
     model = model_cls(config)
     teacher = load_teacher(teacher_dir, fam, tcfg)

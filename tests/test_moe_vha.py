@@ -165,7 +165,7 @@ def test_export_refuses_moe_in_one_line(tmp_path, folded):
 
 def test_training_a_moe_family_is_refused_in_one_line():
     from paddle_vha.train.errors import TrainError
-    from paddle_vha.train.trainer import model_family
+    from paddle_vha.train.run_model import model_family
 
     for model_type in ("qwen3_moe_vha", "qwen3_moe"):
         with pytest.raises(TrainError, match="has no Paddle model here: PaddleFormers 1.0.0's qwen3_moe") as e:

@@ -160,7 +160,7 @@ def test_a_full_disk_during_a_save_stops_in_one_line_and_leaves_no_half_checkpoi
     from types import SimpleNamespace
 
     from paddle_vha.train.errors import TrainError
-    from paddle_vha.train.trainer import train_model
+    from paddle_vha.train.fit import train_model
 
     out = tmp_path / "run"
     (out / "checkpoint-1").mkdir(parents=True)

@@ -148,7 +148,7 @@ def test_a_sample_beyond_the_vocabulary_stops_in_one_line():
     line)."""
     from paddle_vha.train.data_checks import IdRangeError
     from paddle_vha.train.datasets import ShiftedTokens
-    from paddle_vha.train.trainer import _training_failure
+    from paddle_vha.train.fit import _training_failure
 
     ds = ShiftedTokens([{"text": np.array([1, 2, 3])}, {"text": np.array([4, 99, 5])}], vocab_size=50)
     assert ds[0]["labels"].tolist() == [2, 3]

@@ -74,7 +74,8 @@ class VHATrainingArguments(TrainingArguments):
                 "next to the Trainer's resumable state"})
     teacher: Optional[str] = field(default=None, metadata={
         "help": "distil from this checkpoint folder (any registered family, same vocabulary; frozen, float32, "
-                "replicated under tensor parallelism): the loss becomes the distill_* mix (docs/training.md, "
+                "replicated under tensor parallelism), or from a stored teacher (tools/store_teacher.py: its windows "
+                "are the data, the student runs alone): the loss becomes the distill_* mix (docs/training.md, "
                 "Distillation)"})
     distill_ce_weight: float = field(default=1.0, metadata={"help": "with teacher: weight of the cross-entropy"})
     distill_kl_weight: float = field(default=1.0, metadata={
@@ -88,6 +89,11 @@ class VHATrainingArguments(TrainingArguments):
                 "and layer map as distill_hidden_weight)"})
     distill_schedule: str = field(default="constant", metadata={
         "help": "with teacher: the KD weights over steps: constant, or linear (decaying to 0 at max_steps)"})
+    train_only: str = field(default="all", metadata={
+        "help": "which weights train: all, or attention (each layer's self-attention block: its projections and "
+                "VHA maps; the rest frozen, no gradient computed for it)"})
+    freeze_embeddings: bool = field(default=False, metadata={
+        "help": "freeze the embedding table (and the LM head when it is tied to it)"})
     vocab_parallel: bool = field(default=True, metadata={
         "help": "tensor parallelism: split the embedding and LM head by vocabulary row, with the parallel "
                 "cross-entropy (under PP x TP the first stage's embedding and the last stage's head; refused with "

@@ -1,11 +1,13 @@
-"""The Trainer callback of tools/train.py: one log line per record, train_log.jsonl, checkpoint-N/model copies, and
-the stop on a NaN or Inf (loss, gradient norm, validation loss or a parameter)."""
+"""The Trainer callback of tools/train.py: one log line per record (with the training tokens per second of the steps
+since the last one), train_log.jsonl, checkpoint-N/model copies, and the stop on a NaN or Inf (loss, gradient norm,
+validation loss or a parameter)."""
 from __future__ import annotations
 
 import json
 import math
 import os
 import sys
+import time
 
 from .distill import TERM_WEIGHTS, TERMS
 from .paddleformers_trainer import TrainerCallback
@@ -28,14 +30,24 @@ when several run: the save is collective).
     # kd_attn, and the logged loss stopped being the sum of the logged parts)
     KEYS = ("loss", "eval_loss", "learning_rate", "global_norm") + TERMS + TERM_WEIGHTS
 
-    def __init__(self, model, path: str, save_model=None):
+    def __init__(self, model, path: str, save_model=None, tokens_per_step: int = 0):
         self.model, self.path, self.save_model = model, path, save_model  # save_model(dest), or None: no copies
         self.last = {}  # key -> (step, value) of the latest record
         self.nonfinite = None  # (what, step) of the first non-finite number seen
         self.steps_run = 0  # optimizer steps this process has run
+        # training throughput: tokens of all ranks per optimizer step, and the wall time inside steps (forward,
+        # backward, optimizer; evaluation and saving left out) since the last record
+        self.tokens_per_step, self._busy, self._steps, self._t0 = tokens_per_step, 0.0, 0, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps_run += 1
+        if self._t0 is not None:
+            self._busy += time.perf_counter() - self._t0
+            self._steps += 1
+            self._t0 = None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs:
@@ -43,6 +55,9 @@ when several run: the save is collective).
         rec = {"step": state.global_step, **{k: float(logs[k]) for k in self.KEYS if k in logs}}
         if len(rec) == 1:
             return
+        if "loss" in rec and self.tokens_per_step and self._busy > 0:  # a training record: the steps since the last
+            rec["tokens_per_second"] = self._steps * self.tokens_per_step / self._busy
+            self._busy, self._steps = 0.0, 0
         for k, v in rec.items():  # on every rank: main() decides from it whether to evaluate (a collective)
             if k != "step":
                 self.last[k] = (rec["step"], v)

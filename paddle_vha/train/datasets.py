@@ -24,7 +24,7 @@ import paddle
 
 from .corpus import BYTE_VOCAB_SIZE, DOC_SEPARATOR, load_stdlib_corpus
 
-__all__ = ["ByteWindows", "ShiftedTokens", "stdlib_datasets", "data_prefixes", "pretrain_datasets", "write_pretrain_data",
+__all__ = ["ByteWindows", "TeacherWindows", "ShiftedTokens", "stdlib_datasets", "data_prefixes", "pretrain_datasets", "write_pretrain_data",
            "BYTE_VOCAB_SIZE"]
 
 
@@ -69,6 +69,27 @@ class ByteWindows(paddle.io.Dataset):
         s = self.window_index(idx) * self.seq_len
         win = self.tokens[s : s + self.seq_len + 1].astype(np.int64)
         return {"input_ids": win[:-1], "labels": win[1:]}
+
+
+class TeacherWindows(ByteWindows):
+    """ByteWindows whose window n (of the store's: the same stream, the same stride) also carries the stored teacher's
+    outputs for its S input positions: teacher_ids (S, K) int64, teacher_logp (S, K) float32, teacher_rest (S,)
+    float32 (paddle_vha/train/stored_teacher.py)."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, store, seed: Optional[int] = 0,
+                 num_samples: Optional[int] = None):
+        super().__init__(tokens, seq_len, seed=seed, num_samples=num_samples)
+        if store.seq_len != seq_len or self.n_windows > store.meta["windows"]:
+            raise ValueError(f"{store.path}: windows of {store.seq_len} x {store.meta['windows']}, not {seq_len} x "
+                             f"{self.n_windows}")
+        self.store = store
+
+    def __getitem__(self, idx: int) -> dict:
+        sample = super().__getitem__(idx)
+        ids, logp, rest = self.store.window(self.window_index(idx))
+        sample.update(teacher_ids=ids.astype(np.int64), teacher_logp=logp.astype(np.float32),
+                      teacher_rest=rest.astype(np.float32))
+        return sample
 
 
 class ShiftedTokens(paddle.io.Dataset):

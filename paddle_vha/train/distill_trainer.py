@@ -1,5 +1,6 @@
 """`DistillTrainer`: PaddleFormers' Trainer (through CheckpointTrainer) whose training loss is the distillation mix of
-paddle_vha/train/distill.py against a frozen teacher (paddle_vha/train/teacher.py), each term logged.
+paddle_vha/train/distill.py against a frozen teacher (paddle_vha/train/teacher.py) or a stored teacher's outputs
+carried by the batches (paddle_vha/train/stored_teacher.py: the student runs alone), each term logged.
 
 `compute_loss` feeds the batch's input_ids to the student (with its labels: the model's own cross-entropy) and, under
 no_grad, to the teacher (paddle_vha/train/distiller.py, shared with the small loop); decoder-layer and attention-block
@@ -14,22 +15,24 @@ from __future__ import annotations
 
 from .capture import decoder_layers
 from .distill import TERM_WEIGHTS, TERMS, DistillSettings
-from .distiller import Distiller
+from .distiller import STORED_KEYS, Distiller, StoredDistiller
 from .resume import CheckpointTrainer
 
 __all__ = ["DistillSettings", "DistillTrainer", "decoder_layers"]
 
 
 class DistillTrainer(CheckpointTrainer):
-    """The Trainer with a frozen `teacher` and `distill` (DistillSettings): see the module docstring."""
+    """The Trainer with a frozen `teacher` (a model; None for a stored teacher, whose outputs the batches carry) and
+    `distill` (DistillSettings): see the module docstring."""
 
     def __init__(self, *args, teacher, distill: DistillSettings, **kwargs):
         super().__init__(*args, **kwargs)
         self.teacher, self.distill = teacher, distill
         self._sums, self._count, self._weights = None, 0, (0.0, 0.0, 0.0)
-        self._distiller = Distiller(self.model, teacher, distill)
+        self._distiller = Distiller(self.model, teacher, distill) if teacher is not None else StoredDistiller(distill)
 
     def compute_loss(self, model, inputs, return_outputs=False):
+        stored = tuple(inputs.pop(k) for k in STORED_KEYS) if STORED_KEYS[0] in inputs else None
         if not model.training:  # evaluation / prediction: the plain cross-entropy
             return super().compute_loss(model, inputs, return_outputs=return_outputs)
 
@@ -38,8 +41,14 @@ class DistillTrainer(CheckpointTrainer):
             return outputs.loss, outputs.logits, outputs
 
         # step: optimizer steps done, the 0-based index of the step being computed
-        r = self._distiller.step(run_student, inputs["input_ids"], inputs.get("labels"), self.state.global_step,
-                                 self.state.max_steps)
+        if self.teacher is None:
+            if stored is None:
+                raise ValueError("a stored-teacher run got a batch without teacher_ids / teacher_logp / teacher_rest")
+            r = self._distiller.step(run_student, stored, inputs.get("labels"), self.state.global_step,
+                                     self.state.max_steps)
+        else:
+            r = self._distiller.step(run_student, inputs["input_ids"], inputs.get("labels"), self.state.global_step,
+                                     self.state.max_steps)
         self._record(r.ce, r.kl, r.hidden, r.attn, r.weights)
         return (r.loss, r.outputs) if return_outputs else r.loss
 

@@ -5,6 +5,7 @@ train_lm(teacher=...)).
 The student is run by the caller (its own forward, returning its cross-entropy and logits) inside the hooks' window;
 the teacher is run here under no_grad on the same input_ids. The hidden term hooks each decoder layer, the attn term
 each layer's attention block (its o_proj output); a term whose weight is 0 installs no hook and computes nothing.
+`StoredDistiller` is the same step against a stored teacher's outputs carried by the batch (no teacher runs).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Optional
 from .capture import Capture, attention_blocks, capturing, decoder_layers
 from .distill import DistillSettings, hidden_term, kd_weight, kl_term, layer_map, mix
 
-__all__ = ["Distiller", "StepLoss"]
+__all__ = ["Distiller", "StoredDistiller", "StepLoss", "STORED_KEYS"]
 
 
 @dataclass
@@ -67,3 +68,29 @@ class Distiller:
         for pair in (self.hidden, self.attn):
             for c in pair or ():
                 c.remove()
+
+
+STORED_KEYS = ("teacher_ids", "teacher_logp", "teacher_rest")  # what a stored teacher's samples add (TeacherWindows)
+
+
+class StoredDistiller:
+    """The mix against a stored teacher (paddle_vha/train/stored_teacher.py): the KL term is stored_kl over the
+    batch's stored top-K and remainder; no teacher runs, no hooks (the per-layer terms need a live teacher)."""
+
+    def __init__(self, settings: DistillSettings):
+        assert not settings.needs_layers, "a stored teacher holds logits only"
+        self.settings = settings
+
+    def step(self, run_student, stored, labels, step: int, max_steps: int) -> StepLoss:
+        """stored: (teacher_ids (B, S, K) int64, teacher_logp (B, S, K), teacher_rest (B, S)) of the batch."""
+        from .stored_teacher import stored_kl
+
+        d = self.settings
+        weights = tuple(kd_weight(w, d.schedule, step, max_steps) for w in (d.kl_weight, d.hidden_weight, d.attn_weight))
+        ce, logits, outputs = run_student()
+        kl = stored_kl(logits, *stored, labels=labels)
+        loss = mix(ce, kl, None, d.ce_weight, weights[0], 0.0)
+        return StepLoss(loss, ce, kl, None, None, weights, outputs)
+
+    def close(self) -> None:
+        pass

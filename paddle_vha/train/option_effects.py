@@ -104,7 +104,7 @@ _OWN = {
     "corpus_mb": TrainEffect("with dataset=stdlib", _stdlib),
     "val_fraction": TrainEffect("with dataset=stdlib", _stdlib),
     # VHATrainingArguments' own
-    "dry_run": ALWAYS, "teacher": ALWAYS,
+    "dry_run": ALWAYS, "teacher": ALWAYS, "train_only": ALWAYS, "freeze_embeddings": ALWAYS,
     "save_model_in_checkpoints": TrainEffect("when checkpoint-N folders are saved (do_train, save_strategy not no)",
                                              _saves, in_config=False),
     "distill_ce_weight": TEACHER, "distill_hidden_weight": TEACHER, "distill_attn_weight": TEACHER,
@@ -269,7 +269,7 @@ def check_numbers(run: RunView, given) -> None:
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name, None)
             if f.name in ("learning_rate", "num_train_epochs"):
-                continue  # trainer.check_arguments says these with their ranges
+                continue  # run_checks.check_arguments says these with their ranges
             if f.name in given and isinstance(v, float) and not math.isfinite(v):
                 raise TrainError(f"{f.name} must be a finite number, got {v}")
     if "corpus_mb" in given and not run.data.corpus_mb > 0:

@@ -15,13 +15,14 @@ each rank computes the same teacher outputs for the same tokens with no collecti
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from ..checkpoint.contract import CheckpointError
 from ..checkpoint.folder import CheckpointFolder
 from ..families import UnknownFamily, family_of
 from .errors import TrainError
 
-__all__ = ["teacher_config", "load_teacher", "freeze", "distill_plan"]
+__all__ = ["teacher_config", "load_teacher", "freeze", "distill_plan", "DistillPlan"]
 
 
 def teacher_config(path: str, student_config, layer_terms=()):
@@ -84,10 +85,45 @@ def load_teacher(path: str, fam, cfg):
     return freeze(model)
 
 
-def distill_plan(training_args, student_config):
-    """None without --teacher; else (family, teacher config, DistillSettings), checked in one line each (TrainError)
-    before anything is built: the settings, the layouts distillation runs under, the teacher folder."""
+@dataclass(frozen=True)
+class DistillPlan:
+    """A distillation run's teacher, resolved once: a checkpoint folder run online (family, config), or a stored
+    teacher (store: paddle_vha/train/stored_teacher.py, whose windows are then the training data), and the mix."""
+    path: str
+    settings: object  # DistillSettings
+    family: object = None
+    config: object = None
+    store: object = None
+
+    @property
+    def stored(self) -> bool:
+        return self.store is not None
+
+    def line(self) -> str:
+        """What the run prints about its teacher and loss."""
+        s = self.settings
+        mix = f"{s.ce_weight:g} ce + {s.kl_weight:g} T^2 KL(teacher || student) at T={s.temperature:g}"
+        if s.hidden_weight:
+            mix += f" + {s.hidden_weight:g} hidden-state MSE"
+        if s.attn_weight:
+            mix += f" + {s.attn_weight:g} attention-output MSE"
+        if self.stored:
+            m = self.store.meta
+            return (f"distill: stored teacher {self.path} (top-{m['k']} log-probabilities and the rest's mass of "
+                    f"{m['teacher']} on {m['windows']:,} windows of {m['seq_len']}: the student runs alone); loss "
+                    f"{mix} over the top-{m['k']} + rest; KD weights {s.schedule}")
+        fam, cfg = self.family, self.config
+        return (f"distill: teacher {self.path} ({fam.label}, {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} "
+                f"query / {cfg.num_key_value_heads} KV heads; frozen, float32, replicated on every rank); loss {mix}; "
+                f"KD weights {s.schedule}")
+
+
+def distill_plan(training_args, student_config, data_args=None):
+    """None without --teacher; else a DistillPlan, checked in one line each (TrainError) before anything is built: the
+    settings, the layouts distillation runs under, the teacher folder or stored teacher (and, for a store, that the
+    run's data and window length are the store's)."""
     from .distill import DistillSettings
+    from .stored_teacher import StoreError, TeacherStore, is_store
 
     path = training_args.teacher
     if not path:
@@ -106,5 +142,36 @@ def distill_plan(training_args, student_config):
     if settings.needs_layers and a.recompute_granularity:
         raise TrainError("distill_hidden_weight or distill_attn_weight > 0 with recompute_granularity: recomputed "
                          "decoder layers do not expose their outputs to the loss; turn recompute off or set them 0")
+    if is_store(path):
+        try:
+            store = TeacherStore(path)
+            check_store_run(store, settings, student_config, data_args)
+        except StoreError as e:
+            raise TrainError(f"teacher {e}") from None
+        return DistillPlan(path, settings, store=store)
     fam, cfg = teacher_config(path, student_config, layer_terms=settings.layer_terms)
-    return fam, cfg, settings
+    return DistillPlan(path, settings, family=fam, config=cfg)
+
+
+def check_store_run(store, settings, student_config, data_args) -> None:
+    """StoreError (one line) for a stored teacher the run cannot use."""
+    from .stored_teacher import StoreError
+
+    if settings.needs_layers:
+        raise StoreError(f"{store.path}: a stored teacher holds logits only; set {' and '.join(settings.layer_terms)} "
+                         "0, or give the teacher checkpoint")
+    if settings.temperature != 1.0:
+        raise StoreError(f"{store.path}: stored at temperature 1 (its top-k and remainder cannot be re-tempered); set "
+                         "distill_temperature 1, or give the teacher checkpoint")
+    if store.meta.get("vocab_size") not in (None, student_config.vocab_size):
+        raise StoreError(f"{store.path}: the teacher's vocab_size {store.meta['vocab_size']} differs from the "
+                         f"student's {student_config.vocab_size}")
+    if data_args is None:
+        return
+    if data_args.dataset != "pretrain":
+        raise StoreError(f"{store.path}: a stored teacher brings its data ({store.data_prefix}); set dataset pretrain "
+                         "(input_dir may be left out)")
+    store.check_data(data_args.input_dir or None)
+    if data_args.max_seq_len != store.seq_len:
+        raise StoreError(f"{store.path}: stored on windows of {store.seq_len} tokens; set max_seq_len "
+                         f"{store.seq_len} (not {data_args.max_seq_len})")
