@@ -199,13 +199,16 @@ def paddle_logits(model) -> LogitsFn:
 
 
 def paddle_step(model):
-    """step_fn of greedy_answer for a Paddle causal LM: its own KV cache (past_key_values)."""
+    """step_fn of greedy_answer for a Paddle causal LM: its own KV cache (past_key_values), the positions passed
+    (PaddleFormers' Qwen3 restarts them at 0 on a cached step without them; its Llama counts them from the cache)."""
     import paddle
 
-    def fn(new_ids, past):
+    def fn(new_ids, state):
+        past, done = state if state is not None else (None, 0)
         model.eval()
+        pos = paddle.to_tensor(np.arange(done, done + len(new_ids), dtype=np.int64)[None])
         with paddle.no_grad():
-            out = model(paddle.to_tensor(np.asarray([new_ids], np.int64)), past_key_values=past, use_cache=True,
-                        return_dict=True)
-        return out.logits[0, -1].astype("float32").numpy(), out.past_key_values
+            out = model(paddle.to_tensor(np.asarray([new_ids], np.int64)), past_key_values=past, position_ids=pos,
+                        use_cache=True, return_dict=True)
+        return out.logits[0, -1].astype("float32").numpy(), (out.past_key_values, done + len(new_ids))
     return fn

@@ -1,0 +1,119 @@
+"""How close a converted model is to the original, on what the healing never saw (tools/shrink_kv.py's before / after
+table): each measure written from its definition over Paddle models in float32.
+
+    held-out text   perplexity of the model, and KL(original || model) per position, on held-out windows (B, S)
+    chat            the original's greedy answers (<= max_new tokens) to PROBES through the chat template: the share
+                    of their tokens the model's argmax predicts, teacher-forced on the prompt and the answer so far
+                    (agreement), the mean KL(original || model) over those positions, and how many of the model's own
+                    greedy answers are identical
+    answers         the model's greedy answer to each probe, as text (the table shows the first)
+    KV cache        bytes per token of context, 16-bit, every layer (paddle_vha/accounting.py)
+
+PROBES are kept out of every healing data set the one command makes (make_heal_data --exclude).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Sequence
+
+import numpy as np
+
+__all__ = ["PROBES", "log_softmax", "greedy_answer", "Reference", "measure"]
+
+PROBES = [
+    "What is the capital of France?",
+    "Give me three tips for staying healthy.",
+    "Explain photosynthesis in one sentence.",
+    "Who wrote Pride and Prejudice?",
+    "What is the boiling point of water at sea level?",
+    "Why is the sky blue?",
+    "How many days are there in a leap year?",
+    "What is the largest ocean on Earth?",
+    "Write a short greeting for a birthday card.",
+    "What language is spoken in Brazil?",
+    "How do I make a cup of tea?",
+    "What is the difference between weather and climate?",
+    "Suggest a healthy breakfast.",
+    "What do bees make?",
+    "Why do we have night and day?",
+    "How do you say thank you in French?",
+]
+
+
+def log_softmax(z) -> np.ndarray:
+    z = np.asarray(z, np.float64)
+    m = z.max(-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
+
+
+def _logits(model) -> Callable[[np.ndarray], np.ndarray]:
+    import paddle
+
+    def fn(ids):
+        model.eval()
+        with paddle.no_grad():
+            return model(paddle.to_tensor(np.asarray(ids, np.int64)), return_dict=True).logits.astype(
+                "float32").numpy()
+    return fn
+
+
+def greedy_answer(model, prompt: Sequence[int], max_new: int, eos: Sequence[int]) -> List[int]:
+    """Greedy tokens after `prompt` with the model's own KV cache, until an id in `eos` (kept) or max_new tokens. The
+    positions are passed: PaddleFormers' Qwen3 restarts them at 0 on a cached step without them (its logits then
+    differ from the uncached forward's by ~1; its Llama counts them from the cache)."""
+    import paddle
+
+    model.eval()
+    out: List[int] = []
+    past, feed, done = None, list(prompt), 0
+    with paddle.no_grad():
+        for _ in range(max_new):
+            pos = paddle.to_tensor(np.arange(done, done + len(feed), dtype=np.int64)[None])
+            r = model(paddle.to_tensor(np.asarray([feed], np.int64)), past_key_values=past, position_ids=pos,
+                      use_cache=True, return_dict=True)
+            done += len(feed)
+            tok = int(r.logits[0, -1].astype("float32").numpy().argmax())
+            out.append(tok)
+            if tok in eos:
+                break
+            past, feed = r.past_key_values, [tok]
+    return out
+
+
+class Reference:
+    """The original's side, computed once: its log-probabilities on the held-out windows, its greedy answers to the
+    probes and its log-probabilities along them."""
+
+    def __init__(self, original, windows: np.ndarray, prompts: Sequence[Sequence[int]], eos, max_new: int = 48):
+        fn = _logits(original)
+        self.windows = np.asarray(windows, np.int64)  # (N, S + 1): inputs and their next tokens
+        self.window_lp = [log_softmax(fn(w[None, :-1]))[0].astype(np.float32) for w in self.windows]
+        self.prompts = [list(p) for p in prompts]
+        self.eos = list(eos)
+        self.answers = [greedy_answer(original, p, max_new, self.eos) for p in self.prompts]
+        self.answer_lp = [log_softmax(fn(np.asarray([p + a[:-1]], np.int64))[0, len(p) - 1:]).astype(np.float32)
+                          for p, a in zip(self.prompts, self.answers)]
+        self.max_new = max_new
+
+
+def measure(model, ref: Reference, decode: Callable[[List[int]], str] = None, answers: bool = True) -> Dict:
+    """The row of one model against the reference (the module docstring)."""
+    fn = _logits(model)
+    nll, kl = [], []
+    for w, lr in zip(ref.windows, ref.window_lp):
+        lp = log_softmax(fn(w[None, :-1]))[0]  # (S, V)
+        nll.append(-lp[np.arange(len(w) - 1), w[1:]])
+        kl.append((np.exp(lr) * (lr - lp)).sum(-1))
+    hit = total = 0
+    chat_kl = []
+    for p, a, lr in zip(ref.prompts, ref.answers, ref.answer_lp):
+        lp = log_softmax(fn(np.asarray([p + a[:-1]], np.int64))[0, len(p) - 1:])  # (len(a), V)
+        hit += int((lp.argmax(-1) == np.asarray(a)).sum())
+        total += len(a)
+        chat_kl.append((np.exp(lr) * (lr - lp)).sum(-1))
+    row = dict(ppl=float(np.exp(np.concatenate(nll).mean())), kl=float(np.concatenate(kl).mean()),
+               chat_agreement=hit / max(1, total), chat_kl=float(np.concatenate(chat_kl).mean()))
+    if answers:
+        own = [greedy_answer(model, p, ref.max_new, ref.eos) for p in ref.prompts]
+        row["identical_answers"] = sum(o == a for o, a in zip(own, ref.answers))
+        row["answers"] = [decode(o) if decode else o for o in own]
+    return row
