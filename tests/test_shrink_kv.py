@@ -1,6 +1,6 @@
 """tools/shrink_kv.py end to end on a small stock Qwen3 with a real tokenizer and chat template (the fixture of
-test_heal_data.py): every stage runs (convert, data, teacher, heal, fold, export, report), the result is a stock
-checkpoint with the asked KV heads whose export loads, the table's original row is the original against itself
+test_heal_data.py): every stage runs (convert, data, teacher, heal, fold, report; the export stage is export_onnx, tested on
+its own, and skipped here with --export none), the result is a stock checkpoint with the asked KV heads, the table's original row is the original against itself
 (KL 0, agreement 1, every answer identical), the KV bytes follow the heads, a second run skips every stage, other
 settings on the same OUT are refused in one line. The table's measures against float64 written here."""
 import json
@@ -17,16 +17,17 @@ pytestmark = pytest.mark.slow
 def test_one_command_converts_heals_folds_exports_and_reports(original, tmp_path, capsys):  # noqa: F811
     from paddle_vha.cli.shrink_kv import main
 
-    src, _, _ = original
+    src, export, _ = original
     out = tmp_path / "out"
-    argv = [src, str(out), "--kv-heads", "1", "--refine-steps", "1", "--chat-tokens", "800", "--tokens", "512",
-            "--seq-len", "32", "--batch", "2", "--export", "fp32", "--threads", "1"]
+    argv = [src, str(out), "--kv-heads", "1", "--refine-steps", "1", "--chat-tokens", "600", "--tokens", "512",
+            "--seq-len", "32", "--batch", "2", "--export", "none", "--threads", "1", "--original-export", export,
+            "--method", "calibrated"]
     assert main(argv) == 0
     said = capsys.readouterr()
     print(said.out[-3000:])
     cfg = json.load(open(out / "model" / "config.json"))
     assert cfg["model_type"] == "qwen3" and cfg["num_key_value_heads"] == 1
-    assert os.path.isfile(out / "export" / "export_info.json")
+    assert not os.path.exists(out / "export")  # --export none (the export stage is export_onnx's own, tested there)
     rep = json.load(open(out / "report.json"))
     rows = rep["rows"]
     assert list(rows) == ["original", "converted (step 0)", "healed"]
@@ -43,7 +44,7 @@ def test_one_command_converts_heals_folds_exports_and_reports(original, tmp_path
     err = capsys.readouterr().err
     assert err.count("done earlier") == 7
     with pytest.raises(SystemExit) as e:
-        main(argv[:-2] + ["--tokens", "2048", "--threads", "1"])
+        main(argv + ["--tokens", "2048"])
     assert e.value.code == 2 and "tokens differ" in capsys.readouterr().err.strip().splitlines()[-1]
 
 

@@ -41,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("original", metavar="ORIGINAL", help="a stock checkpoint folder with its tokenizer and chat template")
     p.add_argument("out", metavar="OUT", help="the work folder (created; a second run resumes it)")
     p.add_argument("--kv-heads", type=int, required=True, help="KV heads of the result")
+    p.add_argument("--method", choices=("best", "mean", "svd", "calibrated"), default="best",
+                   help="conversion: the start (default best: the lowest KL measured)")
     p.add_argument("--refine-steps", type=int, default=30, help="conversion: refinement steps per layer (default 30)")
+    p.add_argument("--original-export", metavar="DIR", help="an ONNX export of ORIGINAL (float32) to sample the data "
+                   "and run the teacher with (default: made once in OUT/data/heal.export)")
     p.add_argument("--calib-data", metavar="FILE", help="conversion: text to calibrate on (default: the converter's)")
     p.add_argument("--chat-tokens", type=int, default=262_144, help="healing data: chat tokens (default 262,144)")
     p.add_argument("--text", nargs="+", default=[], metavar="FILE", help="healing data: text files to continue")
@@ -61,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 TAKES_EFFECT = {k: ALWAYS for k in ("ORIGINAL", "OUT", "--kv-heads", "--refine-steps", "--chat-tokens", "--tokens",
                                     "--seq-len", "--batch", "--lr", "--freeze-embeddings", "--export", "--threads",
-                                    "--seed", "--calib-data")}
+                                    "--seed", "--calib-data", "--method", "--original-export")}
 TAKES_EFFECT.update({"--text": Effect("with --text-tokens > 0", lambda a: a.text_tokens != 0),
                      "--text-tokens": ALWAYS})
 
@@ -81,6 +85,8 @@ def _check(p, args) -> None:
     for f in args.text + ([args.calib_data] if args.calib_data else []):
         if not os.path.isfile(f):
             p.error(f"{f}: no such file")
+    if args.original_export and not os.path.isfile(os.path.join(args.original_export, "export_info.json")):
+        p.error(f"--original-export {args.original_export}: not an export folder (no export_info.json)")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         p.error(f"OUT {args.out}: exists and is not a folder")
 
@@ -216,6 +222,7 @@ def main(argv=None):
     with open(exclude, "w", encoding="utf-8") as f:
         f.write("\n".join(PROBES) + "\n")
     threads = ["--threads", args.threads] if args.threads else []
+    sampler = ["--export", args.original_export] if args.original_export else []
     for i, stage in enumerate(STAGES, 1):
         if stage in stages.done:
             print(f"[{i}/{len(STAGES)}] {stage}: done earlier ({stages.done[stage]} s)", file=sys.stderr)
@@ -228,15 +235,15 @@ def main(argv=None):
         if stage == "convert":
             calib = ["--calib-data", args.calib_data] if args.calib_data else []
             _tool("convert_to_vha", args.original, paths["converted"], "--kv-heads", args.kv_heads, "--premix", "off",
-                  "--refine-steps", args.refine_steps, "--force", *calib)
+                  "--method", args.method, "--refine-steps", args.refine_steps, "--force", *calib)
         elif stage == "data":
             text = ["--text", *args.text, "--text-tokens", args.text_tokens] if args.text_tokens else \
                 ["--text-tokens", 0]
             _tool("make_heal_data", args.original, "--out", paths["data"], "--chat-tokens", args.chat_tokens,
-                  "--exclude", exclude, "--seed", args.seed, *text, *threads)
+                  "--exclude", exclude, "--seed", args.seed, *text, *threads, *sampler)
         elif stage == "teacher":
             _tool("store_teacher", args.original, paths["data"], "--out", paths["teacher"], "--seq-len", args.seq_len,
-                  *threads)
+                  *threads, *sampler)
         elif stage == "heal":
             with open(os.path.join(paths["converted"], "config.json"), encoding="utf-8") as f:
                 model_type = json.load(f)["model_type"]
