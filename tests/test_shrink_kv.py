@@ -21,7 +21,7 @@ def test_one_command_converts_heals_folds_exports_and_reports(original, tmp_path
     out = tmp_path / "out"
     argv = [src, str(out), "--kv-heads", "1", "--refine-steps", "1", "--chat-tokens", "600", "--tokens", "512",
             "--seq-len", "32", "--batch", "2", "--export", "none", "--threads", "1", "--original-export", export,
-            "--method", "calibrated"]
+            "--method", "calibrated", "--max-new", "16"]
     assert main(argv) == 0
     said = capsys.readouterr()
     print(said.out[-3000:])

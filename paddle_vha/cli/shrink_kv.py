@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "and run the teacher with (default: made once in OUT/data/heal.export)")
     p.add_argument("--calib-data", metavar="FILE", help="conversion: text to calibrate on (default: the converter's)")
     p.add_argument("--chat-tokens", type=int, default=262_144, help="healing data: chat tokens (default 262,144)")
+    p.add_argument("--max-new", type=int, default=256, help="healing data: answer tokens at most (default 256)")
     p.add_argument("--text", nargs="+", default=[], metavar="FILE", help="healing data: text files to continue")
     p.add_argument("--text-tokens", type=int, default=None, help="healing data: continuation tokens (default "
                    "131,072 with --text)")
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 TAKES_EFFECT = {k: ALWAYS for k in ("ORIGINAL", "OUT", "--kv-heads", "--refine-steps", "--chat-tokens", "--tokens",
                                     "--seq-len", "--batch", "--lr", "--freeze-embeddings", "--export", "--threads",
-                                    "--seed", "--calib-data", "--method", "--original-export")}
+                                    "--seed", "--calib-data", "--method", "--original-export", "--max-new")}
 TAKES_EFFECT.update({"--text": Effect("with --text-tokens > 0", lambda a: a.text_tokens != 0),
                      "--text-tokens": ALWAYS})
 
@@ -75,7 +76,7 @@ def _check(p, args) -> None:
         args.text_tokens = 131_072 if args.text else 0
     if not os.path.isdir(args.original):
         p.error(f"{args.original}: no such folder")
-    for name in ("kv_heads", "tokens", "seq_len", "batch"):
+    for name in ("kv_heads", "tokens", "seq_len", "batch", "max_new"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
     if args.tokens < args.batch * args.seq_len:
@@ -240,6 +241,7 @@ def main(argv=None):
             text = ["--text", *args.text, "--text-tokens", args.text_tokens] if args.text_tokens else \
                 ["--text-tokens", 0]
             _tool("make_heal_data", args.original, "--out", paths["data"], "--chat-tokens", args.chat_tokens,
+                  "--max-new", args.max_new,
                   "--exclude", exclude, "--seed", args.seed, *text, *threads, *sampler)
         elif stage == "teacher":
             _tool("store_teacher", args.original, paths["data"], "--out", paths["teacher"], "--seq-len", args.seq_len,
