@@ -53,7 +53,7 @@ from .vha import cost as vha_cost
 from .vha import tp_plan as vha_tp_plan
 from .vha.spec import QWEN3_VHA
 
-__all__ = ["Family", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily", "variant_over",
+__all__ = ["Family", "load_float32_model", "FAMILIES", "DEFAULT_MODEL_TYPE", "family", "family_of", "UnknownFamily", "variant_over",
            "convertible", "GGUF_FORMS", "GGUF_BPE", "GGUF_SENTENCEPIECE", "gguf_form", "gguf_form_of", "gguf_pre"]
 
 
@@ -350,3 +350,19 @@ def gguf_pre(name) -> Optional[GGUFPre]:
     """The byte-level BPE pre-tokenizer llama.cpp calls `name` (tokenizer.ggml.pre), from the bases' GGUF forms; None
     for one no base describes."""
     return next((p for f in GGUF_FORMS.values() for p in f.pre_tokenizers if p.name == name), None)
+
+
+def load_float32_model(folder):
+    """(model, config) of any registered family from a checkpoint folder: the family read from config.json, the folder
+    checked by its contract, the model built and loaded in float32 (what the studies, the healing report and the
+    healing profile evaluate)."""
+    from .checkpoint.folder import CheckpointFolder
+    from .checkpoint.load import load_tensors_into
+
+    ck = CheckpointFolder.open(folder)
+    fam = family_of(ck)
+    cfg = fam.validate(ck)
+    cfg.dtype = "float32"
+    model = fam.model_class(cfg)
+    load_tensors_into(model, ck.read_all(float32=True), source=folder)
+    return model, cfg

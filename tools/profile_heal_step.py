@@ -52,20 +52,6 @@ def parse_args(argv=None):
     return args
 
 
-def load_student(path):
-    from paddle_vha.checkpoint.folder import CheckpointFolder
-    from paddle_vha.checkpoint.load import load_tensors_into
-    from paddle_vha.families import family_of
-
-    ck = CheckpointFolder.open(path)
-    fam = family_of(ck)
-    cfg = fam.validate(ck)
-    cfg.dtype = "float32"
-    model = fam.model_class(cfg)
-    load_tensors_into(model, ck.read_all(float32=True), source=path)
-    return model, cfg
-
-
 def op_table(text: str, rows: int):
     """(name, calls, total ms) of the profiler's operator summary, largest first."""
     out = []
@@ -85,11 +71,12 @@ def run_variant(model_path, variant, args, rng):
     import paddle
     import paddle.profiler as profiler
 
+    from paddle_vha.families import load_float32_model
     from paddle_vha.train.stored_teacher import stored_kl
     from paddle_vha.train.trainable import apply_trainable
 
     paddle.seed(0)
-    model, cfg = load_student(model_path)
+    model, cfg = load_float32_model(model_path)
     train_only = "attention" if variant.startswith("attention") else "all"
     n, total = apply_trainable(model, train_only, freeze_embeddings=variant.endswith("frozen-embed"))
     model.train()

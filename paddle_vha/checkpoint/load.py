@@ -55,3 +55,4 @@ def load_checkpoint_into(model, folder) -> None:
     validate(ck)
     dtype_is_64 = str(next(iter(model.parameters())).dtype).endswith("float64")
     load_tensors_into(model, ck.read_all(float32=not dtype_is_64), source=ck.path)
+

@@ -150,18 +150,7 @@ def report(args, paths: dict) -> dict:
     from paddle_vha.train.heal_report import PROBES, Reference, measure
     from paddle_vha.train.stored_teacher import TeacherStore, stream_of
 
-    def load(folder):
-        from paddle_vha.checkpoint.folder import CheckpointFolder
-        from paddle_vha.checkpoint.load import load_tensors_into
-        from paddle_vha.families import family_of
-
-        ck = CheckpointFolder.open(folder)
-        fam = family_of(ck)
-        cfg = fam.validate(ck)
-        cfg.dtype = "float32"
-        m = fam.model_class(cfg)
-        load_tensors_into(m, ck.read_all(float32=True), source=folder)
-        return m, cfg
+    from paddle_vha.families import load_float32_model as load
 
     original, ocfg = load(args.original)
     codec = load_codec(args.original, ocfg.vocab_size)

@@ -30,16 +30,9 @@ PARIS = "What is the capital of France?"
 
 
 def load_model(folder: str):
-    from paddle_vha.checkpoint.folder import CheckpointFolder
-    from paddle_vha.checkpoint.load import load_tensors_into
-    from paddle_vha.families import family_of
+    from paddle_vha.families import load_float32_model
 
-    ck = CheckpointFolder.open(folder)
-    fam = family_of(ck)
-    cfg = fam.validate(ck)
-    cfg.dtype = "float32"
-    model = fam.model_class(cfg)
-    load_tensors_into(model, ck.read_all(float32=True), source=folder)
+    model, _ = load_float32_model(folder)
     model.eval()
     return model
 
