@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
-__all__ = ["PROBES", "log_softmax", "greedy_answer", "Reference", "measure"]
+__all__ = ["PROBES", "log_softmax", "greedy_answer", "greedy_answers", "Reference", "measure"]
 
 PROBES = [
     "What is the capital of France?",
@@ -79,6 +79,40 @@ def greedy_answer(model, prompt: Sequence[int], max_new: int, eos: Sequence[int]
     return out
 
 
+def greedy_answers(model, prompts: Sequence[Sequence[int]], max_new: int, eos: Sequence[int],
+                   batch: int = 32) -> List[List[int]]:
+    """greedy_answer for each prompt, prompts of the same length decoded together (batches of at most `batch`):
+    no padding, so each row is the computation it would be alone (up to the summation order of a batched matmul);
+    a row stops at its first id in `eos` (kept) while the others go on."""
+    import paddle
+
+    model.eval()
+    out: List[List[int]] = [[] for _ in prompts]
+    by_len: Dict[int, List[int]] = {}
+    for i, p in enumerate(prompts):
+        by_len.setdefault(len(p), []).append(i)
+    with paddle.no_grad():
+        for n, idx in sorted(by_len.items()):
+            for a in range(0, len(idx), batch):
+                rows = idx[a:a + batch]
+                feed = np.asarray([list(prompts[i]) for i in rows], np.int64)  # (B, n) then (B, 1)
+                past, done, live = None, 0, [True] * len(rows)
+                for _ in range(max_new):
+                    pos = np.broadcast_to(np.arange(done, done + feed.shape[1], dtype=np.int64), feed.shape)
+                    r = model(paddle.to_tensor(feed), past_key_values=past, position_ids=paddle.to_tensor(pos.copy()),
+                              use_cache=True, return_dict=True)
+                    done += feed.shape[1]
+                    nxt = r.logits[:, -1].astype("float32").numpy().argmax(-1)  # (B,)
+                    for j, t in enumerate(nxt):
+                        if live[j]:
+                            out[rows[j]].append(int(t))
+                            live[j] = int(t) not in eos
+                    if not any(live):
+                        break
+                    past, feed = r.past_key_values, nxt.astype(np.int64)[:, None]
+    return out
+
+
 class Reference:
     """The original's side, computed once: its log-probabilities on the held-out windows, its greedy answers to the
     probes and its log-probabilities along them."""
@@ -89,7 +123,7 @@ class Reference:
         self.window_lp = [log_softmax(fn(w[None, :-1]))[0].astype(np.float32) for w in self.windows]
         self.prompts = [list(p) for p in prompts]
         self.eos = list(eos)
-        self.answers = [greedy_answer(original, p, max_new, self.eos) for p in self.prompts]
+        self.answers = greedy_answers(original, self.prompts, max_new, self.eos)
         self.answer_lp = [log_softmax(fn(np.asarray([p + a[:-1]], np.int64))[0, len(p) - 1:]).astype(np.float32)
                           for p, a in zip(self.prompts, self.answers)]
         self.max_new = max_new
@@ -113,7 +147,7 @@ def measure(model, ref: Reference, decode: Callable[[List[int]], str] = None, an
     row = dict(ppl=float(np.exp(np.concatenate(nll).mean())), kl=float(np.concatenate(kl).mean()),
                chat_agreement=hit / max(1, total), chat_kl=float(np.concatenate(chat_kl).mean()))
     if answers:
-        own = [greedy_answer(model, p, ref.max_new, ref.eos) for p in ref.prompts]
+        own = greedy_answers(model, ref.prompts, ref.max_new, ref.eos)
         row["identical_answers"] = sum(o == a for o, a in zip(own, ref.answers))
         row["answers"] = [decode(o) if decode else o for o in own]
     return row
