@@ -143,3 +143,61 @@ def test_refusals(original, tmp_path, capsys):
     _run(original, tmp_path / "d", "--chat-tokens", "100", "--text-tokens", "0")
     refused(main, _argv(original, tmp_path / "d", "--chat-tokens", "100", "--text-tokens", "0", "--temperature", "0.9"),
             capsys, "written with temperature=0.7")
+
+
+def test_a_second_writer_of_one_journal_is_refused(original, tmp_path, capsys):
+    """Two make_heal_data runs appending to one PREFIX.jsonl would interleave their rounds: while one holds
+    PREFIX.lock, another is refused in one line and the journal is left as it was."""
+    from paddle_vha.cli.make_heal_data import main
+    from paddle_vha.train.run_lock import hold_lock
+
+    prefix = tmp_path / "d"
+    _run(original, prefix, "--chat-tokens", "40", "--text-tokens", "0")
+    before = open(str(prefix) + ".jsonl", "rb").read()
+    held = hold_lock(str(prefix) + ".lock")  # another process's lock (flock: a second open file description)
+    try:
+        refused(main, _argv(original, prefix, "--chat-tokens", "200", "--text-tokens", "0"), capsys,
+                "another make_heal_data is writing")
+    finally:
+        held.close()
+    assert open(str(prefix) + ".jsonl", "rb").read() == before
+    n = len(_journal_docs(prefix))
+    _run(original, prefix, "--chat-tokens", str(40 + 4 * 12 * n), "--text-tokens", "0")  # released: it resumes
+    assert len(open(str(prefix) + ".jsonl", "rb").read()) > len(before)
+
+
+def test_store_teacher_command_writes_the_store_once_and_refuses_a_second_writer(original, tmp_path, capsys):
+    """tools/store_teacher.py on make_heal_data's output (realistic vocabulary, 151,936): the store's top-K equals the
+    export's logits' top-K on a window, the lock file is gone after, and a second writer or an existing --out is
+    refused in one line."""
+    from paddle_vha.cli.store_teacher import main
+    from paddle_vha.serve.ort_session import OrtDecoder
+    from paddle_vha.train.run_lock import hold_lock
+    from paddle_vha.train.stored_teacher import TeacherStore, stream_of
+
+    src, export, _ = original
+    prefix = tmp_path / "d"
+    _run(original, prefix, "--chat-tokens", "60", "--text-tokens", "0")
+    store = str(tmp_path / "store")
+    argv = [src, str(prefix), "--out", store, "--export", export, "--seq-len", "16", "--top-k", "8", "--threads", "1",
+            "--no-progress"]
+    held = hold_lock(store + ".lock")
+    try:
+        refused(main, argv, capsys, "another store_teacher is writing it")
+    finally:
+        held.close()
+    assert not os.path.exists(store) and not os.path.exists(store + ".partial")
+    assert main(argv) == 0
+    assert not os.path.exists(store + ".lock")
+    st = TeacherStore(store)
+    x = stream_of(str(prefix))[:16][None]
+    sess = OrtDecoder.from_dir(export, threads=1)
+    logits = np.asarray(sess.prefill(x.astype(np.int64))[0], np.float64)  # (1, 16, V)
+    ids, logp, _ = st.window(0)
+    lp = logits[0] - logits[0].max(-1, keepdims=True)
+    lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
+    want = np.argsort(-lp, axis=-1)[:, :8]
+    print(np.abs(np.take_along_axis(lp, ids, -1) - logp).max())
+    assert (np.sort(ids, -1) == np.sort(want, -1)).mean() > 0.99
+    assert np.allclose(np.take_along_axis(lp, ids, -1), logp, atol=1e-4)
+    refused(main, argv, capsys, "exists")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 from paddle_vha.cli import command, fail, quiet
@@ -105,17 +104,9 @@ def _export(args) -> str:
     """--export, or ORIGINAL exported once (float32) into PREFIX.export (reused when it is there)."""
     if args.export:
         return args.export
-    dest = args.out + ".export"
-    if os.path.isfile(os.path.join(dest, "export_info.json")):
-        print(f"sampling with {dest} (made earlier)", file=sys.stderr)
-        return dest
-    print(f"exporting {args.original} to {dest} (float32, with its KV cache) to sample with", file=sys.stderr)
-    r = subprocess.run([sys.executable, "-m", "paddle_vha.cli.export_onnx", args.original, dest],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["(no message)"])[-1]
-        fail(f"exporting {args.original} failed: {last}")
-    return dest
+    from paddle_vha.cli.float32_export import float32_export
+
+    return float32_export(args.original, args.out + ".export", "to sample with")
 
 
 def _write_data(prefix: str, journal, vocab: int, meta: dict) -> dict:
@@ -152,7 +143,12 @@ def main(argv=None):
     settings = settings_of(args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     from paddle_vha.train.heal_data import HealData, Journal, summary
+    from paddle_vha.train.run_lock import hold_lock
 
+    lock = hold_lock(args.out + ".lock")  # noqa: F841 - held while this process appends to the journal
+    if lock is None:
+        fail(f"--out {args.out}: another make_heal_data is writing {args.out}.jsonl (it holds {args.out}.lock); "
+             "wait for it to finish or choose another --out")
     try:
         journal = Journal(args.out + ".jsonl")
         journal.start(settings.fixed())

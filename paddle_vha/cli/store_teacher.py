@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 
@@ -78,17 +77,13 @@ def _check(p, args) -> None:
 
 def teacher_export(args) -> str:
     """--export, DATA.export (make_heal_data's), or TEACHER exported once (float32) into STORE.export."""
+    from paddle_vha.cli.float32_export import float32_export, is_export
+
     if args.export:
         return args.export
-    for dest in (args.data + ".export", args.out + ".export"):
-        if os.path.isfile(os.path.join(dest, "export_info.json")):
-            return dest
-    print(f"exporting {args.teacher} to {dest} (float32)", file=sys.stderr)
-    r = subprocess.run([sys.executable, "-m", "paddle_vha.cli.export_onnx", args.teacher, dest],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        fail(f"exporting {args.teacher} failed: {(r.stderr.strip().splitlines() or ['(no message)'])[-1]}")
-    return dest
+    if is_export(args.data + ".export"):
+        return args.data + ".export"
+    return float32_export(args.teacher, args.out + ".export", "to run the teacher")
 
 
 def _logits_fn(session):
@@ -134,6 +129,14 @@ def measure(args, teacher_fn, info) -> None:
 @command
 def main(argv=None):
     args, _ = parse_checked(build_parser(), argv, TAKES_EFFECT, _check)
+    from paddle_vha.train.run_lock import hold_lock
+
+    lock = None
+    if not args.only_measure:  # one writer per store: a second one would interleave its windows with the first's
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        lock = hold_lock(args.out + ".lock")
+        if lock is None:
+            fail(f"--out {args.out}: another store_teacher is writing it (it holds {args.out}.lock)")
     export = teacher_export(args)
     quiet()
     from tqdm import tqdm
@@ -166,6 +169,8 @@ def main(argv=None):
     except (ServeError, StoreError) as e:
         fail(str(e))
     dt = time.perf_counter() - t0
+    os.remove(args.out + ".lock")  # the store is complete: a later run is refused by --out existing
+    lock.close()
     size = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))
     print(f"wrote {args.out}: top-{meta['k']} of {meta['windows']:,} windows x {meta['seq_len']} = {meta['tokens']:,} "
           f"tokens, {size / 2**20:.1f} MiB ({size / meta['tokens']:.0f} bytes per token); {dt:.0f} s this run")

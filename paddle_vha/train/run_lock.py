@@ -9,7 +9,7 @@ import os
 
 from .errors import TrainError
 
-__all__ = ["LOCK_FILE", "hold_run_lock"]
+__all__ = ["LOCK_FILE", "hold_run_lock", "hold_lock"]
 
 LOCK_FILE = ".paddle_vha_train.lock"
 
@@ -20,12 +20,20 @@ def hold_run_lock(output_dir: str):
     if int(os.environ.get("PADDLE_TRAINER_ID", "0") or 0) != 0:
         return None
     os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, LOCK_FILE)
+    f = hold_lock(os.path.join(output_dir, LOCK_FILE))
+    if f is None:
+        raise TrainError(f"output_dir {output_dir}: another training run is writing it (it holds {LOCK_FILE}); wait "
+                         "for it to finish or choose another output_dir") from None
+    return f  # empty and never written: a refused or resumed run leaves output_dir byte-identical
+
+
+def hold_lock(path: str):
+    """The open file `path` (created empty if missing) with an exclusive flock on it, or None when another process
+    holds it. Keep the file referenced for as long as the work it guards goes on."""
     f = open(path, "a+", encoding="utf-8")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        raise TrainError(f"output_dir {output_dir}: another training run is writing it (it holds {LOCK_FILE}); wait "
-                         "for it to finish or choose another output_dir") from None
-    return f  # empty and never written: a refused or resumed run leaves output_dir byte-identical
+        return None
+    return f
