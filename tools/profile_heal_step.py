@@ -8,6 +8,8 @@ profiler, by operator (forward ops and their gradient nodes separately), for eac
     attention       ce, only the self-attention blocks trained (train_only attention)
     frozen-embed    ce, the embedding table / tied LM head frozen (freeze_embeddings)
     attention+frozen-embed
+    ce-pow          ce with PaddleFormers' own RMSNorm (x.pow(2)); every other variant runs the training room's
+                    (paddle.square, paddle_vha/train/square_norm.py), so ce-pow vs ce is that cut, side by side
 
 Tokens per second are --batch x --seq-len over the mean step (after --warmup steps), side by side in one run; the
 machine line first (machines here differ). Threads: Paddle's CPU threads are --threads (default: the cores this
@@ -28,7 +30,7 @@ import time
 
 import numpy as np
 
-VARIANTS = ("ce", "stored-kd", "attention", "frozen-embed", "attention+frozen-embed")
+VARIANTS = ("ce", "stored-kd", "attention", "frozen-embed", "attention+frozen-embed", "ce-pow")
 
 
 def parse_args(argv=None):
@@ -77,6 +79,10 @@ def run_variant(model_path, variant, args, rng):
 
     paddle.seed(0)
     model, cfg = load_float32_model(model_path)
+    if variant != "ce-pow":
+        from paddle_vha.train.square_norm import use_square_norms
+
+        use_square_norms(model)  # as the training room builds it (paddle_vha/train/model_build.py)
     train_only = "attention" if variant.startswith("attention") else "all"
     n, total = apply_trainable(model, train_only, freeze_embeddings=variant.endswith("frozen-embed"))
     model.train()
