@@ -1,7 +1,7 @@
 """paddle-vha's build: metadata and console scripts are in pyproject.toml; this file adds what a declaration cannot.
 
 * dependencies: requirements.txt's pins (test-only packages left out);
-* the fused operator's sources (ops/build.py, ops/csrc/**) are copied into the wheel as package data
+* the fused operators' sources (ops/build.py, ops/csrc/**; the onnxruntime library's ops/ort/**) are copied into the wheel as package data
   (paddle_vha/_ops), so an installed paddle_vha builds the op on first use or with `paddle-vha-build-ops`
   (paddle_vha/kernels/op_loader.py finds them there, or in a checkout's ops/).
 
@@ -14,9 +14,10 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OPS_FILES = ["build.py"] + sorted(  # every file under ops/csrc, its subfolders (cpu/, cuda/) included
+OPS_FILES = ["build.py"] + sorted(  # every file under ops/csrc and ops/ort, their subfolders (cpu/, cuda/) included
     os.path.relpath(os.path.join(folder, f), os.path.join(HERE, "ops"))
-    for folder, _, files in os.walk(os.path.join(HERE, "ops", "csrc")) for f in files)
+    for sub in ("csrc", "ort") for folder, _, files in os.walk(os.path.join(HERE, "ops", sub)) for f in files
+    if "__pycache__" not in folder)
 
 
 def requirements():

@@ -35,6 +35,10 @@ Over an int8 cache (per token and KV head scales, paddle_vha/export/int8_attenti
 - "GroupQueryAttention, int8": the contrib op's own int8 cache (static per-channel scales, here the cache's own
   per-channel largest values; onnxruntime-genai's builder calibrates them), buffers bound in place.
 
+And over either cache, "fused DecodeAttention[Int8]": paddle-vha's onnxruntime custom-op library (ops/ort, docs/
+deploy.md): one node reading each cached head once for its G query rows, online softmax, the new position in the
+buffer's spare slot (--no-fused leaves these rows out).
+
 The inputs hold an attention sink: key 0 of every cached head points along its queries, so it takes about half of
 each row's probability (as trained models' first token does), and the values share a common offset per channel; the
 rest is unit-variance noise. Each row is checked against a float64 numpy reference written here: "err" is the
@@ -334,6 +338,51 @@ def cast_row(c: Case, threads):
     return lambda: graph.run(None, feeds), c.int8_bytes, lambda got: products_error(got, products)
 
 
+def fused_rows(c: Case, threads, caches):
+    """{name: (run, bytes, check)}: the fused op of paddle-vha's onnxruntime library (ops/ort, --attention-op fused)
+    over the same cache: the new position written into the buffer's spare slot (where the buffer flavour's runtime
+    writes it), the rest of the buffer masked."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from paddle_vha.serve.ort_ops import DOMAIN, register
+
+    b, h_kv, g, d = c.q.shape
+    f = c.filled
+    kb, vb = c.k_buf.copy(), c.v_buf.copy()
+    kb[:, :, f], vb[:, :, f] = c.k_new[:, :, 0], c.v_new[:, :, 0]
+    mask = np.zeros((b, 1, 1, c.cap), np.float32)
+    mask[..., f + 1:] = -1e9
+
+    def make(op, names, types, feeds):
+        graph = helper.make_graph([helper.make_node(op, names, ["y"], domain=DOMAIN, scale=float(c.scale))], "fused",
+                                  [helper.make_tensor_value_info(n, t, feeds[n].shape) for n, t in zip(names, types)],
+                                  [helper.make_tensor_value_info("y", FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.intra_op_num_threads = threads
+        register(opts)
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return lambda: sess.run(None, feeds)[0]
+
+    out = {}
+    if "fp32" in caches:
+        feeds = dict(q=c.q, key=kb, value=vb, mask=mask)
+        out[("fused DecodeAttention", "fp32")] = (make("DecodeAttention", list(feeds), [FLOAT] * 4, feeds),
+                                                  c.float_bytes, lambda y: errors(y, c.exact, c.exact))
+    if "int8" in caches:
+        k8, ks = quantize(kb)
+        v8, vs = quantize(vb)
+        feeds = dict(q=c.q, key=(k8.astype(np.int16) + 128).astype(np.uint8), key_scale=ks, value=v8, value_scale=vs,
+                     mask=mask)
+        want = attention64(c.q, (k8 * ks.astype(np.float64))[:, :, :f + 1], (v8 * vs.astype(np.float64))[:, :, :f + 1])
+        out[("fused DecodeAttentionInt8", "int8")] = (
+            make("DecodeAttentionInt8", list(feeds), [FLOAT, UINT8, FLOAT, INT8, FLOAT, FLOAT], feeds), c.int8_bytes,
+            lambda y: errors(y, want, c.exact))
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -346,6 +395,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--cache", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"],
                    help="which caches' formulations to time (default both)")
+    p.add_argument("--no-fused", dest="fused", action="store_false",
+                   help="leave out the fused op's rows (paddle-vha's onnxruntime library, built on first use)")
     args = p.parse_args(argv)
     if min(args.batch, args.context, args.heads, args.kv_heads, args.head_dim, args.threads, args.repeats) < 1:
         p.error("every size must be >= 1")
@@ -371,6 +422,8 @@ def main(argv=None) -> int:
         forms.update({(n, "fp32"): r for n, r in float_rows(case, args.threads).items()})
     if "int8" in args.cache:
         forms.update({(n, "int8"): r for n, r in int8_rows(case, args.threads).items()})
+    if args.fused:
+        forms.update(fused_rows(case, args.threads, args.cache))
     for (name, cache), (run, nbytes, check) in forms.items():
         err, err_float = check(run())
         times = []
@@ -385,13 +438,13 @@ def main(argv=None) -> int:
           f"cached heads of {args.head_dim}, {args.context} cached positions ({case.float_bytes / 1e6:.0f} MB of "
           f"float32 keys + values, {case.int8_bytes / 1e6:.0f} MB int8 with their scales); sink mass "
           f"{case.sink_mass:.2f}; floor = a row's cache bytes / read bandwidth")
-    hdr = (f"{'formulation':<26} | {'cache':<5} | {'ms':>8} | {'GB/s':>6} | {'x floor':>7} | {'err':>16} | "
+    hdr = (f"{'formulation':<28} | {'cache':<5} | {'ms':>8} | {'GB/s':>6} | {'x floor':>7} | {'err':>16} | "
            f"{'err vs float cache':>18}")
     print(hdr)
     print("-" * len(hdr))
     for name, cache, t, nbytes, err, err_float in rows:
         floor = nbytes / bandwidth
-        print(f"{name:<26} | {cache:<5} | {t * 1e3:>8.2f} | {nbytes / t / 1e9:>6.2f} | {t / floor:>6.2f}x | "
+        print(f"{name:<28} | {cache:<5} | {t * 1e3:>8.2f} | {nbytes / t / 1e9:>6.2f} | {t / floor:>6.2f}x | "
               f"{err:>16} | {err_float:>18}")
     return 0
 

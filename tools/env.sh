@@ -42,6 +42,21 @@ if [ -f "$ROOT/ops/build.py" ]; then
   fi
 fi
 
+# onnxruntime custom-op library (ops/ort: the fused decode attention): onnxruntime's headers fetched once from Debian's
+# libonnxruntime-dev (pinned SHA-256) into ~/.cache/paddle_vha, the library compiled there; own stamp.
+ORT_OPS_STAMP="$VENV/.paddle_vha_ort_ops"
+if [ -f "$ROOT/ops/ort/build.py" ]; then
+  ort_want="$( (cd "$ROOT" && cat $(find ops/ort -type f -not -path '*__pycache__*' | LC_ALL=C sort)) | sha256sum | cut -d' ' -f1)"
+  if [ ! -f "$ORT_OPS_STAMP" ] || [ "$(cat "$ORT_OPS_STAMP")" != "$ort_want" ]; then
+    echo "[env] building the onnxruntime op library (ops/ort, ~10 s)" >&2
+    if "$VENV/bin/python" "$ROOT/ops/ort/build.py" >"$VENV/.paddle_vha_ort_ops.log" 2>&1; then
+      echo "$ort_want" > "$ORT_OPS_STAMP"
+    else
+      echo "[env] onnxruntime op library build failed (log: $VENV/.paddle_vha_ort_ops.log); stock exports are unaffected" >&2
+    fi
+  fi
+fi
+
 export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"
 cd "$ROOT"
