@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache", default="fp32", choices=["fp32", "int8", "fp16", "bf16"],
                    help="KV cache format (default fp32; int8: per-token scales, a quarter of the bytes; fp16 / bf16 "
                         "are refused with the reason)")
+    p.add_argument("--attention-op", default="stock", choices=["stock", "fused"],
+                   help="fused: each layer's attention over the cache as one node of paddle-vha's onnxruntime op "
+                        "library (ops/ort; --cache concat; the graph then needs the library: paddle_vha.serve "
+                        "registers it, stock onnxruntime / genai / Paddle Inference cannot load it; docs/deploy.md)")
     return p
 
 
@@ -131,7 +135,7 @@ TAKES_EFFECT = {
     "--force": PERMISSION, "--cache": ALWAYS, "--weights": ALWAYS,
     "--external-data": Effect("always (over 2 GB the weights are external data anyway)"),
     "--block-size": QUANTIZED, "--float-lm-head": QUANTIZED, "--max-kl": GATED, "--min-agreement": GATED,
-    "--kv-cache": ALWAYS, "--quant-recipe": QUANTIZED, "--float-embedding": QUANTIZED,
+    "--kv-cache": ALWAYS, "--attention-op": ALWAYS, "--quant-recipe": QUANTIZED, "--float-embedding": QUANTIZED,
     "--mixed": Effect("with --weights int4", lambda a: a.weights == "int4"),
     "--calibration-text": QUANTIZED,
     "--paddle-program": Effect("with --weights int8 / int4 (an fp32 export always keeps paddle/)",
@@ -193,6 +197,10 @@ def main(argv=None):
     try:  # before Paddle is even imported: a refused format, block size, rule or text file costs nothing
         check_weights(args.weights, args.block_size)
         check_kv_cache(args.kv_cache)
+        from paddle_vha.export.fused_attention import attention_op_refusal
+
+        if args.attention_op == "fused" and attention_op_refusal(args.cache):
+            raise ExportError(attention_op_refusal(args.cache))
         if args.weights in ("int8", "int4"):
             mixed = None if args.mixed is None else tuple(x for x in args.mixed.split(",") if x.strip() != "none")
             parse_rule(mixed or ())
@@ -216,7 +224,8 @@ def main(argv=None):
                     tolerance=args.tolerance, force=args.force, cache_io=args.cache,
                     external_data=args.external_data or None, weights=spec or args.weights,
                     quality_bounds=bounds, kv_cache=args.kv_cache, kv_quality_bounds=kv_bounds,
-                    calibration_text=args.calibration_text, paddle_program=args.paddle_program or None)
+                    calibration_text=args.calibration_text, paddle_program=args.paddle_program or None,
+                    attention_op=args.attention_op)
     except (CheckpointError, ExportError) as e:
         fail(str(e))
     print(f"wrote {args.out_dir}")

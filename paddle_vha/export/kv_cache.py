@@ -90,8 +90,9 @@ def _dims(layout, heads: int, width: int, positions: str):
 class _Layer:
     """One layer's rewrite: its new entries encoded, its cache tensors as attention reads them, its reads replaced."""
 
-    def __init__(self, g: GraphIndex, i: int, cache_io: str, heads: int, width: int):
+    def __init__(self, g: GraphIndex, i: int, cache_io: str, heads: int, width: int, fused: bool = False):
         self.g, self.i, self.cache_io, self.heads, self.width = g, i, cache_io, heads, width
+        self.fused = fused  # the whole attention as one DecodeAttentionInt8 node (paddle_vha/export/fused_attention.py)
         self.nb = Nodes(f"kv_cache.{i}")
         self.past = {n: f"past_key_values.{i}.{n}" for n in INT8_NAMES}
         out = "present" if cache_io == "concat" else "new"
@@ -149,6 +150,17 @@ class _Layer:
         nb, g = self.nb, self.g
         (k_new, k_read, k_cat), (v_new, v_read, v_cat) = self.new_entries("key"), self.new_entries("value")
         cache = {**self._write("key", k_new, k_cat), **self._write("value", v_new, v_cat)}
+        if self.fused:
+            from onnx import helper
+
+            from .fused_attention import DOMAIN, attention_chain
+
+            c = attention_chain(g, k_read, v_read, self.fail)
+            self.replace[id(c.nodes[-1])] = [helper.make_node(
+                "DecodeAttentionInt8", [c.q, cache["key"], cache["key_scale"], cache["value"], cache["value_scale"],
+                                        c.mask], [c.y], name=f"fused_attention.{self.i}", domain=DOMAIN, scale=c.scale)]
+            self.drop |= {id(n) for n in c.nodes[:-1]}
+            return self
         for r in g.readers.get(k_read, []):
             if r.op_type == "Transpose" and list(_attr(r, "perm") or []) == [0, 1, 3, 2]:
                 for m in g.readers.get(r.output[0], []):
@@ -181,7 +193,7 @@ def _attr(node, name):
     return None
 
 
-def quantize_cache(onnx_path: str, plan) -> dict:
+def quantize_cache(onnx_path: str, plan, attention_op: str = "stock") -> dict:
     """Rewrite the decoder at `onnx_path` (float32 cache, the layout of `plan`, a ServingPlan) to the int8 cache, in
     place; its weights (inline or in model.onnx.data) are not touched. Returns export_info.json's "kv_cache" entry."""
     import onnx
@@ -193,7 +205,8 @@ def quantize_cache(onnx_path: str, plan) -> dict:
     model = onnx.load(onnx_path, load_external_data=False)
     graph = model.graph
     g = GraphIndex(graph)
-    layers = [_Layer(g, i, plan.cache_io, h, w).rewrite() for i, (h, w) in enumerate(plan.cache_shapes)]
+    fused = attention_op == "fused"
+    layers = [_Layer(g, i, plan.cache_io, h, w, fused).rewrite() for i, (h, w) in enumerate(plan.cache_shapes)]
     replace, drop = {}, set()
     for layer in layers:
         replace.update(layer.replace)
@@ -219,6 +232,10 @@ def quantize_cache(onnx_path: str, plan) -> dict:
     drop_unread_initializers(graph)
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
+    if fused:
+        from .fused_attention import add_domain
+
+        add_domain(model)
     with open(onnx_path + ".tmp", "wb") as f:  # beside the data file its external references name
         f.write(model.SerializeToString())
     try:
@@ -232,7 +249,9 @@ def quantize_cache(onnx_path: str, plan) -> dict:
                 layout={n: dict(dtype=t, dims=d) for n, (t, d) in INT8_LAYOUT.items()},
                 scales="per token and KV head, symmetric: the largest |x| / 127, float32; keys uint8 with zero point "
                        "128",
-                attention=f"MatMulIntegerToFloat (com.microsoft): keys . queries^T with the queries in {QUERY_DIGITS} "
-                          f"8-bit digits per row; probabilities x value scales . values in {PROBABILITY_DIGITS}",
+                attention=("DecodeAttentionInt8 (ai.paddle_vha, paddle-vha's onnxruntime op library): the cache "
+                           "dequantized on the fly, float32 arithmetic" if fused else
+                           f"MatMulIntegerToFloat (com.microsoft): keys . queries^T with the queries in {QUERY_DIGITS} "
+                           f"8-bit digits per row; probabilities x value scales . values in {PROBABILITY_DIGITS}"),
                 bytes_per_position=per_position,
                 float32_bytes_per_position=cache_bytes_per_position("fp32", plan.cache_shapes))

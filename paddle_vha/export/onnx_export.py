@@ -74,7 +74,7 @@ def _check_options(opset: int, cache_io: str) -> None:
 def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, force=False, log=print,
                 external_data=None, cache_io="concat", weights="fp32", block_size=None, quantize_lm_head=True,
                 quality_bounds=None, kv_cache="fp32", kv_quality_bounds=None, calibration_text=None,
-                paddle_program=None):
+                paddle_program=None, attention_op="stock"):
     """Export the servable checkpoint `ckpt_dir` (a path or an opened CheckpointFolder) and validate it; writes out_dir
     atomically (a temp folder renamed at the end). Refused up front (ExportError, nothing read or written) when the
     machine's available memory is below the export's need (paddle_vha/export/memory.py).
@@ -92,7 +92,14 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
     kv_cache: "fp32", or "int8" (paddle_vha/export/kv_cache.py: the graph's attention rewritten to read an int8 cache
     with per-token scales, after the weights' quantization; its logits over held-out text at a longer context must
     stay within `kv_quality_bounds` of the float32 cache's, paddle_vha/export/kv_quality.py).
+    attention_op: "stock", or "fused" (paddle_vha/export/fused_attention.py: each layer's attention over the cache
+    as one node of paddle-vha's onnxruntime op library; the graph's logits checked against the stock graph's).
     """
+    from .fused_attention import attention_op_refusal, check_attention_op
+
+    check_attention_op(attention_op)
+    if attention_op == "fused" and attention_op_refusal(cache_io):
+        raise ExportError(attention_op_refusal(cache_io))
     spec = _resolve_options(opset, cache_io, weights, block_size, quantize_lm_head, kv_cache)
     weights = spec.weights if spec else "fp32"
     t0 = time.time()
@@ -107,12 +114,23 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
         if weights != "fp32":
             quant = _quantize(onnx_path, plan, spec, external_data, quality_bounds, log, sources, calibration_text)
             external = quant["external_data"]
+        fused = None
         if kv_cache != "fp32":
-            kv = _quantize_cache(onnx_path, plan, kv_cache, kv_quality_bounds, log)
+            kv = _quantize_cache(onnx_path, plan, kv_cache, kv_quality_bounds, log, attention_op)
             plan = dataclasses.replace(plan, cache_names=[INT8_NAMES] * plan.num_layers, genai_refusal=GENAI_REFUSAL)
+            if attention_op == "fused":
+                from .fused_attention import info as fused_info
+
+                fused = fused_info("int8")
+        elif attention_op == "fused":
+            fused = _fuse_float(onnx_path, plan, log)
+        if fused is not None:
+            from .fused_attention import GENAI_REFUSAL as FUSED_REFUSAL
+
+            plan = dataclasses.replace(plan, genai_refusal=FUSED_REFUSAL)
         _side_files(tmp, plan, keep_program=(weights == "fp32") if paddle_program is None else bool(paddle_program),
                     log=log)
-        _write_export_info(tmp, plan, opset, val, tolerance, external, sources, quant, kv)
+        _write_export_info(tmp, plan, opset, val, tolerance, external, sources, quant, kv, fused)
     return val
 
 
@@ -173,7 +191,41 @@ def _side_files(tmp: str, plan: ServingPlan, keep_program: bool, log) -> None:
     write_genai_files(tmp, plan, log=log)
 
 
-def _quantize_cache(onnx_path, plan, kv_cache, bounds, log) -> dict:
+def _fuse_float(onnx_path, plan, log) -> dict:
+    """The float32-cache graph at onnx_path rewritten with the fused attention op (paddle_vha/export/
+    fused_attention.py); its logits over held-out text through the cache (prefill, chunks, single steps) checked
+    against the stock graph's: ExportError beyond float32 rounding (max |diff| / max |logit| > 1e-4)."""
+    import numpy as np
+
+    from ..serve.ort_session import OrtDecoder
+    from .fused_attention import fuse_float
+    from .kv_quality import cached_logits
+
+    t0 = time.time()
+    ids, _ = held_out_windows(plan.folder.path, int(plan.config.vocab_size), batch=2,
+                              seq_len=min(512, int(plan.rope.context)))
+
+    def blocks(custom_ops):
+        s = OrtDecoder(onnx_path, custom_ops=custom_ops)
+        s.cache_windows, s.cache_io = [None] * len(s.cache_slots), plan.cache_io
+        out = [np.asarray(b, np.float32) for _, b in cached_logits(s, ids, 64, 8)]
+        del s
+        gc.collect()
+        return out
+
+    before = blocks(False)
+    info = fuse_float(onnx_path, plan)
+    after = blocks(True)
+    worst = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(after, before))
+    log(f"attention: fused (DecodeAttention, ai.paddle_vha) in every layer; logits against the stock graph's over "
+        f"{ids.size:,} held-out tokens: max |diff| / max |logit| {worst:.1e}, in {time.time() - t0:.1f} s")
+    if not worst <= 1e-4:
+        raise ExportError(f"--attention-op fused: the fused graph's logits differ from the stock graph's by "
+                          f"{worst:.1e} of their scale (more than float32 rounding, 1e-4)")
+    return dict(info, max_relative_logit_difference=worst)
+
+
+def _quantize_cache(onnx_path, plan, kv_cache, bounds, log, attention_op="stock") -> dict:
     """The validated graph at onnx_path rewritten in place to the `kv_cache` cache (paddle_vha/export/kv_cache.py),
     its logits on held-out text at a longer context checked against the graph's before (ExportError outside the
     bounds, paddle_vha/export/kv_quality.py); returns export_info's "kv_cache" entry."""
@@ -185,8 +237,8 @@ def _quantize_cache(onnx_path, plan, kv_cache, bounds, log) -> dict:
     ids, text = held_out_windows(plan.folder.path, int(plan.config.vocab_size), batch=2,
                                  seq_len=min(KV_GATE_POSITIONS, int(plan.rope.context)))
 
-    def session():
-        s = OrtDecoder(onnx_path)
+    def session(custom_ops=False):
+        s = OrtDecoder(onnx_path, custom_ops=custom_ops)
         s.cache_windows, s.cache_io = [None] * len(s.cache_slots), plan.cache_io
         return s
 
@@ -194,11 +246,12 @@ def _quantize_cache(onnx_path, plan, kv_cache, bounds, log) -> dict:
     reference = [(start, block) for start, block in cached_logits(sess, ids, chunk, steps)]  # the float32 cache's
     del sess
     gc.collect()
-    info = quantize_cache(onnx_path, plan)
+    info = quantize_cache(onnx_path, plan, attention_op)
     log(f"KV cache: {kv_cache}, per token and KV head scales ({info['bytes_per_position']:,} bytes a position over all "
-        f"layers, float32: {info['float32_bytes_per_position']:,}), read by MatMulIntegerToFloat, in "
+        f"layers, float32: {info['float32_bytes_per_position']:,}), read by "
+        f"{'DecodeAttentionInt8 (fused)' if attention_op == 'fused' else 'MatMulIntegerToFloat'}, in "
         f"{time.time() - t0:.1f} s")
-    sess = session()
+    sess = session(custom_ops=attention_op == "fused")
     quality = compare_blocks(reference, sess, ids, chunk, steps, text + f" (prefill {chunk}, then chunks of {chunk} "
                              f"through the cache, the last {steps} one step each)")
     del sess, reference
@@ -310,12 +363,13 @@ def _write_graphs(plan: ServingPlan, tensors, tmp: str, opset: int, external_dat
 
 
 def _write_export_info(tmp: str, plan: ServingPlan, opset: int, val: Validation, tolerance: float,
-                       external: bool, sources: dict, quant: dict = None, kv: dict = None) -> None:
+                       external: bool, sources: dict, quant: dict = None, kv: dict = None,
+                       fused: dict = None) -> None:
     """export_info.json: the graph's I/O names and cache layout (what paddle_vha.serve reads), the validation."""
     cfg = plan.config
     ins, outs = plan.io_names
     ops = quant.pop("ops") if quant else val.ops
-    if kv:  # the rewrite added its ops
+    if kv or fused:  # the rewrite added its ops
         ops = _graph_ops(os.path.join(tmp, "model.onnx"))
     info = dict(format="paddle-vha onnx decoder v1", opset=opset, inputs=ins, outputs=outs,
                 num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
@@ -332,7 +386,8 @@ def _write_export_info(tmp: str, plan: ServingPlan, opset: int, val: Validation,
                                 decode_steps=val.steps, tolerance=tolerance, logit_scale=val.logit_scale,
                                 bound=val.bound(tolerance)),
                 ops=ops, weights=quant or dict(format="fp32"), kv_cache=kv or dict(format="fp32"),
-                weight_sources=sources, paddle_program="paddle/" if os.path.isdir(os.path.join(tmp, "paddle")) else None)
+                weight_sources=sources, paddle_program="paddle/" if os.path.isdir(os.path.join(tmp, "paddle")) else None,
+                attention_op=fused or dict(op="stock"))
     with open(os.path.join(tmp, "export_info.json"), "w") as f:
         json.dump(info, f, indent=2)
 

@@ -9,16 +9,38 @@ from .session import DecoderSession, ServeError, per_cache_input, read_export_in
 __all__ = ["OrtDecoder"]
 
 
+def _uses_custom_ops(folder: str) -> bool:
+    """export_info.json's attention_op says the graph holds nodes of paddle-vha's onnxruntime library (absent: no)."""
+    import json
+
+    try:
+        with open(os.path.join(folder, "export_info.json"), encoding="utf-8") as f:
+            return (json.load(f).get("attention_op") or {}).get("op") == "fused"
+    except (OSError, ValueError):
+        return False
+
+
 class OrtDecoder(DecoderSession):
     """threads: onnxruntime's intra-op threads (0: its default, one per physical core). spin: let idle intra-op
     threads busy-wait between ops (onnxruntime's default; spin=False turns it off: session.intra_op.allow_spinning
     0). Whether off is faster on a shared 2-core VM was not settled: interleaved A/B rounds of the Qwen3-0.6B int4
     export under load averages 4-10 varied 2-4x from round to round, either way (docs/deploy.md)."""
 
-    def __init__(self, onnx_path: str, threads: int = 0, spin: bool = True, profile: str = ""):
+    def __init__(self, onnx_path: str, threads: int = 0, spin: bool = True, profile: str = "",
+                 custom_ops: bool = None):
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
+        if custom_ops is None:  # an export folder says whether its graph holds paddle-vha's own ops
+            custom_ops = _uses_custom_ops(os.path.dirname(os.path.abspath(onnx_path)))
+        if custom_ops:
+            from .ort_ops import OrtOpsUnavailable, register
+
+            try:
+                register(opts)
+            except OrtOpsUnavailable as e:
+                raise ServeError(f"{onnx_path} was exported with --attention-op fused and needs paddle-vha's "
+                                 f"onnxruntime op library: {e}") from None
         opts.log_severity_level = 3
         if profile:  # onnxruntime's profiler: a JSON trace named PROFILE_<date>.json, written by end_profiling()
             opts.enable_profiling = True

@@ -1,0 +1,153 @@
+"""`export_onnx --attention-op fused`: each layer's attention over the cache as one node of paddle-vha's onnxruntime
+custom-op library (ops/ort, domain ai.paddle_vha; docs/deploy.md "The fused attention op").
+
+The float32 export's attention, per layer, is the chain
+
+    scores = MatMul(q, Transpose(K, perm 0 1 3 2));  Mul(scores, scale);  Add(., mask);  Softmax(axis -1);
+    y = MatMul(p, V)
+
+with q the grouped queries (B, H_kv, R, d), K / V the whole cache the step attends ((B, H_kv, T, d): present in the
+concat flavour) and mask (B, 1, R, T) additive. `attention_chain` finds it from the tensor the keys are read as;
+`fuse_float` replaces it by DecodeAttention(q, K, V, mask, scale) writing y (the same value name, so every reader of
+y is untouched), and paddle_vha/export/kv_cache.py replaces it by DecodeAttentionInt8 over the int8 cache. The
+graph needs the library registered (paddle_vha/serve/ort_ops.register; stock onnxruntime without it refuses to load
+it, in one line naming the flag); onnxruntime-genai and Paddle Inference are not offered such a folder.
+
+Offered for the concat flavour; the buffer flavour attends its buffer and the step's new entries apart (two score
+blocks joined before the softmax) and is refused in one line.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .errors import ExportError
+from .node_edit import GraphIndex, drop_unread_initializers, prune_dead_nodes, splice_nodes
+
+__all__ = ["ATTENTION_OPS", "DOMAIN", "GENAI_REFUSAL", "Chain", "attention_chain", "fuse_float", "check_attention_op",
+           "attention_op_refusal"]
+
+ATTENTION_OPS = ("stock", "fused")
+DOMAIN = "ai.paddle_vha"
+GENAI_REFUSAL = ("the graph's attention is paddle-vha's own onnxruntime op (--attention-op fused, domain ai.paddle_vha); "
+                 "onnxruntime-genai 0.18's config names no custom-op library to load it")
+
+
+class Chain:
+    """One layer's attention nodes: q (the grouped queries), mask, scale, y (the output's name), nodes (to drop)."""
+
+    def __init__(self, q, mask, scale, y, nodes):
+        self.q, self.mask, self.scale, self.y, self.nodes = q, mask, scale, y, nodes
+
+
+def check_attention_op(op: str) -> None:
+    if op not in ATTENTION_OPS:
+        raise ExportError(f"--attention-op {op!r}: expected one of {', '.join(ATTENTION_OPS)}")
+
+
+def attention_op_refusal(cache_io: str) -> Optional[str]:
+    if cache_io != "concat":
+        return ("--attention-op fused is offered for --cache concat: the buffer flavour attends its buffer and the "
+                "step's new entries in two blocks (not yet one node)")
+    return None
+
+
+def _scalar(g: GraphIndex, name: str) -> Optional[float]:
+    v = g.const(name)
+    if v is None:
+        c = g.op(name, "Constant")
+        if c is not None:
+            from onnx import helper, numpy_helper
+
+            v = numpy_helper.to_array(helper.get_attribute_value(c.attribute[0]))
+    return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
+
+
+def attention_chain(g: GraphIndex, keys: str, values: str, fail) -> Chain:
+    """The chain reading `keys` / `values` (the module docstring); fail(what) raises when the graph differs."""
+    kt = [r for r in g.readers.get(keys, []) if r.op_type == "Transpose"]
+    if len(kt) != 1:
+        fail(f"{keys} is not read by one Transpose")
+    mm1 = g.only_reader(kt[0].output[0])
+    if mm1 is None or mm1.op_type != "MatMul" or mm1.input[1] != kt[0].output[0]:
+        fail("the keys' Transpose is not read by one MatMul as its right operand")
+    mul = g.only_reader(mm1.output[0])
+    if mul is None or mul.op_type != "Mul":
+        fail("the scores are not scaled by one Mul")
+    other = mul.input[1] if mul.input[0] == mm1.output[0] else mul.input[0]
+    scale = _scalar(g, other)
+    if scale is None:
+        fail("the scores' scale is not a constant")
+    add = g.only_reader(mul.output[0])
+    if add is None or add.op_type != "Add":
+        fail("the scaled scores are not masked by one Add")
+    mask = add.input[1] if add.input[0] == mul.output[0] else add.input[0]
+    sm = g.only_reader(add.output[0])
+    if sm is None or sm.op_type != "Softmax":
+        fail("the masked scores are not read by one Softmax")
+    mm2 = g.only_reader(sm.output[0])
+    if mm2 is None or mm2.op_type != "MatMul" or mm2.input[1] != values:
+        fail("the probabilities are not read by one MatMul with the values")
+    return Chain(mm1.input[0], mask, scale, mm2.output[0], [kt[0], mm1, mul, add, sm, mm2])
+
+
+def fuse_float(onnx_path: str, plan) -> dict:
+    """Rewrite the float32-cache graph at onnx_path in place: each layer's chain as one DecodeAttention node. Returns
+    export_info.json's "attention_op" entry."""
+    import os
+
+    import onnx
+    from onnx import helper
+
+    why = attention_op_refusal(plan.cache_io)
+    if why:
+        raise ExportError(why)
+    model = onnx.load(onnx_path, load_external_data=False)
+    graph = model.graph
+    g = GraphIndex(graph)
+    replace, drop = {}, set()
+    for i, names in enumerate(plan.cache_names):
+        def fail(what, i=i):
+            raise ExportError(f"--attention-op fused: layer {i}: {what}; the graph is not the layout the rewrite "
+                              "knows")
+        k, v = f"present.{i}.{names[0]}", f"present.{i}.{names[1]}"
+        c = attention_chain(g, k, v, fail)
+        node = helper.make_node("DecodeAttention", [c.q, k, v, c.mask], [c.y], name=f"fused_attention.{i}",
+                                domain=DOMAIN, scale=c.scale)
+        replace[id(c.nodes[-1])] = [node]
+        drop |= {id(n) for n in c.nodes[:-1]}
+    splice_nodes(graph, replace, drop)
+    prune_dead_nodes(graph)
+    drop_unread_initializers(graph)
+    add_domain(model)
+    _save_checked(model, onnx_path)
+    return info("float32")
+
+
+def add_domain(model) -> None:
+    from onnx import helper
+
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+
+
+def info(cache: str) -> dict:
+    return dict(op="fused", domain=DOMAIN, node="DecodeAttentionInt8" if cache == "int8" else "DecodeAttention",
+                library="paddle_vha.serve.ort_ops (ops/ort), registered by paddle_vha.serve sessions",
+                note="needs paddle-vha's onnxruntime op library: stock onnxruntime, onnxruntime-genai and Paddle "
+                     "Inference cannot load this graph")
+
+
+def _save_checked(model, onnx_path: str) -> None:
+    import os
+
+    import onnx
+
+    with open(onnx_path + ".tmp", "wb") as f:
+        f.write(model.SerializeToString())
+    try:
+        onnx.checker.check_model(onnx_path + ".tmp")
+    except onnx.checker.ValidationError as e:
+        os.remove(onnx_path + ".tmp")
+        raise ExportError(f"--attention-op fused: the rewritten graph fails onnx.checker: "
+                          f"{str(e).splitlines()[0][:300]}")
+    os.replace(onnx_path + ".tmp", onnx_path)
