@@ -285,8 +285,15 @@ def prepare(args, log):
     ours = {}
     for key in variants(args.formats, args.block_size):
         for kv in args.kv_caches:
-            folder = export_folder(args, ckpt, args.cache, key, log)
-            ours[(key, kv)] = folder if kv == "fp32" else int8_cache_copy(args, ckpt, folder, log)
+            for op in args.attention_ops:
+                folder = export_folder(args, ckpt, args.cache, key, log)
+                if op == "fused":
+                    if args.cache != "concat":
+                        log("fused attention: not timed (--attention-op fused is offered for --cache concat)")
+                        continue
+                    ours[(key, kv, op)] = fused_copy(args, ckpt, folder, kv, log)
+                else:
+                    ours[(key, kv, op)] = folder if kv == "fp32" else int8_cache_copy(args, ckpt, folder, log)
     genai = {}
     if genai_timed(args):
         genai = {key: export_folder(args, ckpt, "concat", key, log)
@@ -402,6 +409,39 @@ def int8_cache_copy(args, ckpt, folder, log) -> str:
     return out
 
 
+def fused_copy(args, ckpt, folder, kv, log) -> str:
+    """<folder>-fused / -kvint8-fused: a copy of the export `folder` with every layer's attention as paddle-vha's
+    fused op (paddle_vha/export/fused_attention.py; with the int8 cache, kv_cache.py's rewrite with the fused op);
+    the export's checks are not re-run here."""
+    from paddle_vha.export.fused_attention import fuse_float, info as fused_info
+    from paddle_vha.export.kv_cache import INT8_NAMES, quantize_cache
+    from paddle_vha.export.plan import serving_plan
+
+    out = folder + ("-kvint8" if kv == "int8" else "") + "-fused"
+    if os.path.isfile(os.path.join(out, "export_info.json")):
+        return out
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns("paddle"))
+    t = time.time()
+    path = os.path.join(tmp, "export_info.json")
+    meta = json.load(open(path))
+    plan = serving_plan(ckpt, args.cache)
+    if kv == "int8":
+        meta["kv_cache"] = dict(quantize_cache(os.path.join(tmp, "model.onnx"), plan, "fused"),
+                                quality="not checked (bench copy)")
+        meta["cache_names"] = [list(INT8_NAMES)] * meta["num_hidden_layers"]
+        meta["attention_op"] = fused_info("int8")
+    else:
+        meta["attention_op"] = fuse_float(os.path.join(tmp, "model.onnx"), plan)
+    with open(path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=2)
+    os.replace(path + ".tmp", path)
+    os.rename(tmp, out)
+    log(f"{os.path.basename(folder)}: fused attention copy ({kv} cache) in {time.time() - t:.0f} s")
+    return out
+
+
 def genai_prefill_bytes(cfg: dict, batch: int, prompt: int) -> int:
     """One layer's float32 attention scores in genai's prefill of every row at once (batch x heads x prompt^2 x 4 B):
     onnxruntime-genai takes a batch's prompt in one AppendTokens call (it refuses a second one for batch > 1)."""
@@ -426,11 +466,11 @@ def timings(args, ckpt, ours, genai, cfg, log):
     hf = hf_python()
     have_hf = os.path.isfile(hf)
     rows, shape = [], (args.batch, args.prompt, args.new)
-    for (fmt, kv), folder in ours.items():
+    for (fmt, kv, op), folder in ours.items():
         for malloc, extra in (("", {}), (" (tuned malloc)", TUNED_MALLOC)):
             if malloc and not args.tuned_malloc:
                 continue
-            name = f"ours {label(args, fmt)}, {kv} cache{malloc}"
+            name = f"ours {label(args, fmt)}, {kv} cache{', fused attention' if op == 'fused' else ''}{malloc}"
             log(f"timing {name}")
             code, argv = (OURS, [folder, *shape, THREADS]) if args.batch == 1 else \
                 (OURS_BATCH, [folder, *shape, THREADS, args.context])
@@ -488,6 +528,9 @@ def main(argv=None) -> int:
     p.add_argument("--kv-caches", nargs="+", default=["fp32"], choices=["fp32", "int8"],
                    help="our KV cache formats, one row each per weight format (default fp32; int8: "
                         "tools/export_onnx.py --kv-cache int8's graph)")
+    p.add_argument("--attention-ops", nargs="+", default=["stock"], choices=["stock", "fused"],
+                   help="our attention, one row each per weight and cache format (fused: paddle-vha's onnxruntime op, "
+                        "tools/export_onnx.py --attention-op fused's graph; --cache concat)")
     p.add_argument("--genai-formats", nargs="+", default=["fp32", "int4"], choices=["fp32", "int8", "int4"])
     p.add_argument("--batch", type=int, default=1, help="rows; > 1: row 0 prefilled, its cache copied to the others")
     p.add_argument("--cache", default="concat", choices=["concat", "buffer"],

@@ -119,7 +119,7 @@ struct Job {
   std::vector<float> m, l, acc;  // per (sequence, head, slice): R maxima, R sums, R x d outputs
   std::vector<float> work;       // per task: the kernel's scratch
 
-  long work_floats() const { return R * 32 + 32 * d + R; }
+  long work_floats() const { return R * 32 + 32 * d + R; }  // scores, a tile as floats, R row flags (bytes)
 
   void run_slice(long task, bool skip) {
     const long bh = task / slices, c = task % slices, b = bh / H;
