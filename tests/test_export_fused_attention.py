@@ -50,8 +50,13 @@ def test_fused_graph_holds_one_attention_node_per_layer(exports, kv):
     assert len(fused) == layers and {n.op_type for n in fused} == {
         "DecodeAttentionInt8" if kv == "int8" else "DecodeAttention"}
     assert not any(n.op_type in ("Softmax", "MatMulIntegerToFloat") for n in graph.node)
-    assert info["attention_op"]["op"] == "fused"
-    assert not os.path.exists(os.path.join(out, "genai_config.json"))
+    assert info["attention_op"]["op"] == "fused" and info["attention_op"]["library"] == "libpaddle_vha_ort_ops.so"
+    assert os.path.isfile(os.path.join(out, "libpaddle_vha_ort_ops.so"))  # served without a compiler
+    if kv == "fp32":  # genai loads the library the config names (the int8 cache is not genai's)
+        cfg = json.load(open(os.path.join(out, "genai_config.json")))
+        assert cfg["model"]["decoder"]["session_options"]["custom_ops_library"] == "libpaddle_vha_ort_ops.so"
+    else:
+        assert not os.path.exists(os.path.join(out, "genai_config.json"))
     stock = json.load(open(os.path.join(exports["out"][(kv, "stock")], "export_info.json")))
     assert stock["attention_op"] == {"op": "stock"}
 
@@ -105,18 +110,54 @@ def test_buffer_flavour_is_refused_before_anything_is_written(exports, tmp_path)
     assert not os.path.exists(tmp_path / "y")
 
 
-def test_a_session_without_the_library_says_so_in_one_line(exports, monkeypatch):
+def test_a_session_without_the_library_says_so_in_one_line(exports, monkeypatch, tmp_path):
+    import shutil
+
     from paddle_vha.serve import ort_ops
 
     def unavailable():
         raise ort_ops.OrtOpsUnavailable("building paddle-vha's onnxruntime op library failed: g++: not found")
 
+    bare = tmp_path / "bare"  # the folder without its copy of the library, on a machine that cannot build one
+    shutil.copytree(exports["out"][("fp32", "fused")], bare)
+    os.remove(bare / "libpaddle_vha_ort_ops.so")
     monkeypatch.setattr(ort_ops, "library_path", unavailable)
     with pytest.raises(ServeError, match="exported with --attention-op fused and needs paddle-vha's onnxruntime op "
                                          "library: building .* g\\+\\+: not found"):
-        OrtDecoder.from_dir(exports["out"][("fp32", "fused")])
+        OrtDecoder.from_dir(str(bare))
+    assert OrtDecoder.from_dir(exports["out"][("fp32", "fused")]) is not None  # its own copy needs no build
     import onnxruntime as ort
 
     with pytest.raises(Exception, match="DecodeAttention"):  # stock onnxruntime alone: its own refusal names the op
         ort.InferenceSession(os.path.join(exports["out"][("fp32", "fused")], "model.onnx"),
                              providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.slow
+def test_onnxruntime_genai_runs_the_fused_export(exports, hf_python, tmp_path):
+    """onnxruntime-genai 0.18 (side environment) loads the fused graph through genai_config.json's
+    session_options.custom_ops_library: its greedy tokens are our session's on the same graph."""
+    from test_clients import run_side
+
+    code = """
+    import json, sys
+    import numpy as np
+    import onnxruntime_genai as og
+    model = og.Model(sys.argv[1])
+    params = og.GeneratorParams(model)
+    prompt = json.loads(sys.argv[2])
+    params.set_search_options(max_length=len(prompt) + 24, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.asarray([prompt], np.int32))
+    out = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    print(json.dumps(out))
+"""
+    folder = exports["out"][("fp32", "fused")]
+    prompt = [5, 17, 3, 88, 41, 2, 9, 60, 33, 21, 7]
+    got = run_side(hf_python, tmp_path, code, folder, json.dumps(prompt))
+    ours = generate(OrtDecoder.from_dir(folder), np.asarray([prompt]), 24, eos_token_id=-1).tokens[0].tolist()
+    print("genai", got, "ours", ours)
+    assert got == ours[:len(got)] and len(got) >= 1

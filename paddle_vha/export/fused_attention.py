@@ -10,8 +10,11 @@ with q the grouped queries (B, H_kv, R, d), K / V the whole cache the step atten
 concat flavour) and mask (B, 1, R, T) additive. `attention_chain` finds it from the tensor the keys are read as;
 `fuse_float` replaces it by DecodeAttention(q, K, V, mask, scale) writing y (the same value name, so every reader of
 y is untouched), and paddle_vha/export/kv_cache.py replaces it by DecodeAttentionInt8 over the int8 cache. The
-graph needs the library registered (paddle_vha/serve/ort_ops.register; stock onnxruntime without it refuses to load
-it, in one line naming the flag); onnxruntime-genai and Paddle Inference are not offered such a folder.
+graph needs the library registered: a copy of it ships in the export folder (LIBRARY_FILE), paddle_vha.serve
+registers it (paddle_vha/serve/ort_ops), onnxruntime-genai loads it from genai_config.json's
+session_options.custom_ops_library (resolved against the folder; tested with genai 0.18), stock onnxruntime with
+SessionOptions.register_custom_ops_library(OUT_DIR/LIBRARY_FILE); without it onnxruntime refuses the graph naming the
+op. Paddle Inference runs paddle/ (the static program, the stock attention).
 
 Offered for the concat flavour; the buffer flavour attends its buffer and the step's new entries apart (two score
 blocks joined before the softmax) and is refused in one line.
@@ -23,13 +26,12 @@ from typing import Optional
 from .errors import ExportError
 from .node_edit import GraphIndex, drop_unread_initializers, prune_dead_nodes, splice_nodes
 
-__all__ = ["ATTENTION_OPS", "DOMAIN", "GENAI_REFUSAL", "Chain", "attention_chain", "fuse_float", "check_attention_op",
+__all__ = ["ATTENTION_OPS", "DOMAIN", "LIBRARY_FILE", "ship_library", "Chain", "attention_chain", "fuse_float", "check_attention_op",
            "attention_op_refusal"]
 
 ATTENTION_OPS = ("stock", "fused")
 DOMAIN = "ai.paddle_vha"
-GENAI_REFUSAL = ("the graph's attention is paddle-vha's own onnxruntime op (--attention-op fused, domain ai.paddle_vha); "
-                 "onnxruntime-genai 0.18's config names no custom-op library to load it")
+from ..serve.ort_ops import LIBRARY_FILE  # noqa: E402 - the library's copy in the export folder (genai names it)
 
 
 class Chain:
@@ -132,9 +134,32 @@ def add_domain(model) -> None:
 
 def info(cache: str) -> dict:
     return dict(op="fused", domain=DOMAIN, node="DecodeAttentionInt8" if cache == "int8" else "DecodeAttention",
-                library="paddle_vha.serve.ort_ops (ops/ort), registered by paddle_vha.serve sessions",
-                note="needs paddle-vha's onnxruntime op library: stock onnxruntime, onnxruntime-genai and Paddle "
-                     "Inference cannot load this graph")
+                library=LIBRARY_FILE, isa_choice="CPUID at load (AVX-512, AVX2 or x86-64 baseline), or "
+                "VHA_ATTENTION_ISA")
+
+
+def ship_library(out_dir: str, entry: dict, log) -> dict:
+    """Copies the built library into the export folder and names it in genai_config.json (when the folder has one);
+    returns the export_info entry."""
+    import json
+    import os
+    import shutil
+
+    from ..serve.ort_ops import OrtOpsUnavailable, library_path
+
+    try:
+        shutil.copyfile(library_path(), os.path.join(out_dir, LIBRARY_FILE))
+    except OrtOpsUnavailable as e:
+        raise ExportError(f"--attention-op fused: {e}") from None
+    genai = os.path.join(out_dir, "genai_config.json")
+    if os.path.isfile(genai):
+        with open(genai, encoding="utf-8") as f:
+            cfg = json.load(f)
+        cfg["model"]["decoder"].setdefault("session_options", {})["custom_ops_library"] = LIBRARY_FILE
+        with open(genai, "w", encoding="utf-8") as f:
+            json.dump(cfg, f, indent=2)
+        log(f"onnxruntime-genai: genai_config.json names {LIBRARY_FILE} (session_options.custom_ops_library)")
+    return dict(entry, library=LIBRARY_FILE)
 
 
 def _save_checked(model, onnx_path: str) -> None:

@@ -124,12 +124,12 @@ def export_onnx(ckpt_dir, out_dir, opset=17, decode_steps=16, tolerance=1e-4, fo
                 fused = fused_info("int8")
         elif attention_op == "fused":
             fused = _fuse_float(onnx_path, plan, log)
-        if fused is not None:
-            from .fused_attention import GENAI_REFUSAL as FUSED_REFUSAL
-
-            plan = dataclasses.replace(plan, genai_refusal=FUSED_REFUSAL)
         _side_files(tmp, plan, keep_program=(weights == "fp32") if paddle_program is None else bool(paddle_program),
                     log=log)
+        if fused is not None:
+            from .fused_attention import ship_library
+
+            fused = ship_library(tmp, fused, log)
         _write_export_info(tmp, plan, opset, val, tolerance, external, sources, quant, kv, fused)
     return val
 

@@ -8,9 +8,10 @@ import importlib.util
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["DOMAIN", "OrtOpsUnavailable", "library_path", "register", "attention_isa", "uses_library"]
+__all__ = ["DOMAIN", "LIBRARY_FILE", "OrtOpsUnavailable", "library_path", "register", "attention_isa", "uses_library"]
 
 DOMAIN = "ai.paddle_vha"
+LIBRARY_FILE = "libpaddle_vha_ort_ops.so"  # its name in an export folder (paddle_vha/export/fused_attention.py)
 _built: Optional[Path] = None
 
 

@@ -34,10 +34,14 @@ class OrtDecoder(DecoderSession):
         if custom_ops is None:  # an export folder says whether its graph holds paddle-vha's own ops
             custom_ops = _uses_custom_ops(os.path.dirname(os.path.abspath(onnx_path)))
         if custom_ops:
-            from .ort_ops import OrtOpsUnavailable, register
+            from .ort_ops import LIBRARY_FILE, OrtOpsUnavailable, register
 
+            shipped = os.path.join(os.path.dirname(os.path.abspath(onnx_path)), LIBRARY_FILE)
             try:
-                register(opts)
+                if os.path.isfile(shipped):  # the export folder's copy: no compiler needed where it is served
+                    opts.register_custom_ops_library(shipped)
+                else:
+                    register(opts)
             except OrtOpsUnavailable as e:
                 raise ServeError(f"{onnx_path} was exported with --attention-op fused and needs paddle-vha's "
                                  f"onnxruntime op library: {e}") from None
