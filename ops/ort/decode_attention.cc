@@ -216,11 +216,12 @@ struct Kernel {
       std::memset(job.y, 0, sizeof(float) * job.B * job.H * job.R * job.d);
       return;
     }
-    // slices: enough tasks to occupy the pool at batch 1, each at least 512 positions (a slice's fixed cost)
+    // slices: enough tasks to occupy the pool at batch 1, each at least 512 positions (a slice's fixed cost) and at
+    // most 1,024 (each slice sums its positions' float32 terms in order; the merge adds the slices' sums)
     const long bh = job.B * job.H;
     const long want_tasks = 64;
     long per = (job.T + std::max(1L, want_tasks / bh) - 1) / std::max(1L, want_tasks / bh);
-    per = std::max(per, 512L);
+    per = std::min(std::max(per, 512L), 1024L);
     job.slice_len = per;
     job.slices = (job.T + per - 1) / per;
     const long tasks = bh * job.slices;
