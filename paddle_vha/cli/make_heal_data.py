@@ -104,9 +104,9 @@ def _export(args) -> str:
     """--export, or ORIGINAL exported once (float32) into PREFIX.export (reused when it is there)."""
     if args.export:
         return args.export
-    from paddle_vha.cli.float32_export import float32_export
+    from paddle_vha.export.float32_export import float32_export
 
-    return float32_export(args.original, args.out + ".export", "to sample with")
+    return _exported(lambda: float32_export(args.original, args.out + ".export", "to sample with"))
 
 
 def _write_data(prefix: str, journal, vocab: int, meta: dict) -> dict:
@@ -209,6 +209,16 @@ def main(argv=None):
           f"(chat {meta['chat']['tokens']:,}, self-questions {q['tokens']:,}, text {meta['text']['tokens']:,}); "
           f"{meta['chat']['stopped']} of {meta['chat']['documents']} answers ended by the model")
     return 0
+
+
+def _exported(make):
+    """make() (a float32 export), its ExportError as the tool's one-line failure."""
+    from paddle_vha.export.errors import ExportError
+
+    try:
+        return make()
+    except ExportError as e:
+        fail(str(e))
 
 
 if __name__ == "__main__":

@@ -77,13 +77,13 @@ def _check(p, args) -> None:
 
 def teacher_export(args) -> str:
     """--export, DATA.export (make_heal_data's), or TEACHER exported once (float32) into STORE.export."""
-    from paddle_vha.cli.float32_export import float32_export, is_export
+    from paddle_vha.export.float32_export import float32_export, is_export
 
     if args.export:
         return args.export
     if is_export(args.data + ".export"):
         return args.data + ".export"
-    return float32_export(args.teacher, args.out + ".export", "to run the teacher")
+    return _exported(lambda: float32_export(args.teacher, args.out + ".export", "to run the teacher"))
 
 
 def _logits_fn(session):
@@ -175,6 +175,16 @@ def main(argv=None):
     print(f"wrote {args.out}: top-{meta['k']} of {meta['windows']:,} windows x {meta['seq_len']} = {meta['tokens']:,} "
           f"tokens, {size / 2**20:.1f} MiB ({size / meta['tokens']:.0f} bytes per token); {dt:.0f} s this run")
     return 0
+
+
+def _exported(make):
+    """make() (a float32 export), its ExportError as the tool's one-line failure."""
+    from paddle_vha.export.errors import ExportError
+
+    try:
+        return make()
+    except ExportError as e:
+        fail(str(e))
 
 
 if __name__ == "__main__":
