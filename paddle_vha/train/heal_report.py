@@ -81,35 +81,39 @@ def greedy_answer(model, prompt: Sequence[int], max_new: int, eos: Sequence[int]
 
 def greedy_answers(model, prompts: Sequence[Sequence[int]], max_new: int, eos: Sequence[int],
                    batch: int = 32) -> List[List[int]]:
-    """greedy_answer for each prompt, prompts of the same length decoded together (batches of at most `batch`):
-    no padding, so each row is the computation it would be alone (up to the summation order of a batched matmul);
-    a row stops at its first id in `eos` (kept) while the others go on."""
+    """greedy_answer for each prompt, decoded in batches of at most `batch` (prompts sorted by length, left-padded:
+    a 2-D attention mask over the padding, every row's positions counted from its first real token), each row
+    stopping at its first id in `eos` (kept) while the others go on. Each row's tokens are the ones it gets alone
+    (tests/test_heal_report.py, up to the summation order of a batched matmul)."""
     import paddle
 
     model.eval()
     out: List[List[int]] = [[] for _ in prompts]
-    by_len: Dict[int, List[int]] = {}
-    for i, p in enumerate(prompts):
-        by_len.setdefault(len(p), []).append(i)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     with paddle.no_grad():
-        for n, idx in sorted(by_len.items()):
-            for a in range(0, len(idx), batch):
-                rows = idx[a:a + batch]
-                feed = np.asarray([list(prompts[i]) for i in rows], np.int64)  # (B, n) then (B, 1)
-                past, done, live = None, 0, [True] * len(rows)
-                for _ in range(max_new):
-                    pos = np.broadcast_to(np.arange(done, done + feed.shape[1], dtype=np.int64), feed.shape)
-                    r = model(paddle.to_tensor(feed), past_key_values=past, position_ids=paddle.to_tensor(pos.copy()),
-                              use_cache=True, return_dict=True)
-                    done += feed.shape[1]
-                    nxt = r.logits[:, -1].astype("float32").numpy().argmax(-1)  # (B,)
-                    for j, t in enumerate(nxt):
-                        if live[j]:
-                            out[rows[j]].append(int(t))
-                            live[j] = int(t) not in eos
-                    if not any(live):
-                        break
-                    past, feed = r.past_key_values, nxt.astype(np.int64)[:, None]
+        for a in range(0, len(order), batch):
+            rows = order[a:a + batch]
+            width = max(len(prompts[i]) for i in rows)
+            feed = np.zeros((len(rows), width), np.int64)  # (B, S) left-padded, then (B, 1)
+            mask = np.zeros((len(rows), width), np.int64)
+            for j, i in enumerate(rows):
+                feed[j, width - len(prompts[i]):] = prompts[i]
+                mask[j, width - len(prompts[i]):] = 1
+            pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
+            past, live = None, [True] * len(rows)
+            for _ in range(max_new):
+                r = model(paddle.to_tensor(feed), attention_mask=paddle.to_tensor(mask),
+                          position_ids=paddle.to_tensor(pos), past_key_values=past, use_cache=True, return_dict=True)
+                nxt = r.logits[:, -1].astype("float32").numpy().argmax(-1)  # (B,)
+                for j, t in enumerate(nxt):
+                    if live[j]:
+                        out[rows[j]].append(int(t))
+                        live[j] = int(t) not in eos
+                if not any(live):
+                    break
+                past, feed = r.past_key_values, nxt.astype(np.int64)[:, None]
+                mask = np.concatenate([mask, np.ones((len(rows), 1), np.int64)], 1)
+                pos = pos[:, -1:] + 1
     return out
 
 
