@@ -45,15 +45,26 @@ def log_softmax(z) -> np.ndarray:
     return z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
 
 
-def _logits(model) -> Callable[[np.ndarray], np.ndarray]:
+def _logprobs(model, ids, start: int = 0):
+    """The model's float32 log-probabilities (Paddle's log_softmax, a tensor) at positions start.. of ids (1, S):
+    computed by Paddle's kernels, 10-20x faster than float64 numpy over a 49,152-way vocabulary, and within 1e-6 of it
+    where the measures read them (tests/test_shrink_kv.py checks the measures against float64)."""
+    import paddle
+    import paddle.nn.functional as F
+
+    model.eval()
+    with paddle.no_grad():
+        logits = model(paddle.to_tensor(np.asarray(ids, np.int64)), return_dict=True).logits.astype("float32")
+        return F.log_softmax(logits[0, start:], axis=-1)
+
+
+def _kl_rows(ref_lp: np.ndarray, lp) -> np.ndarray:
+    """KL(reference || model) per position from float32 log-probabilities (reference: numpy, model: Paddle tensor)."""
     import paddle
 
-    def fn(ids):
-        model.eval()
-        with paddle.no_grad():
-            return model(paddle.to_tensor(np.asarray(ids, np.int64)), return_dict=True).logits.astype(
-                "float32").numpy()
-    return fn
+    with paddle.no_grad():
+        lr = paddle.to_tensor(ref_lp)
+        return (paddle.exp(lr) * (lr - lp)).sum(-1).numpy().astype(np.float64)
 
 
 def greedy_answer(model, prompt: Sequence[int], max_new: int, eos: Sequence[int]) -> List[int]:
@@ -122,32 +133,30 @@ class Reference:
     probes and its log-probabilities along them."""
 
     def __init__(self, original, windows: np.ndarray, prompts: Sequence[Sequence[int]], eos, max_new: int = 48):
-        fn = _logits(original)
         self.windows = np.asarray(windows, np.int64)  # (N, S + 1): inputs and their next tokens
-        self.window_lp = [log_softmax(fn(w[None, :-1]))[0].astype(np.float32) for w in self.windows]
+        self.window_lp = [_logprobs(original, w[None, :-1]).numpy() for w in self.windows]  # (S, V) float32
         self.prompts = [list(p) for p in prompts]
         self.eos = list(eos)
         self.answers = greedy_answers(original, self.prompts, max_new, self.eos)
-        self.answer_lp = [log_softmax(fn(np.asarray([p + a[:-1]], np.int64))[0, len(p) - 1:]).astype(np.float32)
+        self.answer_lp = [_logprobs(original, [p + a[:-1]], len(p) - 1).numpy()
                           for p, a in zip(self.prompts, self.answers)]
         self.max_new = max_new
 
 
 def measure(model, ref: Reference, decode: Callable[[List[int]], str] = None, answers: bool = True) -> Dict:
     """The row of one model against the reference (the module docstring)."""
-    fn = _logits(model)
     nll, kl = [], []
     for w, lr in zip(ref.windows, ref.window_lp):
-        lp = log_softmax(fn(w[None, :-1]))[0]  # (S, V)
-        nll.append(-lp[np.arange(len(w) - 1), w[1:]])
-        kl.append((np.exp(lr) * (lr - lp)).sum(-1))
+        lp = _logprobs(model, w[None, :-1])  # (S, V)
+        nll.append(-np.take_along_axis(lp.numpy(), w[1:, None], -1)[:, 0].astype(np.float64))
+        kl.append(_kl_rows(lr, lp))
     hit = total = 0
     chat_kl = []
     for p, a, lr in zip(ref.prompts, ref.answers, ref.answer_lp):
-        lp = log_softmax(fn(np.asarray([p + a[:-1]], np.int64))[0, len(p) - 1:])  # (len(a), V)
-        hit += int((lp.argmax(-1) == np.asarray(a)).sum())
+        lp = _logprobs(model, [p + a[:-1]], len(p) - 1)  # (len(a), V)
+        hit += int((lp.argmax(-1).numpy() == np.asarray(a)).sum())
         total += len(a)
-        chat_kl.append((np.exp(lr) * (lr - lp)).sum(-1))
+        chat_kl.append(_kl_rows(lr, lp))
     row = dict(ppl=float(np.exp(np.concatenate(nll).mean())), kl=float(np.concatenate(kl).mean()),
                chat_agreement=hit / max(1, total), chat_kl=float(np.concatenate(chat_kl).mean()))
     if answers:
