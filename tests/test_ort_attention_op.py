@@ -144,7 +144,7 @@ GRID = [(B, T, G, d) for B in (1, 8) for T in (1, 17, 4095, 16384) for G in (1, 
 def test_decode_attention_matches_float64(B, T, G, d, int8):
     q, k, v, mask = _case(B, T, G, d, S=1)
     scale = 1.0 / np.sqrt(d)
-    for isa in _isas():
+    for isa in (_isas() if T <= 4095 else _isas()[-1:]):  # 16,384 positions: the instruction set a session runs
         y, want, stock = _run(q, k, v, mask, scale, int8, isa=isa)
         err, ref = _rel(y, want), _rel(stock, want)
         print(f"{isa}: fused {err:.3e}  stock float32 path {ref:.3e}")
