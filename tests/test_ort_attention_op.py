@@ -211,3 +211,23 @@ def test_an_instruction_set_it_cannot_name_is_refused(monkeypatch):
     monkeypatch.setenv("VHA_ATTENTION_ISA", "sse9")
     with pytest.raises(Exception, match="VHA_ATTENTION_ISA=sse9 is not one of auto, baseline, avx2, avx512"):
         sess.run(None, feeds)
+
+
+def test_header_download_is_checked_against_its_pinned_digest(tmp_path, monkeypatch):
+    """ops/ort/build.py takes onnxruntime's headers only from a package whose SHA-256 is the pinned one: another file
+    is refused (naming both digests) and nothing is left in the cache."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "ort_build_check", os.path.join(os.path.dirname(__file__), "..", "ops", "ort", "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fake = tmp_path / "fake.deb"
+    fake.write_bytes(b"!<arch>\nnot the package")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("VHA_ORT_HEADERS", raising=False)
+    monkeypatch.setattr(mod, "HEADERS_URL", fake.as_uri())
+    with pytest.raises(RuntimeError, match=f"SHA-256 [0-9a-f]{{64}}, expected {mod.HEADERS_SHA256}"):
+        mod.headers()
+    left = list((tmp_path / "cache" / "paddle_vha" / "ort-headers").iterdir())
+    assert left == [], left
