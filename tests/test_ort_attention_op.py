@@ -27,15 +27,17 @@ def _isas():
     return {"avx512": ["baseline", "avx2", "avx512"], "avx2": ["baseline", "avx2"]}.get(best, ["baseline"])
 
 
-def _model(int8: bool, scale: float, shapes):
+def _model(int8: bool, scale: float, shapes, fresh: bool = False):
     import onnx
     from onnx import TensorProto, helper
 
     f, u8, i8 = TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8
     names = ["q", "key", "key_scale", "value", "value_scale", "mask"] if int8 else ["q", "key", "value", "mask"]
-    types = {"q": f, "key": u8 if int8 else f, "key_scale": f, "value": i8 if int8 else f, "value_scale": f, "mask": f}
-    node = helper.make_node("DecodeAttentionInt8" if int8 else "DecodeAttention", names, ["y"], domain="ai.paddle_vha",
-                            scale=float(scale))
+    names += ["key_new", "value_new"] if fresh else []
+    types = {"q": f, "key": u8 if int8 else f, "key_scale": f, "value": i8 if int8 else f, "value_scale": f, "mask": f,
+             "key_new": f, "value_new": f}
+    op = "DecodeAttention" + ("Buffer" if fresh else "") + ("Int8" if int8 else "")
+    node = helper.make_node(op, names, ["y"], domain="ai.paddle_vha", scale=float(scale))
     graph = helper.make_graph([node], "attn", [helper.make_tensor_value_info(n, types[n], shapes[n]) for n in names],
                               [helper.make_tensor_value_info("y", f, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.paddle_vha", 1)])
@@ -231,3 +233,43 @@ def test_header_download_is_checked_against_its_pinned_digest(tmp_path, monkeypa
         mod.headers()
     left = list((tmp_path / "cache" / "paddle_vha" / "ort-headers").iterdir())
     assert left == [], left
+
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
+@pytest.mark.parametrize("B,T,S,G", [(1, 17, 1, 3), (3, 4095, 1, 8), (2, 1031, 3, 3), (2, 0, 5, 3), (1, 1, 1, 1)])
+def test_buffer_variant_attends_the_cache_then_the_new_entries(B, T, S, G, int8):
+    """DecodeAttentionBuffer[Int8]: the buffer flavour's attention, the cache's T positions (int8 or float32) and the
+    step's S new entries (float32, after them), one mask over T + S columns (the buffer's empty tail masked, the new
+    tokens causal among themselves); T = 0 is the first step into an empty buffer."""
+    d, H = 64, 2
+    q, k, v, mask = _case(B, T + S, G, d, S=S, H=H, seed=11)
+    kb, vb, kn, vn = k[:, :, :T], v[:, :, :T], k[:, :, T:], v[:, :, T:]
+    mask[:, :, :, max(0, T - 3):T] = NEG  # the buffer's last slots empty in every row
+    if int8:
+        ku, ks = _quantize(kb, keys=True)
+        vi, vs = _quantize(vb, keys=False)
+        feeds = dict(q=q, key=ku, key_scale=ks, value=vi, value_scale=vs, mask=mask, key_new=kn, value_new=vn)
+        kd = np.concatenate([(ku.astype(np.float32) - 128) * ks, kn], 2)
+        vd = np.concatenate([vi.astype(np.float32) * vs, vn], 2)
+    else:
+        feeds, kd, vd = dict(q=q, key=kb, value=vb, mask=mask, key_new=kn, value_new=vn), k, v
+    sess = _session(_model(int8, d ** -0.5, {n: list(a.shape) for n, a in feeds.items()}, fresh=True))
+    y = sess.run(None, feeds)[0]
+    want = _oracle(q, kd, vd, mask, d ** -0.5)
+    R = q.shape[2]
+    stock = _session(_stock_model(d ** -0.5)).run(None, dict(
+        q=q, key=kd.astype(np.float32), value=vd.astype(np.float32),
+        mask=np.ascontiguousarray(mask[:, :, np.arange(R) % S])))[0]
+    err, ref = _rel(y, want), _rel(stock, want)
+    print(f"fused {err:.3e}  stock {ref:.3e}")
+    assert err <= 2 * ref + 1e-6
+
+
+def test_buffer_variant_refuses_a_mask_without_the_new_columns():
+    q, k, v, mask = _case(1, 20, 3, 64, S=1)
+    feeds = dict(q=q, key=k[:, :, :19], value=v[:, :, :19], mask=mask[..., :19], key_new=k[:, :, 19:],
+                 value_new=v[:, :, 19:])
+    sess = _session(_model(False, 0.125, {n: list(a.shape) for n, a in feeds.items()}, fresh=True))
+    with pytest.raises(Exception, match="mask must be \\(B or 1, 1, M, T \\+ S\\)"):
+        sess.run(None, feeds)

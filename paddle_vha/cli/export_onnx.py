@@ -122,8 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "are refused with the reason)")
     p.add_argument("--attention-op", default="stock", choices=["stock", "fused"],
                    help="fused: each layer's attention over the cache as one node of paddle-vha's onnxruntime op "
-                        "library (ops/ort; --cache concat; the graph then needs the library: paddle_vha.serve "
-                        "registers it, stock onnxruntime / genai / Paddle Inference cannot load it; docs/deploy.md)")
+                        "library (ops/ort; shipped beside the graph: paddle_vha.serve and onnxruntime-genai load it, "
+                        "stock onnxruntime with register_custom_ops_library; docs/deploy.md)")
     return p
 
 

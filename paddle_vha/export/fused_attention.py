@@ -16,8 +16,9 @@ session_options.custom_ops_library (resolved against the folder; tested with gen
 SessionOptions.register_custom_ops_library(OUT_DIR/LIBRARY_FILE); without it onnxruntime refuses the graph naming the
 op. Paddle Inference runs paddle/ (the static program, the stock attention).
 
-Offered for the concat flavour; the buffer flavour attends its buffer and the step's new entries apart (two score
-blocks joined before the softmax) and is refused in one line.
+In the buffer flavour the chain attends the buffer and the step's new entries apart (two score blocks joined before
+the softmax, the probabilities split after it; `buffer_chain`): it becomes DecodeAttentionBuffer[Int8] with the new
+entries as two more inputs, attended after the buffer in float32.
 """
 from __future__ import annotations
 
@@ -35,10 +36,20 @@ from ..serve.ort_ops import LIBRARY_FILE  # noqa: E402 - the library's copy in t
 
 
 class Chain:
-    """One layer's attention nodes: q (the grouped queries), mask, scale, y (the output's name), nodes (to drop)."""
+    """One layer's attention nodes: q (the grouped queries), mask, scale, y (the output's name), nodes (to drop); in
+    the buffer flavour also the step's new entries (k_new, v_new), attended after the buffer."""
 
-    def __init__(self, q, mask, scale, y, nodes):
+    def __init__(self, q, mask, scale, y, nodes, k_new=None, v_new=None):
         self.q, self.mask, self.scale, self.y, self.nodes = q, mask, scale, y, nodes
+        self.k_new, self.v_new = k_new, v_new
+
+    def node(self, cache_inputs, int8: bool, name: str):
+        """The fused node replacing the chain; cache_inputs: (key, value) or the int8 layout's four tensors."""
+        from onnx import helper
+
+        op = "DecodeAttention" + ("Buffer" if self.k_new else "") + ("Int8" if int8 else "")
+        inputs = [self.q, *cache_inputs, self.mask] + ([self.k_new, self.v_new] if self.k_new else [])
+        return helper.make_node(op, inputs, [self.y], name=name, domain=DOMAIN, scale=self.scale)
 
 
 def check_attention_op(op: str) -> None:
@@ -47,9 +58,8 @@ def check_attention_op(op: str) -> None:
 
 
 def attention_op_refusal(cache_io: str) -> Optional[str]:
-    if cache_io != "concat":
-        return ("--attention-op fused is offered for --cache concat: the buffer flavour attends its buffer and the "
-                "step's new entries in two blocks (not yet one node)")
+    if cache_io not in ("concat", "buffer"):
+        return f"--attention-op fused: --cache {cache_io!r} is not a flavour the rewrite knows"
     return None
 
 
@@ -92,14 +102,60 @@ def attention_chain(g: GraphIndex, keys: str, values: str, fail) -> Chain:
     return Chain(mm1.input[0], mask, scale, mm2.output[0], [kt[0], mm1, mul, add, sm, mm2])
 
 
+def buffer_chain(g: GraphIndex, keys: str, values: str, fail) -> Chain:
+    """The buffer flavour's chain over the buffer `keys` / `values` (its queries scaled before the products):
+
+        s = Concat(MatMul(q, Transpose(keys)), MatMul(q, Transpose(k_new)));  p = Softmax(Add(s, mask))
+        y = MatMul(Slice(p, buffer), values) + MatMul(Slice(p, new), v_new)
+    """
+    kt = [r for r in g.readers.get(keys, []) if r.op_type == "Transpose"]
+    if len(kt) != 1:
+        fail(f"{keys} is not read by one Transpose")
+    mm1 = g.only_reader(kt[0].output[0])
+    if mm1 is None or mm1.op_type != "MatMul" or mm1.input[1] != kt[0].output[0]:
+        fail("the buffer keys' Transpose is not read by one MatMul as its right operand")
+    cat = g.only_reader(mm1.output[0])
+    if cat is None or cat.op_type != "Concat" or len(cat.input) != 2 or cat.input[0] != mm1.output[0]:
+        fail("the buffer's scores are not joined to the new entries' by one Concat")
+    mm_new = g.op(cat.input[1], "MatMul")
+    kt_new = g.op(mm_new.input[1], "Transpose") if mm_new is not None else None
+    if kt_new is None or mm_new.input[0] != mm1.input[0]:
+        fail("the new entries' scores are not the same queries times their transposed keys")
+    add = g.only_reader(cat.output[0])
+    if add is None or add.op_type != "Add":
+        fail("the joined scores are not masked by one Add")
+    mask = add.input[1] if add.input[0] == cat.output[0] else add.input[0]
+    sm = g.only_reader(add.output[0])
+    if sm is None or sm.op_type != "Softmax":
+        fail("the masked scores are not read by one Softmax")
+    slices = g.readers.get(sm.output[0], [])
+    if len(slices) != 2 or any(x.op_type != "Slice" for x in slices):
+        fail("the probabilities are not split by two Slices")
+    mms = [g.only_reader(x.output[0]) for x in slices]
+    if any(m is None or m.op_type != "MatMul" for m in mms):
+        fail("a part of the probabilities is not read by one MatMul")
+    mm_buf = [m for m in mms if m.input[1] == values]
+    mm_vn = [m for m in mms if m.input[1] != values]
+    if len(mm_buf) != 1 or len(mm_vn) != 1:
+        fail("the probabilities do not meet the buffer's values and the new values once each")
+    yadd = g.only_reader(mm_buf[0].output[0])
+    if yadd is None or yadd.op_type != "Add" or set(yadd.input) != {mm_buf[0].output[0], mm_vn[0].output[0]}:
+        fail("the two value products are not summed by one Add")
+    nodes = [kt[0], mm1, kt_new, mm_new, cat, add, sm, *slices, *mms, yadd]
+    return Chain(mm1.input[0], mask, 1.0, yadd.output[0], nodes, k_new=kt_new.input[0], v_new=mm_vn[0].input[1])
+
+
+def chain(g: GraphIndex, cache_io: str, keys: str, values: str, fail) -> Chain:
+    """The layer's chain in this flavour (concat: over the present; buffer: over the buffer and the new entries)."""
+    return buffer_chain(g, keys, values, fail) if cache_io == "buffer" else attention_chain(g, keys, values, fail)
+
+
 def fuse_float(onnx_path: str, plan) -> dict:
     """Rewrite the float32-cache graph at onnx_path in place: each layer's chain as one DecodeAttention node. Returns
     export_info.json's "attention_op" entry."""
     import os
 
     import onnx
-    from onnx import helper
-
     why = attention_op_refusal(plan.cache_io)
     if why:
         raise ExportError(why)
@@ -111,11 +167,10 @@ def fuse_float(onnx_path: str, plan) -> dict:
         def fail(what, i=i):
             raise ExportError(f"--attention-op fused: layer {i}: {what}; the graph is not the layout the rewrite "
                               "knows")
-        k, v = f"present.{i}.{names[0]}", f"present.{i}.{names[1]}"
-        c = attention_chain(g, k, v, fail)
-        node = helper.make_node("DecodeAttention", [c.q, k, v, c.mask], [c.y], name=f"fused_attention.{i}",
-                                domain=DOMAIN, scale=c.scale)
-        replace[id(c.nodes[-1])] = [node]
+        where = "present" if plan.cache_io == "concat" else "past_key_values"
+        k, v = f"{where}.{i}.{names[0]}", f"{where}.{i}.{names[1]}"
+        c = chain(g, plan.cache_io, k, v, fail)
+        replace[id(c.nodes[-1])] = [c.node([k, v], False, f"fused_attention.{i}")]
         drop |= {id(n) for n in c.nodes[:-1]}
     splice_nodes(graph, replace, drop)
     prune_dead_nodes(graph)

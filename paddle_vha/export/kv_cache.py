@@ -151,14 +151,10 @@ class _Layer:
         (k_new, k_read, k_cat), (v_new, v_read, v_cat) = self.new_entries("key"), self.new_entries("value")
         cache = {**self._write("key", k_new, k_cat), **self._write("value", v_new, v_cat)}
         if self.fused:
-            from onnx import helper
+            from .fused_attention import chain
 
-            from .fused_attention import DOMAIN, attention_chain
-
-            c = attention_chain(g, k_read, v_read, self.fail)
-            self.replace[id(c.nodes[-1])] = [helper.make_node(
-                "DecodeAttentionInt8", [c.q, cache["key"], cache["key_scale"], cache["value"], cache["value_scale"],
-                                        c.mask], [c.y], name=f"fused_attention.{self.i}", domain=DOMAIN, scale=c.scale)]
+            c = chain(g, self.cache_io, k_read, v_read, self.fail)
+            self.replace[id(c.nodes[-1])] = [c.node([cache[n] for n in INT8_NAMES], True, f"fused_attention.{self.i}")]
             self.drop |= {id(n) for n in c.nodes[:-1]}
             return self
         for r in g.readers.get(k_read, []):

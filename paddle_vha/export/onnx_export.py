@@ -246,7 +246,7 @@ def _quantize_cache(onnx_path, plan, kv_cache, bounds, log, attention_op="stock"
     reference = [(start, block) for start, block in cached_logits(sess, ids, chunk, steps)]  # the float32 cache's
     del sess
     gc.collect()
-    info = quantize_cache(onnx_path, plan, attention_op)
+    info = quantize_cache(onnx_path, plan, **({"attention_op": attention_op} if attention_op != "stock" else {}))
     log(f"KV cache: {kv_cache}, per token and KV head scales ({info['bytes_per_position']:,} bytes a position over all "
         f"layers, float32: {info['float32_bytes_per_position']:,}), read by "
         f"{'DecodeAttentionInt8 (fused)' if attention_op == 'fused' else 'MatMulIntegerToFloat'}, in "

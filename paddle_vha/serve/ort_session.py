@@ -31,14 +31,16 @@ class OrtDecoder(DecoderSession):
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
-        if custom_ops is None:  # an export folder says whether its graph holds paddle-vha's own ops
-            custom_ops = _uses_custom_ops(os.path.dirname(os.path.abspath(onnx_path)))
+        if custom_ops is None:  # an export folder says whether its graph holds paddle-vha's own ops (a model given
+            # as bytes: no folder, no library unless asked for)
+            custom_ops = isinstance(onnx_path, str) and _uses_custom_ops(os.path.dirname(os.path.abspath(onnx_path)))
         if custom_ops:
             from .ort_ops import LIBRARY_FILE, OrtOpsUnavailable, register
 
-            shipped = os.path.join(os.path.dirname(os.path.abspath(onnx_path)), LIBRARY_FILE)
+            shipped = os.path.join(os.path.dirname(os.path.abspath(onnx_path)), LIBRARY_FILE) \
+                if isinstance(onnx_path, str) else ""
             try:
-                if os.path.isfile(shipped):  # the export folder's copy: no compiler needed where it is served
+                if shipped and os.path.isfile(shipped):  # the export folder's copy: no compiler needed where it is served
                     opts.register_custom_ops_library(shipped)
                 else:
                     register(opts)
