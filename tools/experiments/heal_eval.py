@@ -10,6 +10,9 @@ healing (tools/experiments/real_questions.py keeps them out of the data). The me
     questions       QUESTIONS (60 checkable items): how many greedy answers hold a right answer
     Paris           the model's own answer to "What is the capital of France?"
 
+identical=False leaves out the model's own answers to the 50 chat prompts (how many equal the original's: half the
+generation of a row; the teacher-forced agreement measures the same answers without it).
+
 `Evaluator(original_dir, text_held_path)` computes the original's side once (kept in memory); `evaluate(folder,
 generate)` loads a checkpoint folder (any registered family) and returns the row; generate=False measures the
 teacher-forced part only (the curves' points).
@@ -39,14 +42,14 @@ def load_model(folder: str):
 
 
 class Evaluator:
-    def __init__(self, original: str, held_text: str, windows: int = 12, seq_len: int = 256):
+    def __init__(self, original: str, held_text: str, windows: int = 12, seq_len: int = 256, identical: bool = True):
         import json
         import os
 
         from paddle_vha.serve.text import generation_defaults, load_codec, render_chat
         from paddle_vha.train.heal_report import Reference
 
-        self.original = original
+        self.original, self.identical = original, identical  # identical: generate the 50 chat answers too
         with open(os.path.join(original, "config.json"), encoding="utf-8") as f:
             self.codec = load_codec(original, int(json.load(f)["vocab_size"]))
         gen = generation_defaults(original)
@@ -64,11 +67,12 @@ class Evaluator:
     def _row(self, model, generate: bool) -> Dict:
         from paddle_vha.train.heal_report import greedy_answers, measure
 
-        m = measure(model, self.ref, answers=generate)
+        m = measure(model, self.ref, answers=generate and self.identical)
         row = dict(ppl=m["ppl"], kl=m["kl"], chat_agreement=m["chat_agreement"], chat_kl=m["chat_kl"],
                    chat_prompts=len(self.ref.prompts))
         if generate:
-            row["chat_identical"] = int(m["identical_answers"])
+            if self.identical:
+                row["chat_identical"] = int(m["identical_answers"])
             asks = [self.render(q) for q, _ in QUESTIONS] + [self.render(PARIS)]
             said = [self.codec.decode(a) for a in greedy_answers(model, asks, CHAT_NEW, self.eos)]
             row["qa_answers"], row["paris"] = said[:-1], said[-1]

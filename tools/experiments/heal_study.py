@@ -64,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "study", "heal.md"))
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--no-identical", action="store_true",
+                   help="leave out the identical-answers count (half of an arm's last evaluation)")
     return p.parse_args(argv)
 
 
@@ -253,7 +255,7 @@ def main(argv=None) -> int:
         from .heal_eval import Evaluator
 
         log("measuring the original (its answers are the reference)")
-        evaluator = Evaluator(args.original, args.held)
+        evaluator = Evaluator(args.original, args.held, identical=not args.no_identical)
         if rows.find(arm="original") is None:
             rows.add(dict(evaluator.original_row, arm="original", tokens=0, eval_seconds=round(evaluator.seconds, 1)))
         start = "start" + (f":{args.start_tag}" if args.start_tag else "")
