@@ -96,7 +96,8 @@ def write_report(rows: List[Dict], out: str, budget: int) -> None:
                                   orig_qa))
     finals = {a: pts[-1] for a, pts in arms.items()}
     for a in sorted(finals, key=lambda a: -finals[a]["chat_agreement"]):
-        lines.append(_fmt_row(_label(a), finals[a], orig_qa))
+        short = finals[a]["tokens"] < budget  # a run still going: its latest point
+        lines.append(_fmt_row(_label(a) + (" (running)" if short else ""), finals[a], orig_qa))
     # seeds of one set and loss at the same budget: mean and spread
     groups: Dict[tuple, List[Dict]] = {}
     for a, r in finals.items():
@@ -121,7 +122,9 @@ def write_report(rows: List[Dict], out: str, budget: int) -> None:
         cells = [f"{by_t[t]['chat_agreement']:.3f} / {by_t[t]['chat_kl']:.2f} / {by_t[t]['ppl']:.1f}" if t in by_t
                  else "" for t in ts]
         lines.append(f"| {_label(a)} | " + " | ".join(cells) + " |")
-    if finals and orig:
+    done = {a: r for a, r in finals.items() if r["tokens"] >= budget}
+    if done and orig:
+        finals = done
         best = max(finals, key=lambda a: finals[a]["chat_agreement"])
         b = finals[best]
         lines += ["", f"## The goals, for the best arm ({_label(best)}, {b['tokens']:,} tokens)", "",
