@@ -74,14 +74,32 @@ def _scalar(g: GraphIndex, name: str) -> Optional[float]:
     return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
 
 
-def attention_chain(g: GraphIndex, keys: str, values: str, fail) -> Chain:
-    """The chain reading `keys` / `values` (the module docstring); fail(what) raises when the graph differs."""
+def _keys_product(g: GraphIndex, keys: str, fail, what: str):
+    """(Transpose, MatMul) of q . keys^T: the one Transpose reading `keys` and the one MatMul reading it on the right."""
     kt = [r for r in g.readers.get(keys, []) if r.op_type == "Transpose"]
     if len(kt) != 1:
         fail(f"{keys} is not read by one Transpose")
-    mm1 = g.only_reader(kt[0].output[0])
-    if mm1 is None or mm1.op_type != "MatMul" or mm1.input[1] != kt[0].output[0]:
-        fail("the keys' Transpose is not read by one MatMul as its right operand")
+    mm = g.only_reader(kt[0].output[0])
+    if mm is None or mm.op_type != "MatMul" or mm.input[1] != kt[0].output[0]:
+        fail(f"{what} Transpose is not read by one MatMul as its right operand")
+    return kt[0], mm
+
+
+def _masked_softmax(g: GraphIndex, scores: str, fail, what: str):
+    """(Add, mask, Softmax): the one Add masking `scores` and the one Softmax reading it."""
+    add = g.only_reader(scores)
+    if add is None or add.op_type != "Add":
+        fail(f"the {what} scores are not masked by one Add")
+    mask = add.input[1] if add.input[0] == scores else add.input[0]
+    sm = g.only_reader(add.output[0])
+    if sm is None or sm.op_type != "Softmax":
+        fail("the masked scores are not read by one Softmax")
+    return add, mask, sm
+
+
+def attention_chain(g: GraphIndex, keys: str, values: str, fail) -> Chain:
+    """The chain reading `keys` / `values` (the module docstring); fail(what) raises when the graph differs."""
+    kt, mm1 = _keys_product(g, keys, fail, "the keys'")
     mul = g.only_reader(mm1.output[0])
     if mul is None or mul.op_type != "Mul":
         fail("the scores are not scaled by one Mul")
@@ -89,17 +107,11 @@ def attention_chain(g: GraphIndex, keys: str, values: str, fail) -> Chain:
     scale = _scalar(g, other)
     if scale is None:
         fail("the scores' scale is not a constant")
-    add = g.only_reader(mul.output[0])
-    if add is None or add.op_type != "Add":
-        fail("the scaled scores are not masked by one Add")
-    mask = add.input[1] if add.input[0] == mul.output[0] else add.input[0]
-    sm = g.only_reader(add.output[0])
-    if sm is None or sm.op_type != "Softmax":
-        fail("the masked scores are not read by one Softmax")
+    add, mask, sm = _masked_softmax(g, mul.output[0], fail, "scaled")
     mm2 = g.only_reader(sm.output[0])
     if mm2 is None or mm2.op_type != "MatMul" or mm2.input[1] != values:
         fail("the probabilities are not read by one MatMul with the values")
-    return Chain(mm1.input[0], mask, scale, mm2.output[0], [kt[0], mm1, mul, add, sm, mm2])
+    return Chain(mm1.input[0], mask, scale, mm2.output[0], [kt, mm1, mul, add, sm, mm2])
 
 
 def buffer_chain(g: GraphIndex, keys: str, values: str, fail) -> Chain:
@@ -108,12 +120,7 @@ def buffer_chain(g: GraphIndex, keys: str, values: str, fail) -> Chain:
         s = Concat(MatMul(q, Transpose(keys)), MatMul(q, Transpose(k_new)));  p = Softmax(Add(s, mask))
         y = MatMul(Slice(p, buffer), values) + MatMul(Slice(p, new), v_new)
     """
-    kt = [r for r in g.readers.get(keys, []) if r.op_type == "Transpose"]
-    if len(kt) != 1:
-        fail(f"{keys} is not read by one Transpose")
-    mm1 = g.only_reader(kt[0].output[0])
-    if mm1 is None or mm1.op_type != "MatMul" or mm1.input[1] != kt[0].output[0]:
-        fail("the buffer keys' Transpose is not read by one MatMul as its right operand")
+    kt, mm1 = _keys_product(g, keys, fail, "the buffer keys'")
     cat = g.only_reader(mm1.output[0])
     if cat is None or cat.op_type != "Concat" or len(cat.input) != 2 or cat.input[0] != mm1.output[0]:
         fail("the buffer's scores are not joined to the new entries' by one Concat")
@@ -121,13 +128,7 @@ def buffer_chain(g: GraphIndex, keys: str, values: str, fail) -> Chain:
     kt_new = g.op(mm_new.input[1], "Transpose") if mm_new is not None else None
     if kt_new is None or mm_new.input[0] != mm1.input[0]:
         fail("the new entries' scores are not the same queries times their transposed keys")
-    add = g.only_reader(cat.output[0])
-    if add is None or add.op_type != "Add":
-        fail("the joined scores are not masked by one Add")
-    mask = add.input[1] if add.input[0] == cat.output[0] else add.input[0]
-    sm = g.only_reader(add.output[0])
-    if sm is None or sm.op_type != "Softmax":
-        fail("the masked scores are not read by one Softmax")
+    add, mask, sm = _masked_softmax(g, cat.output[0], fail, "joined")
     slices = g.readers.get(sm.output[0], [])
     if len(slices) != 2 or any(x.op_type != "Slice" for x in slices):
         fail("the probabilities are not split by two Slices")
@@ -141,7 +142,7 @@ def buffer_chain(g: GraphIndex, keys: str, values: str, fail) -> Chain:
     yadd = g.only_reader(mm_buf[0].output[0])
     if yadd is None or yadd.op_type != "Add" or set(yadd.input) != {mm_buf[0].output[0], mm_vn[0].output[0]}:
         fail("the two value products are not summed by one Add")
-    nodes = [kt[0], mm1, kt_new, mm_new, cat, add, sm, *slices, *mms, yadd]
+    nodes = [kt, mm1, kt_new, mm_new, cat, add, sm, *slices, *mms, yadd]
     return Chain(mm1.input[0], mask, 1.0, yadd.output[0], nodes, k_new=kt_new.input[0], v_new=mm_vn[0].input[1])
 
 
