@@ -383,29 +383,39 @@ def _recipe(args, ckpt, fp32, fmt, block, meta):
     return default_spec(fmt, block), dict(sources=meta["weight_sources"], importance=importance)
 
 
+def _patched_copy(folder: str, out: str, patch) -> str:
+    """`out`: a copy of the export `folder` (its paddle/ left out) whose graph and export_info.json patch(onnx path,
+    meta) rewrote, written aside and renamed (reused when it is there)."""
+    if os.path.isfile(os.path.join(out, "export_info.json")):
+        return out
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns("paddle"))
+    path = os.path.join(tmp, "export_info.json")
+    meta = json.load(open(path))
+    patch(os.path.join(tmp, "model.onnx"), meta)
+    with open(path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=2)
+    os.replace(path + ".tmp", path)
+    os.rename(tmp, out)
+    return out
+
+
 def int8_cache_copy(args, ckpt, folder, log) -> str:
     """<folder>-kvint8: a copy of the export `folder` with the int8 KV cache (paddle_vha/export/kv_cache.py's rewrite
     of the copy's graph; the export's quality gate is not re-run here)."""
     from paddle_vha.export.kv_cache import INT8_NAMES, quantize_cache
     from paddle_vha.export.plan import serving_plan
 
-    out = folder + "-kvint8"
-    if os.path.isfile(os.path.join(out, "export_info.json")):
-        return out
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns("paddle"))
-    t = time.time()
-    info = quantize_cache(os.path.join(tmp, "model.onnx"), serving_plan(ckpt, args.cache))
-    path = os.path.join(tmp, "export_info.json")
-    meta = json.load(open(path))
-    meta["kv_cache"] = dict(info, quality="not checked (bench copy)")
-    meta["cache_names"] = [list(INT8_NAMES)] * meta["num_hidden_layers"]
-    with open(path + ".tmp", "w") as f:
-        json.dump(meta, f, indent=2)
-    os.replace(path + ".tmp", path)
-    os.rename(tmp, out)
-    log(f"{os.path.basename(folder)}: int8 KV cache copy in {time.time() - t:.0f} s")
+    def patch(onnx_path, meta):
+        meta["kv_cache"] = dict(quantize_cache(onnx_path, serving_plan(ckpt, args.cache)),
+                                quality="not checked (bench copy)")
+        meta["cache_names"] = [list(INT8_NAMES)] * meta["num_hidden_layers"]
+
+    out, t = folder + "-kvint8", time.time()
+    if not os.path.isfile(os.path.join(out, "export_info.json")):
+        _patched_copy(folder, out, patch)
+        log(f"{os.path.basename(folder)}: int8 KV cache copy in {time.time() - t:.0f} s")
     return out
 
 
@@ -417,28 +427,19 @@ def fused_copy(args, ckpt, folder, kv, log) -> str:
     from paddle_vha.export.kv_cache import INT8_NAMES, quantize_cache
     from paddle_vha.export.plan import serving_plan
 
-    out = folder + ("-kvint8" if kv == "int8" else "") + "-fused"
-    if os.path.isfile(os.path.join(out, "export_info.json")):
-        return out
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns("paddle"))
-    t = time.time()
-    path = os.path.join(tmp, "export_info.json")
-    meta = json.load(open(path))
-    plan = serving_plan(ckpt, args.cache)
-    if kv == "int8":
-        meta["kv_cache"] = dict(quantize_cache(os.path.join(tmp, "model.onnx"), plan, "fused"),
-                                quality="not checked (bench copy)")
-        meta["cache_names"] = [list(INT8_NAMES)] * meta["num_hidden_layers"]
-        meta["attention_op"] = fused_info("int8")
-    else:
-        meta["attention_op"] = fuse_float(os.path.join(tmp, "model.onnx"), plan)
-    with open(path + ".tmp", "w") as f:
-        json.dump(meta, f, indent=2)
-    os.replace(path + ".tmp", path)
-    os.rename(tmp, out)
-    log(f"{os.path.basename(folder)}: fused attention copy ({kv} cache) in {time.time() - t:.0f} s")
+    def patch(onnx_path, meta):
+        plan = serving_plan(ckpt, args.cache)
+        if kv == "int8":
+            meta["kv_cache"] = dict(quantize_cache(onnx_path, plan, "fused"), quality="not checked (bench copy)")
+            meta["cache_names"] = [list(INT8_NAMES)] * meta["num_hidden_layers"]
+            meta["attention_op"] = fused_info("int8")
+        else:
+            meta["attention_op"] = fuse_float(onnx_path, plan)
+
+    out, t = folder + ("-kvint8" if kv == "int8" else "") + "-fused", time.time()
+    if not os.path.isfile(os.path.join(out, "export_info.json")):
+        _patched_copy(folder, out, patch)
+        log(f"{os.path.basename(folder)}: fused attention copy ({kv} cache) in {time.time() - t:.0f} s")
     return out
 
 
